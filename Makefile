@@ -1,0 +1,42 @@
+# Every install step lives here: `make test` and `make demo` work from a clean clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint typecheck pytest demo up bench bench-smoke schemas clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check reach tests bench
+	$(BIN)/ruff format --check reach tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy reach
+
+pytest: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(BIN)/reach demo
+
+up: $(STAMP)
+	$(BIN)/reach up
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+schemas: $(STAMP)
+	$(BIN)/reach schema export schemas
+
+clean:
+	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache

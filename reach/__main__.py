@@ -1,0 +1,5 @@
+"""``python -m reach``: the ``reach`` command line."""
+
+from reach.cli import main
+
+main()

@@ -1,0 +1,390 @@
+"""The agent SDK: announce a manifest, keep heartbeating, answer probes, serve calls.
+
+::
+
+    agent = Agent.from_yaml("agent.yaml")
+
+    @agent.capability("generate_industry_report")
+    async def generate(req: dict) -> dict: ...
+
+    async with agent:
+        await agent.serve_forever()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import random
+import resource
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import yaml
+
+from reach import codec, envelope, subjects
+from reach.clock import Clock, system_clock
+from reach.errors import (
+    CodecError,
+    ConfigurationError,
+    ContractError,
+    DiscoveryError,
+    NoResponders,
+    ReachError,
+    ReachTimeout,
+    RegistrationRefused,
+)
+from reach.messages import decode_model, encode_model
+from reach.models import (
+    AnnounceReply,
+    AnnounceRequest,
+    Bye,
+    Heartbeat,
+    HeartbeatReply,
+    Manifest,
+    ProbeReply,
+    Readiness,
+    parse_manifest,
+)
+from reach.settings import resolve_credentials, resolve_servers
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection, Message, Subscription, connect
+
+__all__ = ["Agent", "ReadinessCheck", "load_manifest"]
+
+log = logging.getLogger("reach.agent")
+
+Handler = Callable[[Any], Awaitable[Any]]
+ReadinessCheck = Callable[[], "Readiness | bool | Awaitable[Readiness | bool]"]
+H = TypeVar("H", bound=Handler)
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read and validate a YAML manifest; ConfigurationError lists every problem."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read manifest {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{path}: a manifest must be a YAML mapping")
+    return parse_manifest(data, source=str(path))
+
+
+def _memory_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Agent:
+    """One agent instance: its manifest, its handlers, and its life on the fabric."""
+
+    def __init__(
+        self,
+        manifest: Manifest | dict[str, Any],
+        *,
+        servers: str | list[str] | None = None,
+        credentials: str | os.PathLike[str] | None = None,
+        readiness: ReadinessCheck | None = None,
+        clock: Clock = system_clock,
+        announce_timeout: float = 10.0,
+        drain_timeout: float = 10.0,
+    ) -> None:
+        self.manifest = manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)
+        self.servers = resolve_servers(servers)
+        self.credentials = resolve_credentials(credentials)
+        self.instance_id = uuid.uuid4().hex
+        self._readiness_check = readiness
+        self._clock = clock
+        self._announce_timeout = announce_timeout
+        self._drain_timeout = drain_timeout
+        self._handlers: dict[str, Handler] = {}
+        self._conn: Connection | None = None
+        self._cap_subs: list[Subscription] = []
+        self._probe_sub: Subscription | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._accepting = False
+        self._started_at = 0.0
+        self._seq = 0
+        self.in_flight = 0
+        self.completed = 0
+        self.last_completion_at: float | None = None
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Agent:
+        """An agent from its ``agent.yaml``; keyword arguments as for ``Agent(...)``."""
+        return cls(load_manifest(path), **kwargs)
+
+    @property
+    def agent_id(self) -> str:
+        return self.manifest.agent_id
+
+    @property
+    def connection(self) -> Connection:
+        if self._conn is None:
+            raise RuntimeError("the agent is not running: use `async with agent:` first")
+        return self._conn
+
+    # -- registration of handlers -----------------------------------------------------
+
+    def capability(self, name: str) -> Callable[[H], H]:
+        """Register the handler of a capability declared in the manifest."""
+        if self.manifest.capability(name) is None:
+            declared = ", ".join(c.name for c in self.manifest.capabilities) or "none"
+            raise ConfigurationError(
+                f"capability {name!r} is not in the manifest of {self.agent_id}"
+                f" (declared: {declared})"
+            )
+
+        def register(func: H) -> H:
+            if not inspect.iscoroutinefunction(cast(Any, func)):
+                raise ConfigurationError(f"the handler of {name!r} must be an async function")
+            self._handlers[name] = func
+            return func
+
+        return register
+
+    def readiness(self, check: ReadinessCheck) -> ReadinessCheck:
+        """Register the business readiness check (decorator form of ``readiness=``)."""
+        self._readiness_check = check
+        return check
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Agent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        missing = [c.name for c in self.manifest.capabilities if c.name not in self._handlers]
+        if missing:
+            raise ConfigurationError(f"no handler registered for: {', '.join(missing)}")
+        self._stopped.clear()
+        self._started_at = self._clock.time()
+        self._conn = await connect(self.servers, name=f"agent:{self.agent_id}")
+        try:
+            await self._announce()
+            # Probe and call subscriptions only once accepted: a refused duplicate never
+            # answers for the live instance.
+            self._probe_sub = await self._conn.subscribe(
+                subjects.probe(self.agent_id), self._on_probe
+            )
+            for cap in self.manifest.capabilities:
+                handler = self._call_handler(cap.name)
+                self._cap_subs.append(
+                    await self._conn.subscribe(
+                        subjects.capability(cap.name), handler, queue=cap.name
+                    )
+                )
+                self._cap_subs.append(
+                    await self._conn.subscribe(
+                        subjects.capability_instance(cap.name, self.agent_id), handler
+                    )
+                )
+            await self._conn.flush()
+        except BaseException:
+            await self._conn.close()
+            self._conn = None
+            raise
+        self._accepting = True
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        log.info("agent %s serving %d capabilities", self.agent_id, len(self._handlers))
+
+    async def serve_forever(self) -> None:
+        """Wait until ``stop()`` is called (or the task is cancelled)."""
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Stop taking calls, let in-flight calls finish, deregister, disconnect."""
+        if self._conn is None:
+            return
+        conn = self._conn
+        self._accepting = False
+        for sub in self._cap_subs:
+            await sub.drain()
+        self._cap_subs.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self._drain_timeout)
+        if self._heartbeat_task is not None:
+            await cancel_and_wait([self._heartbeat_task])
+            self._heartbeat_task = None
+        with contextlib.suppress(ReachError):
+            bye = Bye(agent_id=self.agent_id, instance_id=self.instance_id)
+            await conn.request(
+                subjects.bye(self.agent_id), self._control_request(encode_model(bye)), timeout=2.0
+            )
+        if self._probe_sub is not None:
+            await self._probe_sub.unsubscribe()
+        await conn.close()
+        self._conn = None
+        self._stopped.set()
+
+    # -- registration ----------------------------------------------------------------
+
+    def _control_request(self, body: bytes) -> bytes:
+        return envelope.pack_request(
+            envelope.RequestMeta(call_id=secrets.token_hex(8), caller=self.agent_id), body
+        )
+
+    async def _announce(self) -> None:
+        request = AnnounceRequest(
+            manifest=self.manifest,
+            instance_id=self.instance_id,
+            started_at=self._started_at,
+            readiness=await self.current_readiness(),
+        )
+        data = self._control_request(encode_model(request))
+        deadline = time.monotonic() + self._announce_timeout
+        delay = 0.05
+        while True:
+            try:
+                raw = await self.connection.request(
+                    subjects.announce(self.agent_id), data, timeout=2.0
+                )
+                break
+            except (NoResponders, ReachTimeout) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise DiscoveryError(
+                        f"no registrar answered the announce of {self.agent_id} within"
+                        f" {self._announce_timeout:.0f}s ({type(exc).__name__}):"
+                        " is `reach up` running?"
+                    ) from exc
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+        reply = envelope.unpack_reply(raw)
+        if not reply.ok:
+            raise RegistrationRefused(f"{reply.kind}: {reply.description}", agent_id=self.agent_id)
+        answer = decode_model(AnnounceReply, reply.body)
+        if not answer.accepted:
+            raise RegistrationRefused(answer.reason, agent_id=self.agent_id)
+
+    async def current_readiness(self) -> Readiness:
+        """The business readiness check's answer; a failing check means not ready."""
+        if self._readiness_check is None:
+            return Readiness()
+        try:
+            result = self._readiness_check()
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            return Readiness(ready=False, reason=f"readiness check raised {exc!r}")
+        if isinstance(result, Readiness):
+            return result
+        return Readiness(ready=bool(result), reason="" if result else "readiness check failed")
+
+    async def _heartbeat_loop(self) -> None:
+        health = self.manifest.health
+        while self._conn is not None:
+            await asyncio.sleep(health.interval_sec * random.uniform(0.9, 1.0))
+            try:
+                await self._send_heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except ReachError as exc:
+                log.debug("heartbeat of %s failed: %s", self.agent_id, exc)
+            except Exception:
+                log.exception("heartbeat of %s failed", self.agent_id)
+
+    async def _send_heartbeat(self) -> None:
+        self._seq += 1
+        hb = Heartbeat(
+            agent_id=self.agent_id,
+            instance_id=self.instance_id,
+            seq=self._seq,
+            sent_at=self._clock.time(),
+            in_flight=self.in_flight,
+            max_concurrency=self.manifest.max_concurrency,
+            last_completion_at=self.last_completion_at,
+            completed=self.completed,
+            memory_bytes=_memory_bytes(),
+            readiness=await self.current_readiness(),
+        )
+        raw = await self.connection.request(
+            subjects.heartbeat(self.agent_id),
+            self._control_request(encode_model(hb)),
+            timeout=self.manifest.health.timeout_sec,
+        )
+        reply = envelope.unpack_reply(raw)
+        if not reply.ok:
+            log.warning("registrar rejected heartbeat of %s: %s", self.agent_id, reply.description)
+            return
+        answer = decode_model(HeartbeatReply, reply.body)
+        if answer.reannounce:
+            log.info("registrar forgot %s (%s); announcing again", self.agent_id, answer.reason)
+            await self._announce()
+        elif not answer.ok:
+            log.warning("registrar refused heartbeat of %s: %s", self.agent_id, answer.reason)
+
+    async def _on_probe(self, msg: Message) -> None:
+        reply = ProbeReply(
+            agent_id=self.agent_id,
+            instance_id=self.instance_id,
+            in_flight=self.in_flight,
+            max_concurrency=self.manifest.max_concurrency,
+            last_completion_at=self.last_completion_at,
+            readiness=await self.current_readiness(),
+        )
+        await self.connection.respond(msg, envelope.pack_ok(encode_model(reply), self.agent_id))
+
+    # -- calls -----------------------------------------------------------------------
+
+    def _call_handler(self, capability: str) -> Callable[[Message], Awaitable[None]]:
+        async def on_call(msg: Message) -> None:
+            if not self._accepting:
+                return
+            task = asyncio.create_task(self._serve_call(capability, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return on_call
+
+    async def _serve_call(self, capability: str, msg: Message) -> None:
+        conn = self.connection
+        try:
+            _, body = envelope.unpack_request(msg.data)
+            payload = codec.decode(body)
+        except (CodecError, ContractError) as exc:
+            await conn.respond(
+                msg, envelope.pack_error("contract", "bad_request", str(exc), self.agent_id)
+            )
+            return
+        if self.in_flight >= self.manifest.max_concurrency:
+            await conn.respond(
+                msg,
+                envelope.pack_error(
+                    "unavailable", "over_capacity", "at max concurrency", self.agent_id
+                ),
+            )
+            return
+        self.in_flight += 1
+        try:
+            result = await self._handlers[capability](payload)
+            out = envelope.pack_ok(codec.encode(result), self.agent_id)
+        except ReachError as exc:
+            out = envelope.pack_error(exc.kind, type(exc).__name__, str(exc), self.agent_id)
+        except Exception as exc:
+            log.exception("handler of %s crashed", capability)
+            out = envelope.pack_error("internal", type(exc).__name__, str(exc), self.agent_id)
+        finally:
+            self.in_flight -= 1
+            self.completed += 1
+            self.last_completion_at = self._clock.time()
+        await conn.respond(msg, out)

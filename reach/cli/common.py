@@ -1,0 +1,68 @@
+"""Options every command takes, and the one place CLI errors become exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from reach.errors import ConfigurationError, ReachError
+from reach.settings import resolve_credentials, resolve_servers
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a command connects: ``--servers`` / ``--creds`` or their defaults."""
+
+    servers: list[str]
+    credentials: Path | None
+
+
+def connection_options(func: F) -> F:
+    """Add ``--servers URL`` and ``--creds FILE`` and pass a ``target: Target``."""
+
+    @click.option(
+        "--servers",
+        metavar="URL",
+        default=None,
+        help="NATS URL(s), comma separated [env REACH_URL; default nats://127.0.0.1:4222]",
+    )
+    @click.option(
+        "--creds",
+        metavar="FILE",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="credentials file [env REACH_CREDS; default .reach/dev.creds if present]",
+    )
+    @functools.wraps(func)
+    def wrapper(*args: Any, servers: str | None, creds: str | None, **kwargs: Any) -> Any:
+        target = Target(resolve_servers(servers), resolve_credentials(creds))
+        return func(*args, target=target, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; a ReachError becomes a one-line reason and exit code 1."""
+    try:
+        return asyncio.run(coro)
+    except ConfigurationError as exc:
+        fail(str(exc), code=2)
+    except ReachError as exc:
+        fail(f"{type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)

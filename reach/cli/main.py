@@ -1,0 +1,27 @@
+"""``reach``: the command group; subcommands register themselves here."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="log more (-vv for debug)")
+@click.version_option(package_name="agent-reach")
+def main(verbose: int) -> None:
+    """Agent-Reach: make AI agents reliably reachable by each other over NATS."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _register() -> None:
+    # Imported here so each command module stays independent of the others.
+    from reach.cli import agents, up, validate
+
+    for module in (agents, up, validate):
+        module.register(main)
+
+
+_register()

@@ -1,0 +1,90 @@
+"""``reach validate FILE`` and ``reach schema export DIR``: offline checks of the contract."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import yaml
+
+from reach.cli.common import Target, connection_options, fail
+from reach.errors import ConfigurationError
+from reach.models import parse_manifest
+from reach.schemas import export_schemas
+
+__all__ = ["load_yaml", "register"]
+
+
+def _die(message: str) -> NoReturn:
+    fail(message)  # exits with code 1
+    raise AssertionError("unreachable")
+
+
+def load_yaml(path: Path) -> Any:
+    """Read and parse a YAML file; a missing file or bad syntax exits with a one-line reason."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _die(f"{path}: no such file")
+    except IsADirectoryError:
+        _die(f"{path}: is a directory, not a manifest file")
+    except UnicodeDecodeError:
+        _die(f"{path}: not UTF-8 text")
+    except OSError as exc:
+        _die(f"{path}: cannot read: {exc.strerror or exc}")
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        _die(f"{path}{where}: YAML syntax error: {problem}")
+    except yaml.YAMLError as exc:
+        _die(f"{path}: YAML syntax error: {' '.join(str(exc).split())}")
+
+
+def _count(n: int, singular: str, plural: str) -> str:
+    return f"{n} {singular if n == 1 else plural}"
+
+
+def register(main: click.Group) -> None:
+    @main.command("validate")
+    @click.argument("file", type=click.Path(path_type=Path))
+    @connection_options
+    def validate(file: Path, target: Target) -> None:
+        """Check a manifest YAML FILE; print every problem with its path.
+
+        Exits 0 and prints "OK: <agent_id> (<n> capabilities)" for a valid manifest,
+        else prints one "path: problem" line per error and exits 1.
+        """
+        data = load_yaml(file)
+        if data is None:
+            _die(f"{file}: empty file, expected a manifest")
+        if not isinstance(data, dict):
+            _die(f"{file}: a manifest is a YAML mapping, got a {type(data).__name__}")
+        try:
+            manifest = parse_manifest(data, source=str(file))
+        except ConfigurationError as exc:
+            for line in exc.errors:
+                click.echo(line)
+            _die(f"{file}: invalid manifest, {_count(len(exc.errors), 'problem', 'problems')}")
+        n = len(manifest.capabilities)
+        click.echo(f"OK: {manifest.agent_id} ({_count(n, 'capability', 'capabilities')})")
+
+    @main.group("schema")
+    def schema() -> None:
+        """JSON Schema files for the wire models (for agents in other languages)."""
+
+    @schema.command("export")
+    @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+    @connection_options
+    def export(directory: Path, target: Target) -> None:
+        """Write one <model>.schema.json file per wire model into DIR (created if needed)."""
+        try:
+            paths = export_schemas(directory)
+        except OSError as exc:
+            _die(f"{directory}: cannot write schemas: {exc.strerror or exc}")
+        for path in paths:
+            click.echo(str(path))
+        click.echo(f"wrote {len(paths)} schemas to {directory}", err=True)

@@ -1,0 +1,133 @@
+"""msgpack with limits: the only way payloads become bytes and back.
+
+Every limit breach and every malformed input becomes a CodecError that says what was
+wrong; nothing else escapes from ``decode``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from reach.errors import CodecError
+
+__all__ = ["DEFAULT_LIMITS", "Limits", "check_value", "decode", "encode"]
+
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what the codec accepts; the defaults fit NATS' default 1 MiB max_payload."""
+
+    max_bytes: int = 1024 * 1024
+    max_depth: int = 32
+    max_elements: int = 100_000
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Walk a decoded (or to-be-encoded) value: depth, element count, key and value types."""
+    count = 0
+    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, dict):
+            if depth > limits.max_depth:
+                raise CodecError(
+                    f"{path or '<root>'}: nested deeper than {limits.max_depth} levels",
+                    path=path,
+                    rule="max_depth",
+                )
+            count += len(item)
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    raise CodecError(
+                        f"{path or '<root>'}: map key {key!r} is a {type(key).__name__},"
+                        " only string keys are allowed",
+                        path=path,
+                        rule="string_keys",
+                    )
+                if not isinstance(sub, _SCALARS):
+                    stack.append((sub, depth + 1, f"{path}.{key}" if path else key))
+                elif type(sub) is int and not -(2**63) <= sub < 2**64:
+                    raise CodecError(f"{path}.{key}: integer out of range", rule="int_range")
+        elif isinstance(item, list | tuple):
+            if depth > limits.max_depth:
+                raise CodecError(
+                    f"{path or '<root>'}: nested deeper than {limits.max_depth} levels",
+                    path=path,
+                    rule="max_depth",
+                )
+            count += len(item)
+            for i, sub in enumerate(item):
+                if not isinstance(sub, _SCALARS):
+                    stack.append((sub, depth + 1, f"{path}[{i}]"))
+        elif not isinstance(item, _SCALARS):
+            raise CodecError(
+                f"{path or '<root>'}: values of type {type(item).__name__} cannot be sent",
+                path=path,
+                rule="type",
+            )
+        if count > limits.max_elements:
+            raise CodecError(
+                f"more than {limits.max_elements} elements in one message", rule="max_elements"
+            )
+
+
+def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True) -> bytes:
+    """Pack a value; ``checked=False`` skips the walk for values the library built itself."""
+    if checked:
+        check_value(value, limits)
+    try:
+        data: bytes = msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CodecError(f"cannot encode value: {exc}", rule="type") from None
+    if len(data) > limits.max_bytes:
+        raise CodecError(
+            f"payload is {len(data)} bytes, more than the limit of {limits.max_bytes}",
+            rule="max_bytes",
+        )
+    return data
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise CodecError(f"msgpack extension type {code} is not allowed", rule="type")
+
+
+def decode(data: bytes, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True) -> Any:
+    """Unpack bytes from the network; raises CodecError and nothing else."""
+    if len(data) > limits.max_bytes:
+        raise CodecError(
+            f"payload is {len(data)} bytes, more than the limit of {limits.max_bytes}",
+            rule="max_bytes",
+        )
+    if not data:
+        raise CodecError("empty message: expected a msgpack value", rule="format")
+    try:
+        value = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_reject_ext,
+            timestamp=0,
+            max_array_len=limits.max_elements,
+            max_map_len=limits.max_elements,
+        )
+    except CodecError:
+        raise
+    except msgpack.ExtraData:
+        raise CodecError("trailing bytes after the msgpack value", rule="format") from None
+    except UnicodeDecodeError:
+        raise CodecError("a string is not valid UTF-8", rule="format") from None
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
+        # FormatError (a reserved byte such as 0xc1) has an empty message: name the class instead
+        reason = str(exc) or type(exc).__name__
+        raise CodecError(f"not a valid msgpack message: {reason}", rule="format") from None
+    if checked:
+        check_value(value, limits)
+    return value

@@ -1,0 +1,178 @@
+"""The envelope around every request and reply body.
+
+Call metadata travels in a small msgpack map around the body rather than in NATS
+headers (an envelope measured about 19 % faster; nats-py also echoes request headers
+in replies, which must never carry a token back). The body stays pre-encoded bytes, so
+a callee can check the metadata (token, deadline) before decoding the payload.
+
+Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?, "from"?}``
+Reply:   ``{"v": 1, "ok": true, "b": body, "by"?}`` or
+         ``{"v": 1, "ok": false, "err": {"kind", "code", "desc"}, "by"?}``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from reach.errors import CodecError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Reply",
+    "RequestMeta",
+    "pack_error",
+    "pack_ok",
+    "pack_request",
+    "unpack_reply",
+    "unpack_request",
+]
+
+PROTOCOL_VERSION = 1
+_MAX_META_STR = 4096
+ERROR_KINDS = frozenset({"contract", "business", "unavailable", "denied", "timeout", "internal"})
+
+
+@dataclass(slots=True)
+class RequestMeta:
+    call_id: str
+    token: str | None = None
+    deadline_ms: int | None = None
+    idempotency_key: str | None = None
+    attempt: int = 1
+    traceparent: str | None = None
+    tracestate: str | None = None
+    caller: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Reply:
+    ok: bool
+    body: bytes = b""
+    kind: str = ""
+    code: str = ""
+    description: str = ""
+    by: str = ""
+
+
+_STR_FIELDS = (
+    ("tok", "token"),
+    ("ik", "idempotency_key"),
+    ("tp", "traceparent"),
+    ("ts", "tracestate"),
+    ("from", "caller"),
+)
+
+
+def pack_request(meta: RequestMeta, body: bytes) -> bytes:
+    env: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": meta.call_id, "b": body}
+    if meta.token is not None:
+        env["tok"] = meta.token
+    if meta.deadline_ms is not None:
+        env["dl"] = meta.deadline_ms
+    if meta.idempotency_key is not None:
+        env["ik"] = meta.idempotency_key
+    if meta.attempt != 1:
+        env["at"] = meta.attempt
+    if meta.traceparent is not None:
+        env["tp"] = meta.traceparent
+    if meta.tracestate is not None:
+        env["ts"] = meta.tracestate
+    if meta.caller is not None:
+        env["from"] = meta.caller
+    data: bytes = msgpack.packb(env, use_bin_type=True)
+    return data
+
+
+def _unpack_map(data: bytes, what: str, max_bytes: int) -> dict[str, Any]:
+    if len(data) > max_bytes:
+        raise CodecError(
+            f"{what} is {len(data)} bytes, more than the limit of {max_bytes}", rule="max_bytes"
+        )
+    try:
+        env = msgpack.unpackb(data, raw=False, max_array_len=64, max_map_len=64, ext_hook=_no_ext)
+    except CodecError:
+        raise
+    except Exception as exc:  # msgpack raises a wide set of types on garbage
+        reason = str(exc) or type(exc).__name__  # FormatError has an empty message
+        raise CodecError(f"{what} is not a valid envelope: {reason}", rule="format") from None
+    if not isinstance(env, dict):
+        raise CodecError(f"{what} must be a msgpack map, got {type(env).__name__}", rule="format")
+    version = env.get("v")
+    if version != PROTOCOL_VERSION:
+        raise CodecError(f"{what}: unsupported protocol version {version!r}", path="v")
+    return env
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise CodecError(f"msgpack extension type {code} is not allowed", rule="type")
+
+
+def unpack_request(
+    data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024
+) -> tuple[RequestMeta, bytes]:
+    env = _unpack_map(data, "request", max_bytes)
+    call_id = env.get("id")
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= 128:
+        raise CodecError("request: 'id' (call id) must be a non-empty string", path="id")
+    body = env.get("b", b"")
+    if not isinstance(body, bytes):
+        raise CodecError("request: 'b' (body) must be bytes", path="b")
+    meta = RequestMeta(call_id=call_id)
+    for key, attr in _STR_FIELDS:
+        value = env.get(key)
+        if value is not None:
+            if not isinstance(value, str) or len(value) > _MAX_META_STR:
+                raise CodecError(f"request: {key!r} ({attr}) must be a short string", path=key)
+            setattr(meta, attr, value)
+    deadline = env.get("dl")
+    if deadline is not None:
+        if type(deadline) is not int:
+            raise CodecError("request: 'dl' (deadline) must be Unix milliseconds", path="dl")
+        meta.deadline_ms = deadline
+    attempt = env.get("at", 1)
+    if type(attempt) is not int or not 1 <= attempt <= 100:
+        raise CodecError("request: 'at' (attempt) must be an integer from 1", path="at")
+    meta.attempt = attempt
+    return meta, body
+
+
+def pack_ok(body: bytes, by: str = "") -> bytes:
+    env: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": True, "b": body}
+    if by:
+        env["by"] = by
+    data: bytes = msgpack.packb(env, use_bin_type=True)
+    return data
+
+
+def pack_error(kind: str, code: str, description: str, by: str = "") -> bytes:
+    env: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "ok": False,
+        "err": {"kind": kind, "code": code, "desc": description[:_MAX_META_STR]},
+    }
+    if by:
+        env["by"] = by
+    data: bytes = msgpack.packb(env, use_bin_type=True)
+    return data
+
+
+def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply:
+    env = _unpack_map(data, "reply", max_bytes)
+    by = env.get("by", "")
+    if not isinstance(by, str):
+        by = ""
+    if env.get("ok") is True:
+        body = env.get("b", b"")
+        if not isinstance(body, bytes):
+            raise CodecError("reply: 'b' (body) must be bytes", path="b")
+        return Reply(ok=True, body=body, by=by)
+    err = env.get("err")
+    if not isinstance(err, dict):
+        raise CodecError("reply: a failed reply must carry 'err'", path="err")
+    kind, code, desc = err.get("kind"), err.get("code", ""), err.get("desc", "")
+    if not isinstance(kind, str) or kind not in ERROR_KINDS:  # a list kind is unhashable
+        raise CodecError(f"reply: unknown error kind {kind!r}", path="err.kind")
+    return Reply(ok=False, kind=kind, code=str(code), description=str(desc), by=by)

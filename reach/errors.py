@@ -1,0 +1,213 @@
+"""The one exception tree of Agent-Reach.
+
+Every error names the layer that failed, so a caller can tell a missing agent from a
+contract mismatch from a routing failure without reading logs::
+
+    ReachError                                   .retryable decides retries, in one place
+    ├── ConfigurationError (also ValueError)     bad manifest, bad option
+    ├── ContractError                            payload does not match the schema; names the field
+    │   └── CodecError                           bytes that are not a valid Agent-Reach message
+    ├── DiscoveryError
+    │   ├── NotFound                             no instance offers the capability
+    │   ├── NoHealthyInstance                    instances exist, none can take the call
+    │   └── RegistrationRefused                  the registrar refused an announce
+    ├── TransportError                           (retryable)
+    │   ├── NoResponders                         nobody listens on the subject
+    │   ├── ReachTimeout (also TimeoutError)     no reply before the deadline
+    │   └── Disconnected                         the NATS connection is gone
+    ├── Unavailable                              (retryable) instance alive but not taking calls
+    ├── CircuitOpen(target, retry_at)            every candidate's breaker is open
+    ├── RetriesExhausted(attempts)               __cause__ is the last error
+    ├── AuthError
+    │   ├── AuthenticationFailed                 bad credentials, bad or expired token
+    │   └── NotAuthorized(level_required, level_held)
+    └── RemoteError(kind, code, description, agent_id)
+        ├── BusinessError                        the handler refused the request
+        └── InternalError                        the handler crashed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+__all__ = [
+    "AuthError",
+    "AuthenticationFailed",
+    "BusinessError",
+    "CircuitOpen",
+    "CodecError",
+    "ConfigurationError",
+    "ContractError",
+    "Disconnected",
+    "DiscoveryError",
+    "InternalError",
+    "NoHealthyInstance",
+    "NoResponders",
+    "NotAuthorized",
+    "NotFound",
+    "ReachError",
+    "ReachTimeout",
+    "RegistrationRefused",
+    "RemoteError",
+    "RetriesExhausted",
+    "TransportError",
+    "Unavailable",
+]
+
+
+class ReachError(Exception):
+    """Base of every Agent-Reach error."""
+
+    #: whether trying again (on another instance) can succeed; read by the retry policy only
+    retryable: ClassVar[bool] = False
+    #: the reachability layer that failed: discovery, contract, routing, security, agent, config
+    layer: ClassVar[str] = "fabric"
+    #: the error kind carried on the wire in replies
+    kind: ClassVar[str] = "internal"
+
+
+class ConfigurationError(ReachError, ValueError):
+    """A manifest, option or file is invalid. ``errors`` lists every problem with its path."""
+
+    layer = "config"
+
+    def __init__(self, message: str, errors: Sequence[str] = ()) -> None:
+        self.errors = list(errors) or [message]
+        super().__init__(message if not errors else message + ":\n  " + "\n  ".join(errors))
+
+
+class ContractError(ReachError):
+    """The payload does not match the capability's schema; ``path`` names the field."""
+
+    layer = "contract"
+    kind = "contract"
+
+    def __init__(self, message: str, *, path: str = "", rule: str = "") -> None:
+        self.path = path
+        self.rule = rule
+        super().__init__(message)
+
+
+class CodecError(ContractError):
+    """Bytes that cannot be decoded, or a value that breaks the codec's limits."""
+
+
+class DiscoveryError(ReachError):
+    layer = "discovery"
+    kind = "unavailable"
+
+
+class NotFound(DiscoveryError):
+    """No registered instance offers the capability (or has the agent id)."""
+
+
+class NoHealthyInstance(DiscoveryError):
+    """Instances are registered, but none is healthy enough to take the call."""
+
+
+class RegistrationRefused(DiscoveryError):
+    """The registrar refused an announce; ``reason`` says why."""
+
+    def __init__(self, reason: str, *, agent_id: str = "") -> None:
+        self.reason = reason
+        self.agent_id = agent_id
+        super().__init__(f"registration of {agent_id or 'agent'} refused: {reason}")
+
+
+class TransportError(ReachError):
+    """The message did not make it there and back."""
+
+    retryable = True
+    layer = "routing"
+    kind = "unavailable"
+
+
+class NoResponders(TransportError):
+    """Nobody is subscribed to the subject."""
+
+
+class ReachTimeout(TransportError, TimeoutError):
+    """No reply arrived before the deadline."""
+
+    kind = "timeout"
+
+
+class Disconnected(TransportError):
+    """The connection to NATS is closed or was lost during the call."""
+
+
+class Unavailable(ReachError):
+    """The instance is alive but does not take the call now (not ready, over capacity)."""
+
+    retryable = True
+    layer = "routing"
+    kind = "unavailable"
+
+
+class CircuitOpen(ReachError):
+    """Every candidate's breaker is open; ``retry_at`` (monotonic s) says when one half-opens."""
+
+    layer = "routing"
+    kind = "unavailable"
+
+    def __init__(self, target: str, retry_at: float, *, retry_in: float = 0.0) -> None:
+        self.target = target
+        self.retry_at = retry_at
+        self.retry_in = retry_in
+        super().__init__(f"circuit open for {target}; next trial in {retry_in:.2f}s")
+
+
+class RetriesExhausted(ReachError):
+    """Every allowed attempt failed; ``__cause__`` is the last error."""
+
+    layer = "routing"
+    kind = "unavailable"
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        self.attempts = attempts
+        super().__init__(message)
+
+
+class AuthError(ReachError):
+    layer = "security"
+    kind = "denied"
+
+
+class AuthenticationFailed(AuthError):
+    """Credentials or token were rejected."""
+
+
+class NotAuthorized(AuthError):
+    """The caller's clearance is below the capability's security level."""
+
+    def __init__(self, message: str, *, level_required: int, level_held: int) -> None:
+        self.level_required = level_required
+        self.level_held = level_held
+        super().__init__(message)
+
+
+class RemoteError(ReachError):
+    """The callee's handler failed; carries what it said."""
+
+    layer = "agent"
+
+    def __init__(self, kind: str, code: str, description: str, *, agent_id: str = "") -> None:
+        self.remote_kind = kind
+        self.code = code
+        self.description = description
+        self.agent_id = agent_id
+        where = f" at {agent_id}" if agent_id else ""
+        super().__init__(f"{kind} error{where}: [{code}] {description}")
+
+
+class BusinessError(RemoteError):
+    """The handler refused the request for a business reason; retrying will not help."""
+
+    kind = "business"
+
+
+class InternalError(RemoteError):
+    """The handler crashed."""
+
+    kind = "internal"

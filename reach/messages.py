@@ -1,0 +1,32 @@
+"""Control messages (announce, heartbeat, probe, bye) as pydantic models inside the envelope."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from reach import codec
+from reach.errors import ContractError
+from reach.models import format_validation_error
+
+__all__ = ["decode_model", "encode_model"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def encode_model(model: BaseModel) -> bytes:
+    return codec.encode(model.model_dump(mode="json", exclude_defaults=False), checked=False)
+
+
+def decode_model(cls: type[M], data: bytes, limits: codec.Limits = codec.DEFAULT_LIMITS) -> M:
+    """Decode and validate; CodecError for bad bytes, ContractError naming the field otherwise."""
+    value = codec.decode(data, limits)
+    try:
+        return cls.model_validate(value)
+    except ValidationError as exc:
+        lines = format_validation_error(exc)
+        path = lines[0].split(":", 1)[0] if lines else ""
+        raise ContractError(
+            f"invalid {cls.__name__}: " + "; ".join(lines), path=path, rule="schema"
+        ) from None

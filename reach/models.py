@@ -1,0 +1,336 @@
+"""Wire models: the manifest and everything the registry stores or agents send.
+
+The same models validate a YAML file, an announce message and a KV record, and
+``reach schema export`` turns them into the JSON Schema files in ``schemas/``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Annotated, Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from reach.errors import ConfigurationError
+
+__all__ = [
+    "AnnounceReply",
+    "AnnounceRequest",
+    "Bye",
+    "Capability",
+    "HealthSettings",
+    "HealthStatus",
+    "Heartbeat",
+    "HeartbeatReply",
+    "Instance",
+    "Manifest",
+    "ProbeReply",
+    "Readiness",
+    "RegistrarRecord",
+    "Transition",
+    "format_validation_error",
+    "parse_manifest",
+]
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_TAG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+# semver.org's grammar
+_SEMVER_RE = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+
+def _subject_token(value: str) -> str:
+    if not _TOKEN_RE.match(value):
+        raise PydanticCustomError(
+            "subject_token",
+            "must be 1-128 letters, digits, '_' or '-' (a NATS subject token), got {value}",
+            {"value": repr(value)},
+        )
+    return value
+
+
+def _tag(value: str) -> str:
+    if not _TAG_RE.match(value):
+        raise PydanticCustomError(
+            "tag_format",
+            "must be lowercase words joined by '-', got {value}",
+            {"value": repr(value)},
+        )
+    return value
+
+
+def _semver(value: str) -> str:
+    if not _SEMVER_RE.match(value):
+        raise PydanticCustomError(
+            "semver", "must be a semantic version like 1.2.3, got {value}", {"value": repr(value)}
+        )
+    return value
+
+
+def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        Draft202012Validator.check_schema(value)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        at = f" at {where}" if where else ""
+        raise PydanticCustomError(
+            "json_schema", "not a valid JSON Schema{at}: {msg}", {"at": at, "msg": exc.message}
+        ) from None
+    return value
+
+
+# WithJsonSchema: the exported schemas carry the same rules for agents in other languages.
+SubjectToken = Annotated[
+    str,
+    AfterValidator(_subject_token),
+    WithJsonSchema({"type": "string", "pattern": _TOKEN_RE.pattern}),
+]
+Tag = Annotated[
+    str, AfterValidator(_tag), WithJsonSchema({"type": "string", "pattern": _TAG_RE.pattern})
+]
+SemVer = Annotated[
+    str, AfterValidator(_semver), WithJsonSchema({"type": "string", "pattern": _SEMVER_RE.pattern})
+]
+JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
+HealthStatus = Literal["healthy", "degraded", "unhealthy"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HealthSettings(_Model):
+    """How the registrar watches an instance."""
+
+    interval_sec: float = Field(15.0, gt=0, le=3600, description="heartbeat and probe interval")
+    timeout_sec: float = Field(3.0, gt=0, le=600, description="probe reply timeout")
+    failures_before_unhealthy: int = Field(
+        2, ge=1, le=100, description="consecutive probe failures or missed heartbeats"
+    )
+
+
+class Capability(_Model):
+    """One thing an agent can do, with its contract and service level."""
+
+    name: SubjectToken
+    description: str = ""
+    input_schema: JsonSchema = Field(default_factory=dict)
+    output_schema: JsonSchema = Field(default_factory=dict)
+    tags: list[Tag] = Field(default_factory=list, max_length=32)
+    qps: float | None = Field(None, gt=0, description="declared sustainable calls per second")
+    latency_sla_ms: float = Field(1000.0, gt=0, description="P95 latency under good conditions")
+    # When in doubt, level high: a capability nobody classified is treated as a core asset.
+    security_level: int = Field(4, ge=1, le=4)
+    idempotent: bool = False
+    vendor: str | None = None
+    version: SemVer | None = None
+
+
+class Manifest(_Model):
+    """An agent's business card, announced to the registrar."""
+
+    agent_id: SubjectToken = Field(
+        default="", description='unique per live instance; empty means "<agent_name>-<random>"'
+    )
+    agent_name: SubjectToken
+    version: SemVer
+    mode: Literal["sync", "async"] = "sync"
+    capabilities: list[Capability] = Field(default_factory=list)
+    max_concurrency: int = Field(64, ge=1, le=100_000, description="calls handled at once")
+    health: HealthSettings = Field(default_factory=HealthSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_agent_id(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and not data.get("agent_id")
+            and isinstance(data.get("agent_name"), str)
+        ):
+            # 119 + "-" + 8 hex digits stays within the 128 a subject token may have
+            data = {**data, "agent_id": f"{data['agent_name'][:119]}-{secrets.token_hex(4)}"}
+        return data
+
+    @field_validator("capabilities")
+    @classmethod
+    def _unique_capabilities(cls, capabilities: list[Capability]) -> list[Capability]:
+        seen: set[str] = set()
+        for cap in capabilities:
+            if cap.name in seen:
+                raise PydanticCustomError(
+                    "duplicate_capability",
+                    "capability {name} is declared twice",
+                    {"name": repr(cap.name)},
+                )
+            seen.add(cap.name)
+        return capabilities
+
+    def capability(self, name: str) -> Capability | None:
+        for cap in self.capabilities:
+            if cap.name == name:
+                return cap
+        return None
+
+    @property
+    def stable(self) -> bool:
+        """A release version (no pre-release part) is preferred by routing."""
+        return "-" not in self.version.split("+", 1)[0]
+
+
+class Readiness(_Model):
+    """An agent's own view of whether it can do useful work (pools, queues, dependencies)."""
+
+    ready: bool = True
+    reason: str = ""
+    details: dict[str, float | int | str | bool] = Field(default_factory=dict)
+
+
+class Heartbeat(_Model):
+    """Sent by an instance every health interval on ``reach.v1.hb.<agent_id>``."""
+
+    agent_id: SubjectToken
+    instance_id: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0)
+    sent_at: float = Field(description="Unix seconds")
+    in_flight: int = Field(ge=0)
+    max_concurrency: int = Field(ge=1)
+    last_completion_at: float | None = None
+    completed: int = Field(0, ge=0, description="calls completed since start")
+    memory_bytes: int = Field(0, ge=0)
+    readiness: Readiness = Field(default_factory=Readiness)
+
+
+class HeartbeatReply(_Model):
+    ok: bool
+    reason: str = ""
+    #: the registrar no longer knows this instance (evicted): announce again
+    reannounce: bool = False
+
+
+class AnnounceRequest(_Model):
+    """Sent on ``reach.v1.announce.<agent_id>``; the registrar answers with AnnounceReply."""
+
+    manifest: Manifest
+    instance_id: str = Field(min_length=1, max_length=64)
+    started_at: float
+    readiness: Readiness = Field(default_factory=Readiness)
+
+
+class AnnounceReply(_Model):
+    accepted: bool
+    reason: str = ""
+    agent_id: str = ""
+    registrar_id: str = ""
+
+
+class Bye(_Model):
+    """Graceful deregistration on ``reach.v1.bye.<agent_id>``."""
+
+    agent_id: SubjectToken
+    instance_id: str = Field(min_length=1, max_length=64)
+    reason: str = "shutdown"
+
+
+class ProbeReply(_Model):
+    """An instance's answer to ``reach.v1.probe.<agent_id>``."""
+
+    agent_id: str
+    instance_id: str
+    in_flight: int = Field(ge=0)
+    max_concurrency: int = Field(ge=1)
+    last_completion_at: float | None = None
+    readiness: Readiness = Field(default_factory=Readiness)
+
+
+class Transition(_Model):
+    """A health change the registrar saw, kept on the record for ``reach doctor``."""
+
+    at: float
+    status: HealthStatus
+    reason: str
+
+
+class Instance(_Model):
+    """The registry record of one live agent instance (KV key ``agent.<agent_id>``)."""
+
+    manifest: Manifest
+    instance_id: str
+    status: HealthStatus = "healthy"
+    status_reason: str = ""
+    registered_at: float
+    last_heartbeat_at: float
+    last_probe_at: float | None = None
+    last_probe_ms: float | None = None
+    consecutive_failures: int = 0
+    in_flight: int = 0
+    max_concurrency: int = 1
+    completed: int = 0
+    last_completion_at: float | None = None
+    memory_bytes: int = 0
+    readiness: Readiness = Field(default_factory=Readiness)
+    registrar_id: str = ""
+    transitions: list[Transition] = Field(default_factory=list)
+
+    @property
+    def agent_id(self) -> str:
+        return self.manifest.agent_id
+
+    @property
+    def load(self) -> float:
+        """In-flight calls as a share of declared concurrency (0..1+)."""
+        return self.in_flight / self.max_concurrency
+
+    def age(self, now: float) -> float:
+        return now - self.registered_at
+
+
+class RegistrarRecord(_Model):
+    """A live registrar (KV key ``registrar.<id>``), refreshed while it runs."""
+
+    registrar_id: str
+    started_at: float
+    seen_at: float
+    interval_sec: float
+
+
+def format_validation_error(exc: ValidationError, *, root: str = "") -> list[str]:
+    """Turn pydantic errors into ``capabilities[0].tags[2]: message`` lines."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        path = root
+        for part in err["loc"]:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            else:
+                path += f".{part}" if path else str(part)
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        lines.append(f"{path or '<root>'}: {msg}")
+    return lines
+
+
+def parse_manifest(data: Any, *, source: str = "manifest") -> Manifest:
+    """Validate a manifest, raising ConfigurationError that lists every problem with its path."""
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid {source}", format_validation_error(exc)) from None

@@ -1,0 +1,584 @@
+"""The registrar: accepts announces, follows heartbeats, probes instances, evicts the dead.
+
+State lives in the KV bucket, never only in memory: every write is a compare-and-set on
+the revision this registrar last saw, so several registrars can run at once and a
+restart loses nothing. Each registrar keeps a view of the bucket through a watch.
+Probing and eviction of an instance is done by one registrar, chosen by rendezvous
+hashing over the live registrars, so work is split and taken over when one dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from reach import envelope, subjects
+from reach.clock import Clock, system_clock
+from reach.codec import Limits
+from reach.errors import CodecError, ContractError, ReachError
+from reach.messages import decode_model, encode_model
+from reach.models import (
+    AnnounceReply,
+    AnnounceRequest,
+    Bye,
+    HealthStatus,
+    Heartbeat,
+    HeartbeatReply,
+    Instance,
+    ProbeReply,
+    Readiness,
+    RegistrarRecord,
+    Transition,
+)
+from reach.registry.store import RegistryStore
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection, KVConflict, Message, Subscription
+
+__all__ = ["Registrar", "RegistrarConfig"]
+
+log = logging.getLogger("reach.registrar")
+
+_CAS_ATTEMPTS = 8
+_M = TypeVar("_M", AnnounceRequest, Heartbeat, Bye)
+MessageHandler = Callable[[Message], Awaitable[None]]
+
+
+@dataclass
+class RegistrarConfig:
+    registrar_id: str = field(default_factory=lambda: f"reg-{secrets.token_hex(4)}")
+    #: KV replicas (3 on a NATS cluster)
+    replicas: int = 1
+    #: an instance silent for this many health intervals is removed from the registry
+    evict_after_intervals: float = 3.0
+    #: instances younger than this are probed twice as often
+    new_agent_window_sec: float = 24 * 3600.0
+    #: how often this registrar refreshes its own liveness record
+    liveness_interval_sec: float = 1.0
+    #: a record registered this recently counts as live even if it does not answer a probe yet
+    duplicate_grace_sec: float = 1.0
+    max_message_bytes: int = 256 * 1024
+    max_concurrent_probes: int = 512
+    transitions_kept: int = 20
+    clock: Clock = field(default=system_clock, repr=False)
+
+
+class Registrar:
+    """Keeps REACH_REGISTRY true to what runs. ``await start()``, ``await stop()``."""
+
+    def __init__(self, conn: Connection, config: RegistrarConfig | None = None) -> None:
+        self._conn = conn
+        self.config = config or RegistrarConfig()
+        self._clock = self.config.clock
+        self._limits = Limits(max_bytes=self.config.max_message_bytes)
+        self._store: RegistryStore | None = None
+        self._records: dict[str, tuple[Instance, int]] = {}
+        self._registrars: dict[str, RegistrarRecord] = {}
+        self._owner_cache: dict[str, bool] = {}
+        self._last_probe: dict[str, float] = {}
+        self._probing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subs: list[Subscription] = []
+        self._loops: list[asyncio.Task[None]] = []
+        self._synced = asyncio.Event()
+        self._probe_slots = asyncio.Semaphore(self.config.max_concurrent_probes)
+        self._started_at = 0.0
+        self._stopping = False
+
+    @property
+    def registrar_id(self) -> str:
+        return self.config.registrar_id
+
+    @property
+    def store(self) -> RegistryStore:
+        if self._store is None:
+            raise RuntimeError("start the registrar first")
+        return self._store
+
+    def instances(self) -> list[Instance]:
+        """This registrar's current view of the registry."""
+        return [inst for inst, _ in self._records.values()]
+
+    async def start(self) -> None:
+        self._store = await RegistryStore.open(self._conn, replicas=self.config.replicas)
+        self._started_at = self._clock.time()
+        self._loops.append(asyncio.create_task(self._watch_loop(), name="registrar-watch"))
+        await asyncio.wait_for(self._synced.wait(), 30)
+        await self._refresh_liveness()
+        for subject, handler in (
+            (subjects.ANNOUNCE_ALL, self._on_announce),
+            (subjects.HEARTBEAT_ALL, self._on_heartbeat),
+            (subjects.BYE_ALL, self._on_bye),
+        ):
+            self._subs.append(
+                await self._conn.subscribe(
+                    subject, self._spawning(handler), queue=subjects.REGISTRAR_QUEUE
+                )
+            )
+        await self._conn.flush()
+        self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
+        self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
+        log.info("registrar %s started with %d records", self.registrar_id, len(self._records))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        await cancel_and_wait([*self._loops, *self._tasks])
+        self._loops.clear()
+        if self._store is not None and not self._conn.is_closed:
+            with contextlib.suppress(ReachError):
+                await self._store.delete_registrar(self.registrar_id)
+
+    async def __aenter__(self) -> Registrar:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- message handlers -------------------------------------------------------------
+
+    def _spawning(self, handler: MessageHandler) -> MessageHandler:
+        # Each message is handled in its own task so one slow announce (which may probe)
+        # never holds up heartbeats; errors are logged, never raised into nats-py.
+        async def run(msg: Message) -> None:
+            try:
+                await handler(msg)
+            except Exception:
+                log.exception("registrar failed on %s", msg.subject)
+
+        async def dispatch(msg: Message) -> None:
+            if self._stopping:
+                return
+            task = asyncio.create_task(run(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return dispatch
+
+    async def _reply_bad_message(self, msg: Message, exc: ReachError) -> None:
+        log.warning("dropped malformed message on %s: %s", msg.subject, exc)
+        if msg.reply:
+            await self._conn.respond(
+                msg, envelope.pack_error("contract", "invalid_message", str(exc), self.registrar_id)
+            )
+
+    def _decode(self, cls: type[_M], msg: Message) -> _M:
+        _, body = envelope.unpack_request(msg.data, self.config.max_message_bytes)
+        return decode_model(cls, body, self._limits)
+
+    async def _on_announce(self, msg: Message) -> None:
+        try:
+            req = self._decode(AnnounceRequest, msg)
+        except (CodecError, ContractError) as exc:
+            await self._reply_bad_message(msg, exc)
+            return
+        agent_id = req.manifest.agent_id
+        if subjects.last_token(msg.subject) != agent_id:
+            reply = AnnounceReply(
+                accepted=False,
+                agent_id=agent_id,
+                reason=f"announced on {msg.subject} but the manifest says agent_id {agent_id!r}",
+                registrar_id=self.registrar_id,
+            )
+        else:
+            reply = await self._register(req)
+        await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
+
+    async def _register(self, req: AnnounceRequest) -> AnnounceReply:
+        agent_id = req.manifest.agent_id
+        now = self._clock.time()
+        fresh = self._new_instance(req, now)
+        for _ in range(_CAS_ATTEMPTS):
+            current = self._records.get(agent_id) or await self.store.get(agent_id)
+            try:
+                if current is None:
+                    self._remember(fresh, await self.store.create(fresh))
+                    log.info("registered %s (%s)", agent_id, req.instance_id)
+                    return self._accepted(agent_id)
+                inst, rev = current
+                if inst.instance_id == req.instance_id:
+                    # the same process announcing again (after a reconnect or an eviction)
+                    renewed = fresh.model_copy(update={"registered_at": inst.registered_at})
+                    self._remember(renewed, await self.store.update(renewed, rev))
+                    return self._accepted(agent_id)
+                live_reason = await self._still_live(inst, now)
+                if live_reason:
+                    return AnnounceReply(
+                        accepted=False,
+                        agent_id=agent_id,
+                        registrar_id=self.registrar_id,
+                        reason=(
+                            f"agent_id {agent_id!r} is already live (instance {inst.instance_id},"
+                            f" {live_reason}); a live agent_id is never shared: give this"
+                            " instance its own agent_id"
+                        ),
+                    )
+                replaced = fresh.model_copy(
+                    update={
+                        "transitions": self._with_transition(
+                            inst.transitions,
+                            Transition(
+                                at=now,
+                                status=fresh.status,
+                                reason=f"replaced dead instance {inst.instance_id}",
+                            ),
+                        )
+                    }
+                )
+                self._remember(replaced, await self.store.update(replaced, rev))
+                log.info("replaced dead %s (%s → %s)", agent_id, inst.instance_id, req.instance_id)
+                return self._accepted(agent_id)
+            except KVConflict:
+                await self._reload(agent_id)
+        return AnnounceReply(
+            accepted=False,
+            agent_id=agent_id,
+            registrar_id=self.registrar_id,
+            reason="the registry record kept changing under concurrent writes; announce again",
+        )
+
+    def _accepted(self, agent_id: str) -> AnnounceReply:
+        return AnnounceReply(accepted=True, agent_id=agent_id, registrar_id=self.registrar_id)
+
+    def _new_instance(self, req: AnnounceRequest, now: float) -> Instance:
+        status: HealthStatus = "healthy" if req.readiness.ready else "degraded"
+        reason = "announced" if req.readiness.ready else f"not ready: {req.readiness.reason}"
+        return Instance(
+            manifest=req.manifest,
+            instance_id=req.instance_id,
+            status=status,
+            status_reason=reason,
+            registered_at=now,
+            last_heartbeat_at=now,
+            max_concurrency=req.manifest.max_concurrency,
+            readiness=req.readiness,
+            registrar_id=self.registrar_id,
+            transitions=[Transition(at=now, status=status, reason=reason)],
+        )
+
+    async def _still_live(self, inst: Instance, now: float) -> str:
+        """Why the registered instance counts as live, or "" if it is dead and may be replaced."""
+        if now - inst.registered_at < self.config.duplicate_grace_sec:
+            return f"registered {now - inst.registered_at:.1f}s ago"
+        reply = await self._probe(inst)
+        if isinstance(reply, ProbeReply) and reply.instance_id == inst.instance_id:
+            return "it answered a probe just now"
+        return ""
+
+    async def _on_heartbeat(self, msg: Message) -> None:
+        try:
+            hb = self._decode(Heartbeat, msg)
+        except (CodecError, ContractError) as exc:
+            await self._reply_bad_message(msg, exc)
+            return
+        reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
+        if msg.reply:
+            await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
+
+    async def _heartbeat(self, hb: Heartbeat, subject_id: str) -> HeartbeatReply:
+        if hb.agent_id != subject_id:
+            return HeartbeatReply(ok=False, reason=f"heartbeat for {hb.agent_id} on {subject_id}")
+        current = self._records.get(hb.agent_id)
+        if current is None:
+            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+        if current[0].instance_id != hb.instance_id:
+            return HeartbeatReply(
+                ok=False,
+                reason=f"agent_id {hb.agent_id} belongs to instance {current[0].instance_id}",
+            )
+        now = self._clock.time()
+
+        def apply(inst: Instance) -> Instance | None:
+            if inst.instance_id != hb.instance_id:
+                return None
+            updated = inst.model_copy(
+                update={
+                    "last_heartbeat_at": now,
+                    "consecutive_failures": 0,
+                    "in_flight": hb.in_flight,
+                    "max_concurrency": hb.max_concurrency,
+                    "completed": hb.completed,
+                    "last_completion_at": hb.last_completion_at,
+                    "memory_bytes": hb.memory_bytes,
+                    "readiness": hb.readiness,
+                }
+            )
+            return self._with_status(updated, *self._status_from(hb.readiness, "heartbeat"), now)
+
+        result = await self._mutate(hb.agent_id, apply)
+        if result is None:
+            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+        return HeartbeatReply(ok=True)
+
+    async def _on_bye(self, msg: Message) -> None:
+        try:
+            bye = self._decode(Bye, msg)
+        except (CodecError, ContractError) as exc:
+            await self._reply_bad_message(msg, exc)
+            return
+        ok = False
+        if subjects.last_token(msg.subject) == bye.agent_id:
+            ok = await self._remove(bye.agent_id, bye.instance_id, f"deregistered: {bye.reason}")
+        if msg.reply:
+            reply = HeartbeatReply(ok=ok, reason="" if ok else "no such instance")
+            await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
+
+    # -- health ----------------------------------------------------------------------
+
+    @staticmethod
+    def _status_from(readiness: Readiness, source: str) -> tuple[HealthStatus, str]:
+        if readiness.ready:
+            return "healthy", f"{source} ok"
+        return "degraded", f"not ready: {readiness.reason or 'readiness check failed'}"
+
+    def _with_transition(self, transitions: list[Transition], new: Transition) -> list[Transition]:
+        return [*transitions, new][-self.config.transitions_kept :]
+
+    def _with_status(
+        self, inst: Instance, status: HealthStatus, reason: str, now: float
+    ) -> Instance:
+        if inst.status == status:
+            return inst
+        log.info("%s: %s → %s (%s)", inst.agent_id, inst.status, status, reason)
+        return inst.model_copy(
+            update={
+                "status": status,
+                "status_reason": reason,
+                "transitions": self._with_transition(
+                    inst.transitions, Transition(at=now, status=status, reason=reason)
+                ),
+            }
+        )
+
+    async def _probe(self, inst: Instance) -> ProbeReply | str:
+        """Probe an instance: its reply, or a one-line reason why the probe failed."""
+        health = inst.manifest.health
+        request = envelope.pack_request(envelope.RequestMeta(call_id=uuid.uuid4().hex), b"")
+        try:
+            data = await self._conn.request(
+                subjects.probe(inst.agent_id), request, timeout=health.timeout_sec
+            )
+            reply = envelope.unpack_reply(data)
+            if not reply.ok:
+                return f"probe refused: {reply.kind}: {reply.description}"
+            probe = decode_model(ProbeReply, reply.body, self._limits)
+        except ReachError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if probe.instance_id != inst.instance_id:
+            return f"probe answered by another instance ({probe.instance_id})"
+        return probe
+
+    async def _probe_and_record(self, inst: Instance) -> None:
+        agent_id = inst.agent_id
+        try:
+            async with self._probe_slots:
+                started = self._clock.monotonic()
+                result = await self._probe(inst)
+                elapsed_ms = (self._clock.monotonic() - started) * 1000
+            now = self._clock.time()
+
+            def apply(cur: Instance) -> Instance | None:
+                if cur.instance_id != inst.instance_id:
+                    return None
+                if isinstance(result, ProbeReply):
+                    status, reason = self._status_from(result.readiness, "probe")
+                    if cur.status == status and cur.consecutive_failures == 0:
+                        return None  # nothing changed: no KV write
+                    updated = cur.model_copy(
+                        update={
+                            "consecutive_failures": 0,
+                            "last_probe_at": now,
+                            "last_probe_ms": elapsed_ms,
+                            "readiness": result.readiness,
+                            "in_flight": result.in_flight,
+                        }
+                    )
+                    return self._with_status(updated, status, reason, now)
+                failures = cur.consecutive_failures + 1
+                updated = cur.model_copy(
+                    update={"consecutive_failures": failures, "last_probe_at": now}
+                )
+                if failures >= cur.manifest.health.failures_before_unhealthy:
+                    reason = f"{failures} consecutive probe failures, last: {result}"
+                    return self._with_status(updated, "unhealthy", reason, now)
+                return updated
+
+            await self._mutate(agent_id, apply)
+        finally:
+            self._probing.discard(agent_id)
+
+    # -- loops -----------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while not self._stopping:
+            try:
+                async for change in self.store.watch():
+                    if change is None:
+                        self._synced.set()
+                    elif change.key.startswith(subjects.REGISTRAR_KEY_PREFIX):
+                        rid = change.key[len(subjects.REGISTRAR_KEY_PREFIX) :]
+                        if change.registrar is not None:
+                            if rid not in self._registrars:
+                                self._owner_cache.clear()
+                            self._registrars[rid] = change.registrar
+                        elif self._registrars.pop(rid, None) is not None:
+                            self._owner_cache.clear()
+                    elif change.instance is not None:
+                        self._remember(change.instance, change.revision)
+                    elif change.deleted:
+                        self._forget(change.agent_id, change.revision)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("registry watch failed (%s); restarting", exc)
+                await asyncio.sleep(0.5)
+
+    def _remember(self, inst: Instance, revision: int) -> None:
+        current = self._records.get(inst.agent_id)
+        if current is None or current[1] < revision:
+            self._records[inst.agent_id] = (inst, revision)
+
+    def _forget(self, agent_id: str, revision: int) -> None:
+        current = self._records.get(agent_id)
+        if current is not None and current[1] < revision:
+            del self._records[agent_id]
+            self._last_probe.pop(agent_id, None)
+            self._owner_cache.pop(agent_id, None)
+
+    async def _reload(self, agent_id: str) -> None:
+        fresh = await self.store.get(agent_id)
+        if fresh is None:
+            self._records.pop(agent_id, None)
+        else:
+            self._remember(*fresh)
+
+    async def _mutate(
+        self, agent_id: str, change: Callable[[Instance], Instance | None]
+    ) -> Instance | None:
+        """Apply ``change`` to the record with compare-and-set, re-reading on conflict."""
+        for _ in range(_CAS_ATTEMPTS):
+            current = self._records.get(agent_id)
+            if current is None:
+                return None
+            inst, rev = current
+            updated = change(inst)
+            if updated is None or updated is inst:
+                return inst
+            try:
+                self._remember(updated, await self.store.update(updated, rev))
+                return updated
+            except KVConflict:
+                await self._reload(agent_id)
+        log.warning("gave up updating %s after %d conflicts", agent_id, _CAS_ATTEMPTS)
+        return None
+
+    async def _remove(self, agent_id: str, instance_id: str | None, reason: str) -> bool:
+        for _ in range(_CAS_ATTEMPTS):
+            current = self._records.get(agent_id)
+            if current is None or (instance_id and current[0].instance_id != instance_id):
+                return False
+            try:
+                await self.store.delete(agent_id, last=current[1])
+            except KVConflict:
+                await self._reload(agent_id)
+                continue
+            self._records.pop(agent_id, None)
+            self._last_probe.pop(agent_id, None)
+            log.info("removed %s: %s", agent_id, reason)
+            return True
+        return False
+
+    def _owns(self, agent_id: str) -> bool:
+        cached = self._owner_cache.get(agent_id)
+        if cached is not None:
+            return cached
+        now = self._clock.time()
+        live = [self.registrar_id] + [
+            rid
+            for rid, rec in self._registrars.items()
+            if rid != self.registrar_id and now - rec.seen_at < 3 * rec.interval_sec
+        ]
+        owner = max(live, key=lambda rid: hashlib.blake2b(f"{rid}/{agent_id}".encode()).digest())
+        mine = owner == self.registrar_id
+        self._owner_cache[agent_id] = mine
+        return mine
+
+    async def _refresh_liveness(self) -> None:
+        now = self._clock.time()
+        await self.store.put_registrar(
+            RegistrarRecord(
+                registrar_id=self.registrar_id,
+                started_at=self._started_at,
+                seen_at=now,
+                interval_sec=self.config.liveness_interval_sec,
+            )
+        )
+        # a registrar that stopped refreshing drops out of ownership
+        stale = [
+            rid
+            for rid, rec in self._registrars.items()
+            if rid != self.registrar_id and now - rec.seen_at >= 3 * rec.interval_sec
+        ]
+        if stale:
+            self._owner_cache.clear()
+
+    async def _liveness_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.config.liveness_interval_sec)
+            try:
+                await self._refresh_liveness()
+            except ReachError as exc:
+                log.warning("could not refresh registrar liveness: %s", exc)
+
+    async def _sweep_loop(self) -> None:
+        while not self._stopping:
+            tick = 1.0
+            try:
+                tick = await self._sweep()
+            except ReachError as exc:
+                log.warning("sweep failed: %s", exc)
+            await asyncio.sleep(tick)
+
+    async def _sweep(self) -> float:
+        """One pass over owned records: evict the silent, mark missed heartbeats, start probes."""
+        now = self._clock.time()
+        tick = 1.0
+        for agent_id, (inst, _) in list(self._records.items()):
+            health = inst.manifest.health
+            tick = min(tick, health.interval_sec / 4)
+            if not self._owns(agent_id):
+                continue
+            silence = now - max(inst.last_heartbeat_at, self._started_at)
+            if silence >= self.config.evict_after_intervals * health.interval_sec:
+                await self._remove(
+                    agent_id, inst.instance_id, f"silent for {silence:.1f}s: evicted"
+                )
+                continue
+            missed = int(silence / health.interval_sec)
+            if missed >= health.failures_before_unhealthy and inst.status != "unhealthy":
+                reason = f"missed {missed} heartbeats ({silence:.1f}s silent)"
+
+                def mark(cur: Instance, reason: str = reason) -> Instance | None:
+                    return self._with_status(cur, "unhealthy", reason, now)
+
+                await self._mutate(agent_id, mark)
+            probe_every = health.interval_sec
+            if inst.age(now) < self.config.new_agent_window_sec:
+                probe_every /= 2
+            last = self._last_probe.get(agent_id, inst.registered_at)
+            if agent_id not in self._probing and now - last >= probe_every:
+                self._probing.add(agent_id)
+                self._last_probe[agent_id] = now
+                task = asyncio.create_task(self._probe_and_record(inst))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        return max(0.02, tick)

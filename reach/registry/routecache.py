@@ -1,0 +1,173 @@
+"""The caller's route cache: every registry record, kept current by a KV watch.
+
+Lookups never touch the network. Indexes by capability and by tag are maintained as
+records change, so a lookup costs a dictionary access plus filtering of the matches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from reach import subjects
+from reach.errors import ReachError
+from reach.models import Instance
+from reach.registry.store import RegistryStore
+from reach.tasks import cancel_and_wait
+
+__all__ = ["RouteCache", "version_matches"]
+
+log = logging.getLogger("reach.routecache")
+
+
+def version_matches(version: str, wanted: str | None) -> bool:
+    """``None`` matches all; ``"2"`` or ``"2.3"`` match by prefix; ``"2.3.1"`` exactly."""
+    if wanted is None:
+        return True
+    core = version.split("+", 1)[0]
+    return core == wanted or core.split("-", 1)[0].startswith(wanted + ".")
+
+
+class RouteCache:
+    """Instances by agent id, capability and tag, fed by a watch on REACH_REGISTRY."""
+
+    def __init__(self, store: RegistryStore) -> None:
+        self._store = store
+        self._instances: dict[str, tuple[Instance, int]] = {}
+        self._by_capability: dict[str, dict[str, Instance]] = {}
+        self._by_tag: dict[str, set[tuple[str, str]]] = {}
+        self._synced = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._listeners: list[Callable[[str, Instance | None], None]] = []
+        #: monotonic time of the last change applied (route-cache freshness for ``doctor``)
+        self.last_change_at = 0.0
+        self.changes = 0
+
+    async def start(self, timeout: float = 10.0) -> None:
+        self._task = asyncio.create_task(self._run(), name="route-cache-watch")
+        try:
+            await asyncio.wait_for(self._synced.wait(), timeout)
+        except TimeoutError:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def on_change(self, listener: Callable[[str, Instance | None], None]) -> None:
+        """Call ``listener(agent_id, instance or None)`` after each applied change."""
+        self._listeners.append(listener)
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                async for change in self._store.watch():
+                    if change is None:
+                        self._synced.set()
+                        continue
+                    if not change.key.startswith(subjects.AGENT_KEY_PREFIX):
+                        continue
+                    self._apply(change.agent_id, change.instance, change.revision)
+            except asyncio.CancelledError:
+                raise
+            except ReachError as exc:
+                log.warning("registry watch failed (%s); restarting", exc)
+                await asyncio.sleep(0.5)
+
+    def _apply(self, agent_id: str, instance: Instance | None, revision: int) -> None:
+        current = self._instances.get(agent_id)
+        if current is not None and current[1] >= revision:
+            return
+        if current is not None:
+            self._unindex(current[0])
+        if instance is None:
+            self._instances.pop(agent_id, None)
+        else:
+            self._instances[agent_id] = (instance, revision)
+            self._index(instance)
+        self.last_change_at = time.monotonic()
+        self.changes += 1
+        for listener in self._listeners:
+            listener(agent_id, instance)
+        # wake every waiter once: they hold the old event, later waiters get a new one
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _index(self, inst: Instance) -> None:
+        for cap in inst.manifest.capabilities:
+            self._by_capability.setdefault(cap.name, {})[inst.agent_id] = inst
+            for tag in cap.tags:
+                self._by_tag.setdefault(tag, set()).add((inst.agent_id, cap.name))
+
+    def _unindex(self, inst: Instance) -> None:
+        for cap in inst.manifest.capabilities:
+            bucket = self._by_capability.get(cap.name)
+            if bucket is not None:
+                bucket.pop(inst.agent_id, None)
+                if not bucket:
+                    del self._by_capability[cap.name]
+            for tag in cap.tags:
+                tagged = self._by_tag.get(tag)
+                if tagged is not None:
+                    tagged.discard((inst.agent_id, cap.name))
+                    if not tagged:
+                        del self._by_tag[tag]
+
+    def get(self, agent_id: str) -> Instance | None:
+        found = self._instances.get(agent_id)
+        return found[0] if found else None
+
+    def all(self) -> list[Instance]:
+        return [inst for inst, _ in self._instances.values()]
+
+    def for_capability(self, capability: str) -> Iterable[Instance]:
+        """Every known instance of a capability, healthy or not (the routing hot path)."""
+        return self._by_capability.get(capability, {}).values()
+
+    def find(
+        self,
+        capability: str | None = None,
+        tags: Iterable[str] = (),
+        version: str | None = None,
+        include_unhealthy: bool = False,
+    ) -> list[Instance]:
+        """Instances offering ``capability`` (if given) with a capability carrying all ``tags``."""
+        wanted = list(tags)
+        if wanted:
+            pairs = set.intersection(*(self._by_tag.get(t, set()) for t in wanted))
+            if capability is not None:
+                pairs = {p for p in pairs if p[1] == capability}
+            ids = {agent_id for agent_id, _ in pairs}
+            candidates = [self._instances[i][0] for i in ids if i in self._instances]
+        elif capability is not None:
+            candidates = list(self.for_capability(capability))
+        else:
+            candidates = self.all()
+        return sorted(
+            (
+                inst
+                for inst in candidates
+                if (include_unhealthy or inst.status != "unhealthy")
+                and version_matches(inst.manifest.version, version)
+            ),
+            key=lambda inst: inst.agent_id,
+        )
+
+    async def wait_for(
+        self, predicate: Callable[[RouteCache], bool], timeout: float = 10.0
+    ) -> None:
+        """Wait until ``predicate(cache)`` holds; TimeoutError after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                await self._changed.wait()

@@ -1,0 +1,110 @@
+"""Registry records in the JetStream KV bucket REACH_REGISTRY, written with compare-and-set."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from reach import codec, subjects
+from reach.errors import CodecError
+from reach.models import Instance, RegistrarRecord
+from reach.transport import Connection, KVBucket
+
+__all__ = ["RecordChange", "RegistryStore", "decode_instance", "encode_instance"]
+
+
+def encode_instance(instance: Instance) -> bytes:
+    return codec.encode(instance.model_dump(mode="json"), checked=False)
+
+
+def decode_instance(data: bytes) -> Instance:
+    """Decode a KV value; CodecError if it is not an Instance record."""
+    try:
+        return Instance.model_validate(codec.decode(data))
+    except ValidationError as exc:
+        raise CodecError(
+            f"registry record is not a valid Instance: {exc.errors()[0]['msg']}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordChange:
+    """One change seen on the registry watch: an instance (or None when deleted), or a registrar."""
+
+    key: str
+    revision: int
+    instance: Instance | None = None
+    registrar: RegistrarRecord | None = None
+    deleted: bool = False
+
+    @property
+    def agent_id(self) -> str:
+        return self.key[len(subjects.AGENT_KEY_PREFIX) :]
+
+
+class RegistryStore:
+    """Typed access to REACH_REGISTRY: ``agent.<agent_id>`` and ``registrar.<id>`` keys."""
+
+    def __init__(self, bucket: KVBucket) -> None:
+        self.bucket = bucket
+
+    @classmethod
+    async def open(
+        cls, conn: Connection, *, create: bool = True, replicas: int = 1
+    ) -> RegistryStore:
+        bucket = await conn.key_value(subjects.REGISTRY_BUCKET, create=create, replicas=replicas)
+        return cls(bucket)
+
+    async def get(self, agent_id: str) -> tuple[Instance, int] | None:
+        entry = await self.bucket.get(subjects.agent_key(agent_id))
+        if entry is None or not entry.value:
+            return None
+        return decode_instance(entry.value), entry.revision
+
+    async def create(self, instance: Instance) -> int:
+        return await self.bucket.create(
+            subjects.agent_key(instance.agent_id), encode_instance(instance)
+        )
+
+    async def update(self, instance: Instance, last: int) -> int:
+        return await self.bucket.update(
+            subjects.agent_key(instance.agent_id), encode_instance(instance), last
+        )
+
+    async def delete(self, agent_id: str, last: int | None = None) -> None:
+        await self.bucket.delete(subjects.agent_key(agent_id), last=last)
+
+    async def put_registrar(self, record: RegistrarRecord) -> None:
+        await self.bucket.put(
+            subjects.registrar_key(record.registrar_id),
+            codec.encode(record.model_dump(mode="json"), checked=False),
+        )
+
+    async def delete_registrar(self, registrar_id: str) -> None:
+        await self.bucket.delete(subjects.registrar_key(registrar_id))
+
+    async def watch(self) -> AsyncIterator[RecordChange | None]:
+        """Every record, then ``None`` once caught up, then every change; bad records skipped."""
+        async for entry in self.bucket.watch(">"):
+            if entry is None:
+                yield None
+                continue
+            change = _to_change(entry.key, entry.revision, entry.value, entry.deleted)
+            if change is not None:
+                yield change
+
+
+def _to_change(key: str, revision: int, value: bytes, deleted: bool) -> RecordChange | None:
+    if deleted or not value:
+        return RecordChange(key, revision, deleted=True)
+    try:
+        if key.startswith(subjects.AGENT_KEY_PREFIX):
+            return RecordChange(key, revision, instance=decode_instance(value))
+        if key.startswith(subjects.REGISTRAR_KEY_PREFIX):
+            record = RegistrarRecord.model_validate(codec.decode(value))
+            return RecordChange(key, revision, registrar=record)
+    except (CodecError, ValidationError):
+        return None
+    return None

@@ -1,0 +1,70 @@
+"""Subject, bucket and stream names: the wire contract of DESIGN.md's Interfaces section."""
+
+from __future__ import annotations
+
+PREFIX = "reach.v1"
+
+REGISTRY_BUCKET = "REACH_REGISTRY"
+CREDENTIALS_BUCKET = "REACH_CREDENTIALS"
+KEYS_BUCKET = "REACH_KEYS"
+JOBS_BUCKET = "REACH_JOBS"
+AUDIT_STREAM = "REACH_AUDIT"
+ALERTS_STREAM = "REACH_ALERTS"
+
+#: queue group shared by every registrar, so each announce/heartbeat is handled once
+REGISTRAR_QUEUE = "reach-registrar"
+
+ANNOUNCE_ALL = f"{PREFIX}.announce.*"
+HEARTBEAT_ALL = f"{PREFIX}.hb.*"
+BYE_ALL = f"{PREFIX}.bye.*"
+TOKEN = f"{PREFIX}.auth.token"
+
+#: registry keys: instances under ``agent.``, live registrars under ``registrar.``
+AGENT_KEY_PREFIX = "agent."
+REGISTRAR_KEY_PREFIX = "registrar."
+
+
+def announce(agent_id: str) -> str:
+    return f"{PREFIX}.announce.{agent_id}"
+
+
+def heartbeat(agent_id: str) -> str:
+    return f"{PREFIX}.hb.{agent_id}"
+
+
+def bye(agent_id: str) -> str:
+    return f"{PREFIX}.bye.{agent_id}"
+
+
+def probe(agent_id: str) -> str:
+    return f"{PREFIX}.probe.{agent_id}"
+
+
+def capability(name: str) -> str:
+    """Any instance of the capability (queue group)."""
+    return f"{PREFIX}.cap.{name}"
+
+
+def capability_instance(name: str, agent_id: str) -> str:
+    """One chosen instance of the capability."""
+    return f"{PREFIX}.cap.{name}.{agent_id}"
+
+
+def audit(capability_name: str) -> str:
+    return f"{PREFIX}.audit.{capability_name}"
+
+
+def alert(rule: str) -> str:
+    return f"{PREFIX}.alert.{rule}"
+
+
+def last_token(subject: str) -> str:
+    return subject.rsplit(".", 1)[-1]
+
+
+def agent_key(agent_id: str) -> str:
+    return AGENT_KEY_PREFIX + agent_id
+
+
+def registrar_key(registrar_id: str) -> str:
+    return REGISTRAR_KEY_PREFIX + registrar_id

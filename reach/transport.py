@@ -1,0 +1,352 @@
+"""The NATS boundary: the only module that imports ``nats``.
+
+It owns connecting (reconnect forever, with jitter), request/reply, subscriptions and
+the JetStream KV operations the registry needs, and translates every nats-py error
+into the Agent-Reach tree at this one seam.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as _NatsClient
+from nats.aio.msg import Msg as _NatsMsg
+from nats.aio.subscription import Subscription as _NatsSubscription
+from nats.js.api import KeyValueConfig, StorageType
+
+from reach.errors import (
+    ConfigurationError,
+    Disconnected,
+    NoResponders,
+    ReachError,
+    ReachTimeout,
+    TransportError,
+)
+
+__all__ = [
+    "Connection",
+    "KVBucket",
+    "KVConflict",
+    "KVEntry",
+    "Message",
+    "Subscription",
+    "connect",
+]
+
+log = logging.getLogger("reach.transport")
+
+#: reconnect back-off: base doubling per failed attempt, capped, plus jitter (thundering herd)
+_RECONNECT_BASE = 0.1
+_RECONNECT_CAP = 2.0
+_FIRST_CONNECT_ATTEMPTS = 3
+_FIRST_CONNECT_WAIT = 0.2
+
+
+class Message(Protocol):
+    subject: str
+    reply: str
+    data: bytes
+
+
+Handler = Callable[[Message], Awaitable[None]]
+
+
+class KVConflict(ReachError):
+    """A compare-and-set write lost: the key changed (or exists) since it was read."""
+
+    layer = "discovery"
+
+
+@dataclass(frozen=True, slots=True)
+class KVEntry:
+    key: str
+    value: bytes
+    revision: int
+    deleted: bool = False
+
+
+class Subscription:
+    def __init__(self, sub: _NatsSubscription) -> None:
+        self._sub = sub
+
+    @property
+    def subject(self) -> str:
+        return str(self._sub.subject)
+
+    async def unsubscribe(self) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.unsubscribe()
+
+    async def drain(self) -> None:
+        """Stop receiving new messages and let the queued ones be handled."""
+        with contextlib.suppress(nats.errors.Error):
+            await self._sub.drain()  # type: ignore[no-untyped-call]
+
+
+def _jittered_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+    server = random.choice(servers)
+    attempts = max(0, int(getattr(server, "reconnects", 0)))
+    delay = min(_RECONNECT_CAP, _RECONNECT_BASE * 2 ** min(attempts, 10))
+    return server, delay * (0.5 + random.random())
+
+
+def _translate(exc: BaseException, what: str) -> ReachError:
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return NoResponders(f"no responders on {what}")
+    if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError):
+        return ReachTimeout(f"no reply from {what} in time")
+    if isinstance(
+        exc,
+        nats.errors.ConnectionClosedError
+        | nats.errors.ConnectionDrainingError
+        | nats.errors.ConnectionReconnectingError
+        | nats.errors.StaleConnectionError
+        | nats.errors.OutboundBufferLimitError
+        | nats.errors.NoServersError
+        | ConnectionError
+        | OSError,
+    ):
+        return Disconnected(f"connection lost during {what}: {type(exc).__name__}")
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return ConfigurationError(f"message for {what} exceeds the server's max_payload")
+    if isinstance(exc, nats.errors.BadSubjectError):
+        return ConfigurationError(f"invalid subject {what!r}")
+    return TransportError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+class Connection:
+    """A connected NATS client, narrowed to what Agent-Reach uses."""
+
+    def __init__(self, nc: _NatsClient) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self._nc.is_connected)
+
+    @property
+    def is_closed(self) -> bool:
+        return bool(self._nc.is_closed)
+
+    @property
+    def connected_url(self) -> str:
+        url = self._nc.connected_url
+        return url.geturl() if url else ""
+
+    @property
+    def max_payload(self) -> int:
+        return int(self._nc.max_payload)
+
+    def new_inbox(self) -> str:
+        return str(self._nc.new_inbox())
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        if timeout <= 0:
+            raise ReachTimeout(f"no time left to call {subject}")
+        try:
+            msg = await self._nc.request(subject, data, timeout=timeout)
+        except Exception as exc:
+            raise _translate(exc, subject) from exc
+        return bytes(msg.data)
+
+    async def publish(self, subject: str, data: bytes, reply: str = "") -> None:
+        try:
+            await self._nc.publish(subject, data, reply=reply)
+        except Exception as exc:
+            raise _translate(exc, subject) from exc
+
+    async def respond(self, msg: Message, data: bytes) -> None:
+        """Reply to a request; never echoes the request's headers (unlike ``Msg.respond``)."""
+        if not msg.reply:
+            return
+        try:
+            await self._nc.publish(msg.reply, data)
+        except Exception as exc:
+            # the caller will time out and retry elsewhere; the responder must keep going
+            log.debug("could not reply on %s: %s", msg.reply, exc)
+
+    async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
+        async def _cb(msg: _NatsMsg) -> None:
+            await handler(msg)
+
+        try:
+            sub = await self._nc.subscribe(subject, queue=queue, cb=_cb, pending_msgs_limit=65536)
+        except Exception as exc:
+            raise _translate(exc, subject) from exc
+        return Subscription(sub)
+
+    async def flush(self, timeout: int = 5) -> None:
+        try:
+            await self._nc.flush(timeout=timeout)
+        except Exception as exc:
+            raise _translate(exc, "flush") from exc
+
+    async def key_value(
+        self, bucket: str, *, create: bool = True, replicas: int = 1, history: int = 1
+    ) -> KVBucket:
+        try:
+            kv = await self._js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            if not create:
+                raise ConfigurationError(f"KV bucket {bucket} does not exist") from None
+            try:
+                kv = await self._js.create_key_value(
+                    KeyValueConfig(
+                        bucket=bucket,
+                        history=history,
+                        replicas=replicas,
+                        storage=StorageType.FILE,
+                    )
+                )
+            except Exception as exc:
+                raise _translate(exc, f"create KV bucket {bucket}") from exc
+        except Exception as exc:
+            raise _translate(exc, f"open KV bucket {bucket}") from exc
+        return KVBucket(bucket, kv)
+
+    async def close(self) -> None:
+        if not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    async def drain(self) -> None:
+        if not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError):
+        return True
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code in (10071, 10164)
+
+
+class KVBucket:
+    """JetStream KV operations with compare-and-set, translated to Agent-Reach errors."""
+
+    def __init__(self, name: str, kv: Any) -> None:
+        self.name = name
+        self._kv = kv
+
+    async def get(self, key: str) -> KVEntry | None:
+        try:
+            entry = await self._kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        except Exception as exc:
+            raise _translate(exc, f"KV get {self.name}/{key}") from exc
+        return KVEntry(key, bytes(entry.value or b""), int(entry.revision))
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Write only if the key does not exist; KVConflict otherwise."""
+        try:
+            return int(await self._kv.create(key, value))
+        except Exception as exc:
+            if _is_conflict(exc):
+                raise KVConflict(f"{self.name}/{key} already exists") from exc
+            raise _translate(exc, f"KV create {self.name}/{key}") from exc
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        """Write only if the key is still at revision ``last``; KVConflict otherwise."""
+        try:
+            return int(await self._kv.update(key, value, last=last))
+        except Exception as exc:
+            if _is_conflict(exc):
+                raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
+            raise _translate(exc, f"KV update {self.name}/{key}") from exc
+
+    async def put(self, key: str, value: bytes) -> int:
+        try:
+            return int(await self._kv.put(key, value))
+        except Exception as exc:
+            raise _translate(exc, f"KV put {self.name}/{key}") from exc
+
+    async def delete(self, key: str, last: int | None = None) -> None:
+        """Delete (only if still at revision ``last`` when given); KVConflict otherwise."""
+        try:
+            await self._kv.delete(key, last=last)
+        except Exception as exc:
+            if _is_conflict(exc):
+                raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
+            raise _translate(exc, f"KV delete {self.name}/{key}") from exc
+
+    async def watch(self, keys: str) -> AsyncIterator[KVEntry | None]:
+        """Current values, then ``None`` once caught up, then every change (deletes flagged)."""
+        try:
+            watcher = await self._kv.watch(keys)
+        except Exception as exc:
+            raise _translate(exc, f"KV watch {self.name}/{keys}") from exc
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    yield None
+                    continue
+                deleted = entry.operation in ("DEL", "PURGE")
+                yield KVEntry(entry.key, bytes(entry.value or b""), int(entry.revision), deleted)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+
+async def connect(
+    servers: Sequence[str],
+    *,
+    name: str,
+    connect_timeout: float = 5.0,
+    user: str | None = None,
+    password: str | None = None,
+    on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    on_disconnect: Callable[[], Awaitable[None]] | None = None,
+) -> Connection:
+    """Connect to NATS and keep reconnecting forever (with jittered back-off) once connected."""
+
+    async def _error_cb(exc: Exception) -> None:
+        log.debug("nats: %s: %s", type(exc).__name__, exc)
+
+    async def _reconnected() -> None:
+        log.info("%s reconnected", name)
+        if on_reconnect is not None:
+            await on_reconnect()
+
+    async def _disconnected() -> None:
+        log.info("%s disconnected", name)
+        if on_disconnect is not None:
+            await on_disconnect()
+
+    nc = _NatsClient()
+    try:
+        await nc.connect(
+            servers=list(servers),
+            name=name,
+            connect_timeout=max(1, int(connect_timeout)),
+            # A few quick tries for the first connect (nats-py would retry it forever and,
+            # with no wait, spin); once connected, reconnect forever (set below).
+            max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
+            reconnect_time_wait=_FIRST_CONNECT_WAIT,  # type: ignore[arg-type]  # float works
+            reconnect_to_server_handler=_jittered_reconnect,
+            error_cb=_error_cb,
+            reconnected_cb=_reconnected,
+            disconnected_cb=_disconnected,
+            allow_reconnect=True,
+            user=user,
+            password=password,
+        )
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        where = ", ".join(servers)
+        raise Disconnected(
+            f"cannot connect to NATS at {where}: {exc or type(exc).__name__}"
+        ) from exc
+    nc.options["max_reconnect_attempts"] = -1
+    return Connection(nc)

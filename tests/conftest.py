@@ -1,0 +1,157 @@
+"""Shared fixtures: a real nats-server per test (from reach.testing), a registrar, a client,
+and agents running as separate OS processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reach.client import ReachClient
+from reach.registry import Registrar, RegistrarConfig
+from reach.testing import NatsServer
+from reach.transport import Connection, connect
+
+HERE = Path(__file__).parent
+
+
+def manifest(
+    agent_id: str,
+    *capabilities: str,
+    interval: float = 0.5,
+    timeout: float = 0.3,
+    failures: int = 2,
+    tags: tuple[str, ...] = ("test-tag",),
+    version: str = "1.0.0",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A manifest dict with short health intervals so process tests run in seconds."""
+    return {
+        "agent_id": agent_id,
+        "agent_name": agent_id.rsplit("-", 1)[0] if "-" in agent_id else agent_id,
+        "version": version,
+        "capabilities": [
+            {"name": c, "tags": list(tags), "latency_sla_ms": 500, "security_level": 1}
+            for c in (capabilities or ("echo",))
+        ],
+        "health": {
+            "interval_sec": interval,
+            "timeout_sec": timeout,
+            "failures_before_unhealthy": failures,
+        },
+        **extra,
+    }
+
+
+@pytest.fixture
+async def conn(nats_server: NatsServer) -> AsyncIterator[Connection]:
+    c = await connect([nats_server.url], name="test")
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+async def registrar(nats_server: NatsServer) -> AsyncIterator[Registrar]:
+    c = await connect([nats_server.url], name="test-registrar")
+    reg = Registrar(c, RegistrarConfig(liveness_interval_sec=0.2))
+    await reg.start()
+    yield reg
+    await reg.stop()
+    await c.close()
+
+
+@pytest.fixture
+async def client(nats_server: NatsServer, registrar: Registrar) -> AsyncIterator[ReachClient]:
+    async with ReachClient(servers=nats_server.url) as c:
+        yield c
+
+
+class AgentProcess:
+    """A running tests/agent_process.py."""
+
+    def __init__(self, proc: subprocess.Popen[str], agent_id: str) -> None:
+        self.proc = proc
+        self.agent_id = agent_id
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+async def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
+    return line.strip()
+
+
+@pytest.fixture
+def spawn_agent(nats_server: NatsServer) -> Iterator[Callable[..., Any]]:
+    """``await spawn_agent(manifest_dict, not_ready_file=..., expect="READY")``."""
+    started: list[AgentProcess] = []
+
+    async def spawn(
+        manifest_data: dict[str, Any],
+        *,
+        not_ready_file: Path | None = None,
+        delay_ms: float = 0,
+        expect: str = "READY",
+        url: str | None = None,
+    ) -> AgentProcess:
+        cmd = [
+            sys.executable,
+            str(HERE / "agent_process.py"),
+            url or nats_server.url,
+            json.dumps(manifest_data),
+            "--delay-ms",
+            str(delay_ms),
+        ]
+        if not_ready_file is not None:
+            cmd += ["--not-ready-file", str(not_ready_file)]
+        proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns at once
+            cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        agent = AgentProcess(proc, manifest_data["agent_id"])
+        started.append(agent)
+        line = await _read_line(proc, 20)
+        assert line.startswith(expect), f"agent process said {line!r}, expected {expect}"
+        return agent
+
+    yield spawn
+    for agent in started:
+        with contextlib.suppress(Exception):
+            agent.stop()
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_per_test() -> Iterator[None]:
+    # Unclosed sockets warn when collected: collect now, so a leak is blamed on its own test.
+    yield
+    import gc
+
+    gc.collect()

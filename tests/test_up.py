@@ -1,0 +1,233 @@
+"""``reach up`` as a real process: embedded nats-server + registrar, clean stops, no orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from reach import subjects
+from reach.embedded import free_port
+from reach.testing import NatsServer
+from reach.transport import connect
+
+REACH = Path(sys.executable).parent / "reach"
+READY_TIMEOUT = 30.0
+EXIT_TIMEOUT = 20.0
+
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+
+def _proc_stat(pid: int) -> tuple[str, str, int] | None:
+    """(comm, state, ppid) of a process, None if it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+    head, _, rest = raw.rpartition(")")
+    state, ppid = rest.split()[:2]
+    return head.split("(", 1)[1], state, int(ppid)
+
+
+def _nats_children(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        if stat is not None and stat[0] == "nats-server" and stat[2] == pid and stat[1] != "Z":
+            children.append(int(entry.name))
+    return children
+
+
+def _gone(pid: int) -> bool:
+    stat = _proc_stat(pid)
+    return stat is None or stat[1] in ("Z", "X")  # a zombie waits for init to reap it
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not within {timeout}s")
+        time.sleep(0.02)
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> str:
+    """The first line ``reach up`` prints, waiting at most ``timeout``."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"reach up printed no line within {timeout}s (got {buf!r})")
+            if sel.select(left):
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    proc.wait(EXIT_TIMEOUT)
+                    assert proc.stderr is not None
+                    err = proc.stderr.read().decode(errors="replace")
+                    pytest.fail(f"reach up exited with {proc.returncode} before ready: {err}")
+                buf += chunk
+    return buf.decode().splitlines()[0]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def _registry_exists(url: str) -> bool:
+    conn = await connect([url], name="test-up")
+    try:
+        await conn.key_value(subjects.REGISTRY_BUCKET, create=False)
+    except ValueError:  # ConfigurationError: the bucket does not exist
+        return False
+    finally:
+        await conn.close()
+    return True
+
+
+@pytest.fixture
+def reach_up(tmp_path: Path) -> Iterator[Spawn]:
+    """Start ``reach up ARGS`` in ``tmp_path``; whatever is left is killed at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+    env = {k: v for k, v in os.environ.items() if k not in ("REACH_URL", "REACH_CREDS")}
+
+    def spawn(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [str(REACH), "up", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env={**env, **(extra_env or {})},
+        )
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        children = _nats_children(proc.pid)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=EXIT_TIMEOUT)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_up_serves_nats_with_a_registry_and_stops_cleanly_on_a_signal(
+    reach_up: Spawn, tmp_path: Path, sig: signal.Signals
+) -> None:
+    port = free_port()
+    proc = reach_up("--port", str(port), "--store", "store")
+    line = _read_line(proc)
+    url = f"nats://127.0.0.1:{port}"
+    assert line.startswith(f"Agent-Reach up: {url} (store store, registrar reg-")
+    (child,) = _nats_children(proc.pid)
+    assert (tmp_path / "store" / "nats" / "jetstream").is_dir()
+    assert asyncio.run(_registry_exists(url))
+
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=EXIT_TIMEOUT)
+    assert proc.returncode == 0, err.decode()
+    assert out == b""  # the URL line was all it printed
+    assert _gone(child)
+    assert _port_free(port)
+
+
+def test_nats_server_dies_with_a_killed_reach_up(reach_up: Spawn) -> None:
+    port = free_port()
+    proc = reach_up("--port", str(port), "--store", "store")
+    _read_line(proc)
+    (child,) = _nats_children(proc.pid)
+
+    proc.kill()
+    proc.wait(EXIT_TIMEOUT)
+    _wait_until(lambda: _gone(child), 10.0, "nats-server exit after reach up was killed")
+    _wait_until(lambda: _port_free(port), 10.0, "port release")
+
+
+def test_up_exits_non_zero_when_its_nats_server_dies(reach_up: Spawn) -> None:
+    proc = reach_up("--port", str(free_port()), "--store", "store")
+    _read_line(proc)
+    (child,) = _nats_children(proc.pid)
+
+    os.kill(child, signal.SIGKILL)
+    _, err = proc.communicate(timeout=EXIT_TIMEOUT + 15)  # the registrar's stop may time out
+    assert proc.returncode == 1
+    assert err.decode().strip().splitlines() == [
+        "error: nats-server exited unexpectedly; see store/nats/nats-server.log"
+    ]
+
+
+@pytest.mark.parametrize("how", ["--servers", "REACH_URL"])
+def test_up_against_existing_nats_runs_only_the_registrar(
+    reach_up: Spawn, nats_server: NatsServer, tmp_path: Path, how: str
+) -> None:
+    if how == "--servers":
+        proc = reach_up("--servers", nats_server.url, "--store", "store")
+    else:
+        proc = reach_up("--store", "store", extra_env={"REACH_URL": nats_server.url})
+    line = _read_line(proc)
+    assert line.startswith(f"Agent-Reach up: {nats_server.url} (external NATS, registrar reg-")
+    assert _nats_children(proc.pid) == []
+    assert not (tmp_path / "store").exists()
+    assert asyncio.run(_registry_exists(nats_server.url))
+
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=EXIT_TIMEOUT)
+    assert proc.returncode == 0, err.decode()
+    assert nats_server.running
+
+
+def test_busy_port_fails_with_a_one_line_reason(reach_up: Spawn, nats_server: NatsServer) -> None:
+    proc = reach_up("--port", str(nats_server.port), "--store", "store")
+    out, err = proc.communicate(timeout=READY_TIMEOUT)
+    assert proc.returncode != 0
+    assert out == b""
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert str(nats_server.port) in lines[0]
+    assert "in use" in lines[0]
+
+
+def test_replicas_need_an_external_cluster(reach_up: Spawn) -> None:
+    proc = reach_up("--port", str(free_port()), "--replicas", "3")
+    _, err = proc.communicate(timeout=READY_TIMEOUT)
+    assert proc.returncode == 2
+    assert len(err.decode().strip().splitlines()) == 1
+    assert "--servers" in err.decode()
+
+
+def test_python_dash_m_reach_runs_the_cli() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "reach", "up", "--help"],
+        capture_output=True,
+        timeout=READY_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"--port" in result.stdout
