@@ -29,18 +29,17 @@ from typing import Any, TypeVar, cast
 
 import yaml
 
-from reach import codec, envelope, subjects
+from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import (
-    CodecError,
     ConfigurationError,
-    ContractError,
     DiscoveryError,
     NoResponders,
     ReachError,
     ReachTimeout,
     RegistrationRefused,
 )
+from reach.jobs import JobStore
 from reach.messages import decode_model, encode_model
 from reach.models import (
     AnnounceReply,
@@ -53,6 +52,7 @@ from reach.models import (
     Readiness,
     parse_manifest,
 )
+from reach.serving import CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription, connect
@@ -111,7 +111,6 @@ class Agent:
         self._clock = clock
         self._announce_timeout = announce_timeout
         self._drain_timeout = drain_timeout
-        self._handlers: dict[str, Handler] = {}
         self._conn: Connection | None = None
         self._cap_subs: list[Subscription] = []
         self._probe_sub: Subscription | None = None
@@ -121,9 +120,29 @@ class Agent:
         self._accepting = False
         self._started_at = 0.0
         self._seq = 0
-        self.in_flight = 0
-        self.completed = 0
-        self.last_completion_at: float | None = None
+        self._endpoints: dict[str, Endpoint] = {}
+        self._server = CallServer(
+            self.agent_id,
+            max_concurrency=self.manifest.max_concurrency,
+            clock=clock,
+            is_ready=self._ready_now,
+        )
+        self._readiness = Readiness()
+        self._readiness_at = 0.0
+        self._refresh: asyncio.Task[Readiness] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Calls being handled right now."""
+        return self._server.in_flight
+
+    @property
+    def completed(self) -> int:
+        return self._server.completed
+
+    @property
+    def last_completion_at(self) -> float | None:
+        return self._server.last_completion_at
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> Agent:
@@ -154,7 +173,16 @@ class Agent:
         def register(func: H) -> H:
             if not inspect.iscoroutinefunction(cast(Any, func)):
                 raise ConfigurationError(f"the handler of {name!r} must be an async function")
-            self._handlers[name] = func
+            declared = self.manifest.capability(name)
+            assert declared is not None
+            endpoint = endpoint_for(declared, func)
+            self._endpoints[name] = endpoint
+            if endpoint.capability != declared:
+                # schemas derived from the handler's pydantic models travel in the manifest
+                caps = [
+                    endpoint.capability if c.name == name else c for c in self.manifest.capabilities
+                ]
+                self.manifest = self.manifest.model_copy(update={"capabilities": caps})
             return func
 
         return register
@@ -174,29 +202,35 @@ class Agent:
         await self.stop()
 
     async def start(self) -> None:
-        missing = [c.name for c in self.manifest.capabilities if c.name not in self._handlers]
+        missing = [c.name for c in self.manifest.capabilities if c.name not in self._endpoints]
         if missing:
             raise ConfigurationError(f"no handler registered for: {', '.join(missing)}")
         self._stopped.clear()
         self._started_at = self._clock.time()
         self._conn = await connect(self.servers, name=f"agent:{self.agent_id}")
         try:
+            if self.manifest.mode == "async":
+                try:
+                    self._server.jobs = await JobStore.open(self._conn)
+                except ConfigurationError:
+                    raise ConfigurationError(
+                        f"{self.agent_id} runs in async mode but the REACH_JOBS bucket does"
+                        " not exist: is `reach up` running?"
+                    ) from None
             await self._announce()
             # Probe and call subscriptions only once accepted: a refused duplicate never
             # answers for the live instance.
             self._probe_sub = await self._conn.subscribe(
                 subjects.probe(self.agent_id), self._on_probe
             )
-            for cap in self.manifest.capabilities:
-                handler = self._call_handler(cap.name)
+            for name, endpoint in self._endpoints.items():
+                handler = self._call_handler(endpoint)
                 self._cap_subs.append(
-                    await self._conn.subscribe(
-                        subjects.capability(cap.name), handler, queue=cap.name
-                    )
+                    await self._conn.subscribe(subjects.capability(name), handler, queue=name)
                 )
                 self._cap_subs.append(
                     await self._conn.subscribe(
-                        subjects.capability_instance(cap.name, self.agent_id), handler
+                        subjects.capability_instance(name, self.agent_id), handler
                     )
                 )
             await self._conn.flush()
@@ -206,7 +240,7 @@ class Agent:
             raise
         self._accepting = True
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
-        log.info("agent %s serving %d capabilities", self.agent_id, len(self._handlers))
+        log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
 
     async def serve_forever(self) -> None:
         """Wait until ``stop()`` is called (or the task is cancelled)."""
@@ -279,16 +313,22 @@ class Agent:
     async def current_readiness(self) -> Readiness:
         """The business readiness check's answer; a failing check means not ready."""
         if self._readiness_check is None:
-            return Readiness()
+            return self._readiness
         try:
             result = self._readiness_check()
             if inspect.isawaitable(result):
                 result = await result
         except Exception as exc:
-            return Readiness(ready=False, reason=f"readiness check raised {exc!r}")
-        if isinstance(result, Readiness):
-            return result
-        return Readiness(ready=bool(result), reason="" if result else "readiness check failed")
+            readiness = Readiness(ready=False, reason=f"readiness check raised {exc!r}")
+        else:
+            if isinstance(result, Readiness):
+                readiness = result
+            else:
+                reason = "" if result else "readiness check failed"
+                readiness = Readiness(ready=bool(result), reason=reason)
+        self._readiness = readiness
+        self._readiness_at = time.monotonic()
+        return readiness
 
     async def _heartbeat_loop(self) -> None:
         health = self.manifest.health
@@ -346,45 +386,28 @@ class Agent:
 
     # -- calls -----------------------------------------------------------------------
 
-    def _call_handler(self, capability: str) -> Callable[[Message], Awaitable[None]]:
+    def _call_handler(self, endpoint: Endpoint) -> Callable[[Message], Awaitable[None]]:
+        server = self._server
+        conn = self.connection
+        tasks = self._tasks
+
+        async def serve(msg: Message) -> None:
+            await conn.respond(msg, await server.handle(endpoint, msg.data))
+
         async def on_call(msg: Message) -> None:
-            if not self._accepting:
-                return
-            task = asyncio.create_task(self._serve_call(capability, msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            # one task per call: handlers that wait must not hold up the next message
+            if self._accepting:
+                task = asyncio.create_task(serve(msg))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
 
         return on_call
 
-    async def _serve_call(self, capability: str, msg: Message) -> None:
-        conn = self.connection
-        try:
-            _, body = envelope.unpack_request(msg.data)
-            payload = codec.decode(body)
-        except (CodecError, ContractError) as exc:
-            await conn.respond(
-                msg, envelope.pack_error("contract", "bad_request", str(exc), self.agent_id)
-            )
-            return
-        if self.in_flight >= self.manifest.max_concurrency:
-            await conn.respond(
-                msg,
-                envelope.pack_error(
-                    "unavailable", "over_capacity", "at max concurrency", self.agent_id
-                ),
-            )
-            return
-        self.in_flight += 1
-        try:
-            result = await self._handlers[capability](payload)
-            out = envelope.pack_ok(codec.encode(result), self.agent_id)
-        except ReachError as exc:
-            out = envelope.pack_error(exc.kind, type(exc).__name__, str(exc), self.agent_id)
-        except Exception as exc:
-            log.exception("handler of %s crashed", capability)
-            out = envelope.pack_error("internal", type(exc).__name__, str(exc), self.agent_id)
-        finally:
-            self.in_flight -= 1
-            self.completed += 1
-            self.last_completion_at = self._clock.time()
-        await conn.respond(msg, out)
+    def _ready_now(self) -> tuple[bool, str]:
+        """Readiness for admission: the last check's answer, refreshed at most every 0.5 s."""
+        now = time.monotonic()
+        if self._readiness_check is not None and now - self._readiness_at > 0.5:
+            self._readiness_at = now
+            if self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.create_task(self.current_readiness())
+        return self._readiness.ready, self._readiness.reason

@@ -1,18 +1,128 @@
-"""The caller: a live route cache, discovery, and calls to capabilities."""
+"""The caller: a live route cache, discovery, and calls to capabilities.
+
+A call finds the best instance from the local route cache (no network round trip),
+speaks its contract, and fails only when it must — then says which layer failed::
+
+    async with ReachClient() as client:
+        result = await client.call("generate_industry_report", {"industry": "ev", ...})
+        result.value, result.agent_id, result.attempts
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import secrets
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
-from reach.errors import ConfigurationError, DiscoveryError
-from reach.models import Instance
+from pydantic import BaseModel
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+
+from reach import codec, envelope, subjects
+from reach.clock import Clock, system_clock
+from reach.context import current_call
+from reach.contract import compile_schema
+from reach.errors import (
+    AuthError,
+    BusinessError,
+    CircuitOpen,
+    ConfigurationError,
+    ContractError,
+    DiscoveryError,
+    InternalError,
+    NoHealthyInstance,
+    NoResponders,
+    NotFound,
+    ReachError,
+    ReachTimeout,
+    RemoteError,
+    RetriesExhausted,
+    Unavailable,
+)
+from reach.fallback import MISSING, Fallback, FallbackInfo, ResultCache
+from reach.jobs import JobHandle, JobStore
+from reach.models import Capability, Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
+from reach.resilience import (
+    BreakerBoard,
+    BreakerConfig,
+    RetryBudget,
+    stop_at_deadline,
+    wait_backoff,
+)
+from reach.routing import LatencyTracker, rank
 from reach.settings import resolve_credentials, resolve_servers
 from reach.transport import Connection, connect
 
-__all__ = ["ReachClient"]
+__all__ = ["CallResult", "ReachClient"]
+
+log = logging.getLogger("reach.client")
+
+#: latency SLA assumed when no instance of the capability is known (queue-subject calls)
+DEFAULT_SLA_MS = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """What a call returned, who served it, and how."""
+
+    value: Any
+    capability: str
+    call_id: str
+    agent_id: str
+    attempts: int
+    latency_ms: float
+    fallback: FallbackInfo | None = None
+    #: for async-mode capabilities: the accepted job (``await result.job.result()``)
+    job: JobHandle | None = None
+
+    @property
+    def from_fallback(self) -> bool:
+        return self.fallback is not None
+
+
+def _remote_error(reply: envelope.Reply, target: str) -> ReachError:
+    """The exception of the one documented tree for a failed reply."""
+    by = reply.by or target
+    desc = reply.description
+    if reply.kind == "contract":
+        return ContractError(
+            f"{desc} (at {by})", path=desc.split(":", 1)[0] if ":" in desc else "", rule=reply.code
+        )
+    if reply.kind == "business":
+        return BusinessError(desc, code=reply.code, agent_id=by)
+    if reply.kind == "unavailable":
+        return Unavailable(f"{by}: {desc}")
+    if reply.kind == "timeout":
+        return ReachTimeout(f"{by}: {desc}")
+    if reply.kind == "denied":
+        return AuthError(f"{by}: {desc}")
+    return InternalError(desc, code=reply.code, agent_id=by)
+
+
+def _falls_back(exc: ReachError) -> bool:
+    """Fallbacks cover reachability failures, never contract, business or auth errors."""
+    return exc.retryable or isinstance(exc, CircuitOpen | DiscoveryError | RetriesExhausted)
+
+
+class _Attempt:
+    """State of one call across its attempts."""
+
+    __slots__ = ("attempt_timeout", "attempts", "capability", "deadline", "failed", "last_target")
+
+    def __init__(self, capability: str, deadline: float, attempt_timeout: float) -> None:
+        self.capability = capability
+        self.deadline = deadline
+        #: one attempt waits at most 1.5 × SLA, so a slow instance leaves time for another
+        self.attempt_timeout = attempt_timeout
+        self.attempts = 0
+        self.failed: set[str] = set()
+        self.last_target = ""
 
 
 class ReachClient:
@@ -24,14 +134,32 @@ class ReachClient:
         servers: str | list[str] | None = None,
         credentials: str | os.PathLike[str] | None = None,
         name: str = "reach-client",
+        validate: bool = True,
+        fallback: Fallback | None = None,
+        breaker: BreakerConfig | None = None,
+        retry_budget: RetryBudget | None = None,
+        max_retries: int = 3,
+        clock: Clock = system_clock,
         sync_timeout: float = 10.0,
     ) -> None:
+        if max_retries < 0:
+            raise ConfigurationError("max_retries must be >= 0")
         self.servers = resolve_servers(servers)
         self.credentials = resolve_credentials(credentials)
         self.name = name
+        self.validate = validate
+        self.fallback = fallback
+        self.max_retries = max_retries
+        self._clock = clock
         self._sync_timeout = sync_timeout
         self._conn: Connection | None = None
         self._routes: RouteCache | None = None
+        self.breakers = BreakerBoard(breaker or BreakerConfig(), clock)
+        self.retry_budget = retry_budget or RetryBudget(clock=clock)
+        self.latency = LatencyTracker()
+        self._outstanding: dict[str, int] = {}
+        self._results = ResultCache()
+        self._jobs: JobStore | None = None
 
     async def __aenter__(self) -> ReachClient:
         await self.connect()
@@ -86,3 +214,329 @@ class ReachClient:
     ) -> list[Instance]:
         """Instances from the local route cache; no network round trip."""
         return self.routes.find(capability, tags, version, include_unhealthy)
+
+    # -- async jobs ------------------------------------------------------------------
+
+    async def _job_store(self) -> JobStore:
+        if self._jobs is None:
+            self._jobs = await JobStore.open(self.connection)
+        return self._jobs
+
+    async def submit(self, capability: str, payload: Any, **kwargs: Any) -> JobHandle:
+        """Call an async-mode capability and return its job at once."""
+        result = await self.call(capability, payload, **kwargs)
+        if result.job is None:
+            raise ConfigurationError(f"{capability} is not an async-mode capability")
+        return result.job
+
+    async def job(self, job_id: str) -> JobHandle:
+        """A handle on an earlier job, also from another process or after a restart."""
+        store = await self._job_store()
+        record = await store.get(job_id)
+        if record is None:
+            raise NotFound(f"job {job_id} is unknown (or past its retention time)")
+        return JobHandle(store, job_id, record.capability, record.agent_id)
+
+    # -- calls -----------------------------------------------------------------------
+
+    async def call(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        timeout: float | None = None,
+        tags: Iterable[str] = (),
+        idempotency_key: str | None = None,
+        fallback: Fallback | None = None,
+    ) -> CallResult:
+        """Call a capability on its best instance, retrying only where it is safe.
+
+        ``timeout`` defaults to 1.5 × the capability's latency SLA and never exceeds the
+        deadline of the call being served (nested calls inherit it). Raises one of the
+        documented errors (``reach.errors``), or returns a fallback result when one is
+        configured and the failure is a reachability failure.
+        """
+        fb = fallback if fallback is not None else self.fallback
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        started = time.perf_counter()
+        try:
+            value, state, call_id, body = await self._call(
+                capability, payload, timeout, tuple(tags), idempotency_key
+            )
+        except ReachError as exc:
+            if fb is None or not _falls_back(exc):
+                raise
+            return await self._fall_back(capability, payload, fb, exc, timeout, started)
+        if isinstance(value, JobHandle):
+            return CallResult(
+                value={"job_id": value.job_id},
+                capability=capability,
+                call_id=call_id,
+                agent_id=state.last_target,
+                attempts=state.attempts,
+                latency_ms=(time.perf_counter() - started) * 1000,
+                job=value,
+            )
+        if fb is not None and fb.cache_max_age_sec is not None:
+            self._results.put(capability, body, value, self._clock.monotonic())
+        return CallResult(
+            value=value,
+            capability=capability,
+            call_id=call_id,
+            agent_id=state.last_target,
+            attempts=state.attempts,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _spec(self, capability: str, instances: Iterable[Instance]) -> Capability | None:
+        for inst in instances:
+            spec = inst.manifest.capability(capability)
+            if spec is not None:
+                return spec
+        return None
+
+    async def _call(
+        self,
+        capability: str,
+        payload: Any,
+        timeout: float | None,
+        tags: tuple[str, ...],
+        idempotency_key: str | None,
+    ) -> tuple[Any, _Attempt, str, bytes]:
+        instances: Iterable[Instance] = self.routes.for_capability(capability)
+        if tags:
+            wanted = set(tags)
+            instances = [
+                i
+                for i in instances
+                if wanted.issubset((i.manifest.capability(capability) or _NO_CAP).tags)
+            ]
+        spec = self._spec(capability, instances)
+        sla_ms = spec.latency_sla_ms if spec is not None else DEFAULT_SLA_MS
+        now = self._clock.time()
+        attempt_timeout = 1.5 * sla_ms / 1000.0
+        deadline = now + (timeout if timeout is not None else attempt_timeout)
+        parent = current_call()
+        if parent is not None and parent.deadline_ms is not None:
+            deadline = min(deadline, parent.deadline_ms / 1000.0)
+        if self.validate and spec is not None and spec.input_schema:
+            compile_schema(spec.input_schema).validate(payload)
+        body = codec.encode(payload)
+        call_id = secrets.token_hex(12)
+        state = _Attempt(capability, deadline, attempt_timeout)
+        meta = envelope.RequestMeta(
+            call_id=call_id,
+            deadline_ms=int(deadline * 1000),
+            idempotency_key=idempotency_key,
+            caller=parent.agent_id if parent is not None else None,
+            traceparent=parent.traceparent if parent is not None else None,
+        )
+        retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
+        self.retry_budget.record_call()
+        try:
+            # first attempt without tenacity: the common case stays cheap
+            return await self._attempt(state, instances, meta, body), state, call_id, body
+        except ReachError as exc:
+            if not self._should_retry(exc, state, retry_timeouts):
+                raise
+            first_error = exc
+
+        # Retries: tenacity runs attempts 2.. after the first backoff (200 ms + jitter);
+        # its own waits are then 400 ms, 800 ms (+ jitter): 200 ms × 2^n overall.
+        first_wait = wait_backoff(base=_BACKOFF_BASE).delay(1)
+        if self.max_retries == 0 or self._clock.time() + first_wait >= deadline:
+            raise first_error
+        await asyncio.sleep(first_wait)
+
+        def should_retry(exc: BaseException) -> bool:
+            return isinstance(exc, ReachError) and self._should_retry(exc, state, retry_timeouts)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries)
+            | stop_at_deadline(
+                lambda: state.deadline - self._clock.time() + self._clock.monotonic(),
+                clock=self._clock,
+            ),
+            wait=wait_backoff(base=2 * _BACKOFF_BASE),
+            retry=retry_if_exception(should_retry),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    value = await self._attempt(state, instances, meta, body)
+                    return value, state, call_id, body
+        except ReachError as exc:
+            raise RetriesExhausted(
+                f"{capability}: {state.attempts} attempts failed,"
+                f" last: {type(exc).__name__}: {exc}",
+                attempts=state.attempts,
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _should_retry(self, exc: ReachError, state: _Attempt, retry_timeouts: bool) -> bool:
+        if not exc.retryable:
+            return False
+        if isinstance(exc, ReachTimeout) and not retry_timeouts:
+            return False
+        if self._clock.time() >= state.deadline:
+            return False
+        return self.retry_budget.try_spend()
+
+    def _choose(self, state: _Attempt, instances: Iterable[Instance]) -> Instance | None:
+        ranked = rank(
+            instances,
+            state.capability,
+            latency=self.latency,
+            outstanding=self._outstanding,
+            exclude=state.failed,
+        )
+        if not ranked and state.failed:
+            ranked = rank(
+                instances, state.capability, latency=self.latency, outstanding=self._outstanding
+            )
+        if not ranked:
+            known = list(instances)
+            if not known:
+                return None  # nothing known: the capability's queue subject decides
+            why = ", ".join(f"{i.agent_id} {i.status} ({i.status_reason})" for i in known[:5])
+            raise NoHealthyInstance(f"no healthy instance of {state.capability}: {why}")
+        for _, inst in ranked:
+            if self.breakers.get(inst.agent_id).allow():
+                return inst
+        targets = [inst.agent_id for _, inst in ranked]
+        retry_at = self.breakers.earliest_retry_at(targets)
+        retry_in = max(0.0, retry_at - self.breakers.clock.monotonic())
+        raise CircuitOpen(state.capability, retry_at, retry_in=retry_in)
+
+    async def _attempt(
+        self,
+        state: _Attempt,
+        instances: Iterable[Instance],
+        meta: envelope.RequestMeta,
+        body: bytes,
+    ) -> Any:
+        state.attempts += 1
+        meta.attempt = state.attempts
+        now = self._clock.time()
+        remaining = min(state.deadline - now, state.attempt_timeout)
+        # the callee stops working when this attempt's caller stops waiting
+        meta.deadline_ms = int((now + remaining) * 1000)
+        if remaining <= 0:
+            raise ReachTimeout(
+                f"{state.capability}: deadline passed before attempt {state.attempts}"
+            )
+        inst = self._choose(state, instances)
+        if inst is None:
+            subject = subjects.capability(state.capability)
+            target = ""
+        else:
+            target = inst.agent_id
+            subject = subjects.capability_instance(state.capability, target)
+        state.last_target = target
+        breaker = self.breakers.get(target) if target else None
+        self._outstanding[target] = self._outstanding.get(target, 0) + 1
+        started = time.perf_counter()
+        try:
+            data = await self.connection.request(
+                subject, envelope.pack_request(meta, body), remaining
+            )
+            reply = envelope.unpack_reply(data)
+        except NoResponders as exc:
+            self._failed(state, target, breaker)
+            if target:
+                raise
+            raise NotFound(f"no instance offers {state.capability}") from exc
+        except ReachError:
+            self._failed(state, target, breaker)
+            raise
+        finally:
+            self._outstanding[target] -= 1
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        if reply.ok:
+            if breaker is not None:
+                breaker.record_success()
+                self.latency.observe(target, elapsed_ms)
+            if reply.by and not target:
+                state.last_target = reply.by
+            if reply.job:
+                return JobHandle(await self._job_store(), reply.job, state.capability, reply.by)
+            return codec.decode(reply.body)
+        error = _remote_error(reply, target)
+        if error.retryable:
+            self._failed(state, target, breaker)
+        elif breaker is not None:
+            if isinstance(error, RemoteError):
+                # the instance answered: a business or handler error says nothing of reach
+                breaker.record_success()
+                self.latency.observe(target, elapsed_ms)
+            else:
+                breaker.release()
+        raise error
+
+    def _failed(self, state: _Attempt, target: str, breaker: Any) -> None:
+        state.failed.add(target)
+        if breaker is not None:
+            breaker.record_failure()
+
+    async def _fall_back(
+        self,
+        capability: str,
+        payload: Any,
+        fb: Fallback,
+        exc: ReachError,
+        timeout: float | None,
+        started: float,
+    ) -> CallResult:
+        reason = f"{type(exc).__name__}: {exc}"
+        body = codec.encode(payload)
+        if fb.cache_max_age_sec is not None:
+            hit = self._results.get(capability, body, self._clock.monotonic(), fb.cache_max_age_sec)
+            if hit is not None:
+                age, value = hit
+                return self._fallback_result(capability, value, started, "cache", reason, age=age)
+        if fb.backup_capability is not None or fb.backup_tags:
+            backup = fb.backup_capability or capability
+            try:
+                result = await self.call(backup, payload, timeout=timeout, tags=fb.backup_tags)
+            except ReachError as backup_exc:
+                reason += f"; backup {backup} failed: {type(backup_exc).__name__}: {backup_exc}"
+            else:
+                return CallResult(
+                    value=result.value,
+                    capability=capability,
+                    call_id=result.call_id,
+                    agent_id=result.agent_id,
+                    attempts=result.attempts,
+                    latency_ms=(time.perf_counter() - started) * 1000,
+                    fallback=FallbackInfo(source="backup", reason=reason, backup=backup),
+                )
+        if fb.default is not MISSING:
+            return self._fallback_result(capability, fb.default, started, "default", reason)
+        raise exc
+
+    def _fallback_result(
+        self,
+        capability: str,
+        value: Any,
+        started: float,
+        source: Any,
+        reason: str,
+        age: float | None = None,
+    ) -> CallResult:
+        return CallResult(
+            value=value,
+            capability=capability,
+            call_id="",
+            agent_id="",
+            attempts=0,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            fallback=FallbackInfo(source=source, reason=reason, age_sec=age),
+        )
+
+
+_NO_CAP = Capability(name="none")
+
+
+_BACKOFF_BASE = 0.2

@@ -6,7 +6,7 @@ in replies, which must never carry a token back). The body stays pre-encoded byt
 a callee can check the metadata (token, deadline) before decoding the payload.
 
 Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?, "from"?}``
-Reply:   ``{"v": 1, "ok": true, "b": body, "by"?}`` or
+Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?}`` or
          ``{"v": 1, "ok": false, "err": {"kind", "code", "desc"}, "by"?}``
 """
 
@@ -55,6 +55,8 @@ class Reply:
     code: str = ""
     description: str = ""
     by: str = ""
+    #: set when an async-mode agent accepted the call as a job
+    job: str = ""
 
 
 _STR_FIELDS = (
@@ -139,10 +141,12 @@ def unpack_request(
     return meta, body
 
 
-def pack_ok(body: bytes, by: str = "") -> bytes:
+def pack_ok(body: bytes, by: str = "", job: str = "") -> bytes:
     env: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": True, "b": body}
     if by:
         env["by"] = by
+    if job:
+        env["job"] = job
     data: bytes = msgpack.packb(env, use_bin_type=True)
     return data
 
@@ -168,7 +172,10 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
         body = env.get("b", b"")
         if not isinstance(body, bytes):
             raise CodecError("reply: 'b' (body) must be bytes", path="b")
-        return Reply(ok=True, body=body, by=by)
+        job = env.get("job", "")
+        if not isinstance(job, str) or len(job) > 128:
+            raise CodecError("reply: 'job' (job id) must be a short string", path="job")
+        return Reply(ok=True, body=body, by=by, job=job)
     err = env.get("err")
     if not isinstance(err, dict):
         raise CodecError("reply: a failed reply must carry 'err'", path="err")

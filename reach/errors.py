@@ -202,12 +202,21 @@ class RemoteError(ReachError):
 
 
 class BusinessError(RemoteError):
-    """The handler refused the request for a business reason; retrying will not help."""
+    """The handler refused the request for a business reason; retrying will not help.
+
+    Raise it from a handler: ``raise BusinessError("no data for 1999", code="no_data")``.
+    """
 
     kind = "business"
+
+    def __init__(self, description: str, *, code: str = "rejected", agent_id: str = "") -> None:
+        super().__init__("business", code, description, agent_id=agent_id)
 
 
 class InternalError(RemoteError):
     """The handler crashed."""
 
     kind = "internal"
+
+    def __init__(self, description: str, *, code: str = "crash", agent_id: str = "") -> None:
+        super().__init__("internal", code, description, agent_id=agent_id)

@@ -158,6 +158,12 @@ class ReplyEnvelope(_Envelope):
         description="the failure (only when ok is false)",
     )
     by: str = Field("", description="the instance that answered")
+    job: str = Field(
+        "",
+        max_length=128,
+        description="set when an async-mode agent accepted the call as a job: its job id"
+        " (the result appears in the KV bucket REACH_JOBS under key job.<job_id>)",
+    )
 
     @model_validator(mode="after")
     def _error_when_not_ok(self) -> ReplyEnvelope:

@@ -18,6 +18,8 @@ ANNOUNCE_ALL = f"{PREFIX}.announce.*"
 HEARTBEAT_ALL = f"{PREFIX}.hb.*"
 BYE_ALL = f"{PREFIX}.bye.*"
 TOKEN = f"{PREFIX}.auth.token"
+#: every registrar answers here (not a queue group): liveness for tools and for itself
+REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 
 #: registry keys: instances under ``agent.``, live registrars under ``registrar.``
 AGENT_KEY_PREFIX = "agent."

@@ -192,7 +192,13 @@ class Connection:
             raise _translate(exc, "flush") from exc
 
     async def key_value(
-        self, bucket: str, *, create: bool = True, replicas: int = 1, history: int = 1
+        self,
+        bucket: str,
+        *,
+        create: bool = True,
+        replicas: int = 1,
+        history: int = 1,
+        ttl: float | None = None,
     ) -> KVBucket:
         try:
             kv = await self._js.key_value(bucket)
@@ -205,6 +211,7 @@ class Connection:
                         bucket=bucket,
                         history=history,
                         replicas=replicas,
+                        ttl=ttl,
                         storage=StorageType.FILE,
                     )
                 )

@@ -47,7 +47,8 @@ async def test_reach_agents_lists_instances_with_health_load_version_and_age(
         for expected in ("lister-1", "lister-2", "2.1.0", "web_search", "healthy", "0/64"):
             assert expected in out
         code, out, _ = await _reach("agents", "--servers", nats_server.url, "--tag", "search")
-        assert "lister-1" in out and "lister-2" not in out
+        assert "lister-1" in out
+        assert "lister-2" not in out
         code, out, _ = await _reach(
             "agents", "--servers", nats_server.url, "--capability", "make_report", "--json"
         )
@@ -57,7 +58,7 @@ async def test_reach_agents_lists_instances_with_health_load_version_and_age(
 
 
 async def test_reach_agents_without_nats_fails_with_one_line(tmp_path: Path) -> None:
-    code, out, err = await _reach("agents", "--servers", "nats://127.0.0.1:1")
+    code, _out, err = await _reach("agents", "--servers", "nats://127.0.0.1:1")
     assert code == 1
     assert err.strip().count("\n") == 0
     assert "cannot connect" in err

@@ -124,7 +124,8 @@ async def test_heartbeat_from_unknown_instance_asks_to_announce_and_imposter_is_
         assert not answer.ok
         assert agent.instance_id in answer.reason
         after = client.routes.get("real-2")
-        assert after is not None and before is not None
+        assert after is not None
+        assert before is not None
         assert after.in_flight == 0
 
 

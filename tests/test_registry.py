@@ -200,7 +200,7 @@ async def test_two_registrars_at_once_lose_no_update(nats_server: NatsServer) ->
             # both registrars handle heartbeats (queue group) and both write with CAS
             first = {i.agent_id: i.completed for i in cache.all()}
             for a in agents:
-                a.completed = 7
+                a._server.completed = 7
             await cache.wait_for(
                 lambda c: all(i.completed == 7 for i in c.all()) and len(c.all()) == 20,
                 timeout=5,

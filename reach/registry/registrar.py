@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.codec import Limits
 from reach.errors import CodecError, ContractError, ReachError
+from reach.jobs import JOB_RETENTION_SEC, JobStore
 from reach.messages import decode_model, encode_model
 from reach.models import (
     AnnounceReply,
@@ -66,6 +68,7 @@ class RegistrarConfig:
     max_message_bytes: int = 256 * 1024
     max_concurrent_probes: int = 512
     transitions_kept: int = 20
+    job_retention_sec: float = JOB_RETENTION_SEC
     clock: Clock = field(default=system_clock, repr=False)
 
 
@@ -107,6 +110,13 @@ class Registrar:
 
     async def start(self) -> None:
         self._store = await RegistryStore.open(self._conn, replicas=self.config.replicas)
+        # async-mode agents keep job results here; the bucket's TTL is the retention time
+        await JobStore.open(
+            self._conn,
+            create=True,
+            replicas=self.config.replicas,
+            retention_sec=self.config.job_retention_sec,
+        )
         self._started_at = self._clock.time()
         self._loops.append(asyncio.create_task(self._watch_loop(), name="registrar-watch"))
         await asyncio.wait_for(self._synced.wait(), 30)
@@ -121,7 +131,8 @@ class Registrar:
                     subject, self._spawning(handler), queue=subjects.REGISTRAR_QUEUE
                 )
             )
-        await self._conn.flush()
+        self._subs.append(await self._conn.subscribe(subjects.REGISTRAR_PING, self._on_ping))
+        await self._wait_until_reachable()
         self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
         self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
         log.info("registrar %s started with %d records", self.registrar_id, len(self._records))
@@ -143,6 +154,34 @@ class Registrar:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def _wait_until_reachable(self, timeout: float = 10.0) -> None:
+        """Return once the server routes to our subscriptions.
+
+        A flush (PING/PONG) after SUB was measured not to be enough with nats-py: right
+        after it, a request from another connection sometimes got "no responders". The
+        ping subscription is the last one made, so once our own request reaches it, all
+        earlier ones are in place too.
+        """
+        deadline = time.monotonic() + timeout
+        probe = envelope.pack_request(envelope.RequestMeta(call_id="self-check"), b"")
+        while True:
+            try:
+                await self._conn.request(subjects.REGISTRAR_PING, probe, timeout=0.5)
+                return
+            except ReachError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.01)
+
+    async def _on_ping(self, msg: Message) -> None:
+        record = RegistrarRecord(
+            registrar_id=self.registrar_id,
+            started_at=self._started_at,
+            seen_at=self._clock.time(),
+            interval_sec=self.config.liveness_interval_sec,
+        )
+        await self._conn.respond(msg, envelope.pack_ok(encode_model(record), self.registrar_id))
 
     # -- message handlers -------------------------------------------------------------
 

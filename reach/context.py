@@ -1,0 +1,47 @@
+"""The call being served, as a context variable, so nested calls inherit its deadline.
+
+A handler that calls another capability needs no plumbing: the client reads the
+current call's deadline and never waits past it (A → B → C never runs past A's budget).
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+__all__ = ["CallContext", "current_call", "remaining_seconds"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    call_id: str
+    capability: str
+    agent_id: str
+    #: absolute deadline, Unix milliseconds (None: the caller set none)
+    deadline_ms: int | None
+    attempt: int = 1
+    caller: str | None = None
+    traceparent: str | None = None
+
+
+_current: ContextVar[CallContext | None] = ContextVar("reach_current_call", default=None)
+
+
+def current_call() -> CallContext | None:
+    """The call this task is serving, if any."""
+    return _current.get()
+
+
+def remaining_seconds(deadline_ms: int | None, now: float | None = None) -> float | None:
+    if deadline_ms is None:
+        return None
+    return deadline_ms / 1000.0 - (time.time() if now is None else now)
+
+
+def set_current(ctx: CallContext | None) -> object:
+    return _current.set(ctx)
+
+
+def reset_current(token: object) -> None:
+    _current.reset(token)  # type: ignore[arg-type]

@@ -1,0 +1,170 @@
+"""Scored instance choice (DESIGN.md, "Routing").
+
+::
+
+    score = 0.4·health + 0.3·max(0, 1 − avg_latency/latency_sla)
+          + 0.2·(1 − load/max_load) + 0.1·(1.0 if stable else 0.7)
+
+Pure functions over registry records plus the caller's own observations (latency EWMA, its
+calls in flight); cheap enough to run on every call.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Container, Iterable, Mapping
+from typing import Final
+
+from reach.errors import ConfigurationError
+from reach.models import HealthStatus, Instance
+
+__all__ = ["HEALTH_SCORES", "LatencyTracker", "rank", "score_instance"]
+
+#: health term of the score. Degraded is halfway: the instance still answers but its
+#: registrar saw trouble (a missed probe, not ready), so it gets calls only when it is
+#: clearly better on the other terms. Unhealthy scores 0 here, and rank() never returns it.
+HEALTH_SCORES: Final[Mapping[HealthStatus, float]] = {
+    "healthy": 1.0,
+    "degraded": 0.5,
+    "unhealthy": 0.0,
+}
+
+W_HEALTH: Final = 0.4
+W_LATENCY: Final = 0.3
+W_LOAD: Final = 0.2
+W_STABLE: Final = 0.1
+#: scores this close to the best are equally good: traffic is spread among them. Narrower
+#: than the pre-release penalty (0.1 × 0.3 = 0.03), so stable versions still win.
+TIE_BAND: Final = 0.025
+#: the stability term for a pre-release version (1.0 for a release)
+PRERELEASE: Final = 0.7
+#: latency term when the caller has no observation yet: as if avg latency were half the SLA.
+#: A new instance then ranks below proven fast ones but above proven slow ones, so it gets
+#: some traffic and a measurement instead of being starved or flooded.
+UNKNOWN_LATENCY_TERM: Final = 0.5
+
+
+def score_instance(
+    instance: Instance, *, sla_ms: float, avg_latency_ms: float | None, load: float
+) -> float:
+    """The routing score of ``instance`` in [0, 1]; higher is better.
+
+    ``sla_ms`` is the capability's ``latency_sla_ms`` (> 0, as the manifest guarantees);
+    ``avg_latency_ms`` the caller's observed average (None = not measured yet: counts as
+    half the SLA); ``load`` the share of the instance's concurrency in use (clamped to 0..1).
+    """
+    if avg_latency_ms is None:
+        latency = UNKNOWN_LATENCY_TERM
+    else:
+        latency = 1.0 - avg_latency_ms / sla_ms
+        latency = 0.0 if latency < 0.0 else 1.0 if latency > 1.0 else latency
+    load = 0.0 if load < 0.0 else 1.0 if load > 1.0 else load
+    return (
+        W_HEALTH * HEALTH_SCORES[instance.status]
+        + W_LATENCY * latency
+        + W_LOAD * (1.0 - load)
+        + W_STABLE * (1.0 if instance.manifest.stable else PRERELEASE)
+    )
+
+
+class LatencyTracker:
+    """Exponentially weighted moving average of observed call latency, per agent_id.
+
+    ``alpha`` is the weight of the newest observation: 0.2 follows a change within ~10 calls
+    while one slow call moves the average by a fifth of the difference only.
+    """
+
+    __slots__ = ("_avg", "alpha")
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        if isinstance(alpha, bool) or not 0 < alpha <= 1:
+            raise ConfigurationError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = alpha
+        self._avg: dict[str, float] = {}
+
+    def observe(self, agent_id: str, ms: float) -> None:
+        """Fold one observed latency (ms) in; the first observation is taken as is."""
+        if ms < 0.0:
+            ms = 0.0
+        avg = self._avg.get(agent_id)
+        self._avg[agent_id] = ms if avg is None else avg + self.alpha * (ms - avg)
+
+    def get(self, agent_id: str) -> float | None:
+        """The average latency (ms), None if never observed."""
+        return self._avg.get(agent_id)
+
+    def forget(self, agent_id: str) -> None:
+        """Drop an agent's average (it left the registry)."""
+        self._avg.pop(agent_id, None)
+
+    def __len__(self) -> int:
+        return len(self._avg)
+
+
+def rank(
+    instances: Iterable[Instance],
+    capability: str,
+    *,
+    latency: LatencyTracker,
+    outstanding: Mapping[str, int],
+    exclude: Container[str] = (),
+    rng: Callable[[], float] = random.random,
+) -> list[tuple[float, Instance]]:
+    """Instances that can take a call to ``capability``, best first, with their scores.
+
+    Healthy and degraded instances that offer the capability and are not in ``exclude``
+    (e.g. the instances a retry already tried); never unhealthy ones. Load is the larger of
+    the instance's own in-flight count (from its last heartbeat, possibly stale) and the
+    caller's own calls in flight to it (``outstanding``, always current), over its
+    ``max_concurrency``.
+
+    Scores within ``TIE_BAND`` of the best are treated as equal and ordered randomly
+    (``rng``, one draw per instance): when instances are about equally good, always
+    picking the marginally best one would put all traffic on one instance and leave the
+    others idle (and unmeasured). The band is narrower than the pre-release penalty, so a
+    stable version still wins over an otherwise equal pre-release one.
+
+    An instance whose latency this caller has not observed yet is scored with the best
+    latency observed among the candidates, so a new instance gets tried and measured
+    instead of starved.
+    """
+    candidates: list[tuple[Instance, float, float]] = []
+    best_known: float | None = None
+    for inst in instances:
+        if inst.status == "unhealthy":
+            continue
+        agent_id = inst.manifest.agent_id
+        if agent_id in exclude:
+            continue
+        cap = inst.manifest.capability(capability)
+        if cap is None:
+            continue
+        in_flight = inst.in_flight
+        mine = outstanding.get(agent_id, 0)
+        load = (in_flight if in_flight > mine else mine) / (inst.max_concurrency or 1)
+        observed = latency.get(agent_id)
+        if observed is not None and (best_known is None or observed < best_known):
+            best_known = observed
+        candidates.append((inst, cap.latency_sla_ms, load))
+    scored: list[tuple[float, int, Instance]] = []
+    for i, (inst, sla_ms, load) in enumerate(candidates):
+        observed = latency.get(inst.manifest.agent_id)
+        score = score_instance(
+            inst,
+            sla_ms=sla_ms,
+            avg_latency_ms=observed if observed is not None else best_known,
+            load=load,
+        )
+        # the index settles equal scores, so Instances are never compared
+        scored.append((score, i, inst))
+    if len(scored) < 2:
+        return [(score, inst) for score, _, inst in scored]
+    scored.sort(reverse=True)
+    floor = scored[0][0] - TIE_BAND
+    cut = next((n for n, entry in enumerate(scored) if entry[0] < floor), len(scored))
+    if cut > 1:
+        ties = scored[:cut]
+        draws = [rng() for _ in ties]
+        order = sorted(range(cut), key=draws.__getitem__)
+        scored[:cut] = [ties[n] for n in order]
+    return [(score, inst) for score, _, inst in scored]

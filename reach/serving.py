@@ -1,0 +1,360 @@
+"""The callee side of a call: from request bytes to reply bytes.
+
+Order matters and is part of the contract with callers:
+
+1. unpack the envelope (bad bytes → ``contract``)
+2. honour the deadline (already passed → ``timeout``, the handler never runs)
+3. answer a repeat of a call id / idempotency key with the first result
+4. admission: not ready or over declared capacity → ``unavailable`` at once
+5. decode and validate the input (→ ``contract``, naming the field)
+6. run the handler under the deadline, with the call in a context variable
+7. validate the output (→ ``contract``), encode, reply
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import secrets
+import time
+import typing
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ValidationError
+
+from reach import codec, envelope
+from reach.clock import Clock
+from reach.context import CallContext, reset_current, set_current
+from reach.contract import Validator, compile_schema
+from reach.errors import CodecError, ContractError, ReachError, RemoteError
+from reach.jobs import JobRecord, JobStore
+from reach.models import Capability, format_validation_error
+
+__all__ = ["CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
+
+log = logging.getLogger("reach.serving")
+
+Handler = Callable[[Any], Awaitable[Any]]
+_RETRYABLE_KINDS = frozenset({"timeout", "unavailable"})
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One capability as served: its handler and compiled contract."""
+
+    capability: Capability
+    handler: Handler
+    input_validator: Validator
+    output_validator: Validator
+    input_model: type[BaseModel] | None = None
+    output_model: type[BaseModel] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.capability.name
+
+
+def endpoint_for(capability: Capability, handler: Handler) -> Endpoint:
+    """Compile a capability's contract; pydantic models in the handler's signature win."""
+    try:
+        hints = typing.get_type_hints(handler)
+    except Exception:
+        hints = {}
+    params = [p for p in inspect.signature(handler).parameters.values()]
+    input_model = _model_of(hints.get(params[0].name)) if params else None
+    output_model = _model_of(hints.get("return"))
+    input_schema = capability.input_schema
+    if input_model is not None and not input_schema:
+        input_schema = input_model.model_json_schema()
+    output_schema = capability.output_schema
+    if output_model is not None and not output_schema:
+        output_schema = output_model.model_json_schema()
+    return Endpoint(
+        capability=capability.model_copy(
+            update={"input_schema": input_schema, "output_schema": output_schema}
+        ),
+        handler=handler,
+        input_validator=compile_schema(input_schema),
+        output_validator=compile_schema(output_schema),
+        input_model=input_model,
+        output_model=output_model,
+    )
+
+
+class ReplyCache:
+    """Recent replies by call id / idempotency key, and the calls still running."""
+
+    def __init__(self, max_entries: int = 10_000, ttl_sec: float = 300.0) -> None:
+        self._done: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._running: dict[str, asyncio.Future[bytes]] = {}
+        self._max = max_entries
+        self._ttl = ttl_sec
+
+    def get(self, key: str, now: float) -> bytes | asyncio.Future[bytes] | None:
+        hit = self._done.get(key)
+        if hit is not None:
+            if now - hit[0] <= self._ttl:
+                return hit[1]
+            del self._done[key]
+        return self._running.get(key)
+
+    def start(self, key: str) -> asyncio.Future[bytes]:
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        return future
+
+    def finish(self, key: str, reply: bytes, now: float, *, remember: bool = True) -> None:
+        future = self._running.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+        if remember:
+            self._done[key] = (now, reply)
+            if len(self._done) > self._max:
+                self._done.popitem(last=False)
+
+
+class _Admission:
+    """Declared capacity: max concurrency for the agent, qps per capability (token bucket)."""
+
+    def __init__(self, qps: float | None, clock: Clock) -> None:
+        self._rate = qps
+        self._burst = max(1.0, qps or 0.0)
+        self._tokens = self._burst
+        self._clock = clock
+        self._last = clock.monotonic()
+
+    def take(self) -> bool:
+        if self._rate is None:
+            return True
+        now = self._clock.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+class CallServer:
+    """Runs calls for one agent: admission, dedup, validation, deadline, error mapping."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        max_concurrency: int,
+        clock: Clock,
+        is_ready: Callable[[], tuple[bool, str]],
+        on_done: Callable[[], None] | None = None,
+        reply_cache: ReplyCache | None = None,
+        jobs: JobStore | None = None,
+        job_timeout_sec: float = 3600.0,
+    ) -> None:
+        self.agent_id = agent_id
+        self.max_concurrency = max_concurrency
+        self.in_flight = 0
+        self.completed = 0
+        self.last_completion_at: float | None = None
+        self._clock = clock
+        self._is_ready = is_ready
+        self._on_done = on_done
+        self._cache = reply_cache or ReplyCache()
+        self._admission: dict[str, _Admission] = {}
+        #: set for async-mode agents: calls become jobs stored in REACH_JOBS
+        self.jobs = jobs
+        self.job_timeout_sec = job_timeout_sec
+        self._jobs_running: set[asyncio.Task[None]] = set()
+
+    def _error(self, kind: str, code: str, description: str) -> bytes:
+        return envelope.pack_error(kind, code, description, self.agent_id)
+
+    async def handle(self, endpoint: Endpoint, data: bytes) -> bytes:
+        """Serve one request; always returns reply bytes, never raises (but CancelledError)."""
+        try:
+            meta, body = envelope.unpack_request(data)
+        except CodecError as exc:
+            return self._error("contract", "bad_envelope", str(exc))
+        now = self._clock.time()
+        if meta.deadline_ms is not None and meta.deadline_ms <= now * 1000:
+            return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
+        key = meta.idempotency_key or meta.call_id
+        seen = self._cache.get(key, now)
+        if seen is not None:
+            return seen if isinstance(seen, bytes) else await asyncio.shield(seen)
+        ready, why = self._is_ready()
+        if not ready:
+            return self._error("unavailable", "not_ready", f"{self.agent_id} not ready: {why}")
+        if self.in_flight >= self.max_concurrency:
+            return self._error(
+                "unavailable",
+                "over_capacity",
+                f"{self.agent_id} is at its max concurrency ({self.max_concurrency})",
+            )
+        admission = self._admission.get(endpoint.name)
+        if admission is None:
+            admission = self._admission[endpoint.name] = _Admission(
+                endpoint.capability.qps, self._clock
+            )
+        if not admission.take():
+            return self._error(
+                "unavailable",
+                "over_qps",
+                f"{endpoint.name} at {self.agent_id} is over its declared"
+                f" {endpoint.capability.qps} qps",
+            )
+        self._cache.start(key)
+        self.in_flight += 1
+        reply = b""
+        remember = True
+        try:
+            reply, remember = await self._run(endpoint, meta, body)
+        except asyncio.CancelledError:
+            remember = False
+            reply = self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
+            raise
+        finally:
+            self.in_flight -= 1
+            self.completed += 1
+            self.last_completion_at = self._clock.time()
+            self._cache.finish(key, reply, self.last_completion_at, remember=remember)
+            if self._on_done is not None:
+                self._on_done()
+        return reply
+
+    def _fail(self, kind: str, code: str, description: str) -> tuple[bytes, bool]:
+        # a timed-out or refused attempt may be retried with the same call id: not remembered
+        return self._error(kind, code, description), kind not in _RETRYABLE_KINDS
+
+    async def _run(
+        self, endpoint: Endpoint, meta: envelope.RequestMeta, body: bytes
+    ) -> tuple[bytes, bool]:
+        """The reply, and whether a repeat of this call may be answered with it."""
+        arg = _decode_input(endpoint, body)
+        if isinstance(arg, _Failure):
+            return self._fail(*arg)
+        if self.jobs is not None:
+            return await self._accept_job(endpoint, meta, arg), True
+        outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms)
+        if isinstance(outcome, _Failure):
+            return self._fail(*outcome)
+        return envelope.pack_ok(outcome[0], self.agent_id), True
+
+    async def _invoke(
+        self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, deadline_ms: int | None
+    ) -> tuple[bytes, Any] | _Failure:
+        """Run the handler under the deadline: the encoded and plain result, or a failure."""
+        ctx = CallContext(
+            call_id=meta.call_id,
+            capability=endpoint.name,
+            agent_id=self.agent_id,
+            deadline_ms=deadline_ms,
+            attempt=meta.attempt,
+            caller=meta.caller,
+            traceparent=meta.traceparent,
+        )
+        token = set_current(ctx)
+        try:
+            if deadline_ms is None:
+                result = await endpoint.handler(arg)
+            else:
+                loop = asyncio.get_running_loop()
+                when = loop.time() + (deadline_ms / 1000.0 - time.time())
+                async with asyncio.timeout_at(when):
+                    result = await endpoint.handler(arg)
+        except TimeoutError as exc:
+            if isinstance(exc, ReachError):
+                return _Failure(exc.kind, type(exc).__name__, str(exc))
+            return _Failure(
+                "timeout", "deadline_passed", f"{endpoint.name} stopped at the caller's deadline"
+            )
+        except RemoteError as exc:
+            return _Failure(exc.kind, exc.code, exc.description)
+        except ReachError as exc:
+            return _Failure(exc.kind, type(exc).__name__, str(exc))
+        except Exception as exc:
+            log.exception("handler of %s crashed", endpoint.name)
+            return _Failure("internal", type(exc).__name__, str(exc) or type(exc).__name__)
+        finally:
+            reset_current(token)
+        try:
+            if isinstance(result, BaseModel):
+                result = result.model_dump(mode="json")
+            endpoint.output_validator.validate(result)
+            return codec.encode(result), result
+        except ContractError as exc:
+            return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
+
+    async def _accept_job(self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any) -> bytes:
+        """Async mode: record the job durably, reply with its id, run it in the background."""
+        assert self.jobs is not None
+        job_id = secrets.token_hex(12)
+        record = JobRecord(
+            job_id=job_id,
+            capability=endpoint.name,
+            agent_id=self.agent_id,
+            status="accepted",
+            accepted_at=self._clock.time(),
+            call_id=meta.call_id,
+        )
+        await self.jobs.put(record)
+        task = asyncio.create_task(self._run_job(endpoint, meta, arg, record))
+        self._jobs_running.add(task)
+        task.add_done_callback(self._jobs_running.discard)
+        body = codec.encode({"job_id": job_id}, checked=False)
+        return envelope.pack_ok(body, self.agent_id, job=job_id)
+
+    async def _run_job(
+        self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, record: JobRecord
+    ) -> None:
+        limit = max(self.job_timeout_sec, 10 * endpoint.capability.latency_sla_ms / 1000)
+        deadline_ms = int((self._clock.time() + limit) * 1000)
+        outcome = await self._invoke(endpoint, meta, arg, deadline_ms)
+        finished = self._clock.time()
+        if isinstance(outcome, _Failure):
+            done = record.model_copy(
+                update={
+                    "status": "failed",
+                    "finished_at": finished,
+                    "error_kind": outcome.kind,
+                    "error_code": outcome.code,
+                    "error": outcome.description,
+                }
+            )
+        else:
+            done = record.model_copy(
+                update={"status": "succeeded", "finished_at": finished, "result": outcome[1]}
+            )
+        try:
+            await self.jobs.put(done)  # type: ignore[union-attr]
+        except ReachError as exc:
+            log.error("could not store the result of job %s: %s", record.job_id, exc)
+
+
+class _Failure(NamedTuple):
+    kind: str
+    code: str
+    description: str
+
+
+def _decode_input(endpoint: Endpoint, body: bytes) -> Any:
+    """The handler's argument from the request body, or a contract _Failure."""
+    try:
+        payload = codec.decode(body)
+        endpoint.input_validator.validate(payload)
+        if endpoint.input_model is not None:
+            return endpoint.input_model.model_validate(payload)
+        return payload
+    except ContractError as exc:
+        return _Failure("contract", exc.rule or "input", str(exc))
+    except ValidationError as exc:
+        return _Failure("contract", "input", "; ".join(format_validation_error(exc)))

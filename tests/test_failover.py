@@ -1,0 +1,54 @@
+"""Three agent processes under steady load; one is SIGKILLed mid-run: no call fails."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from reach.client import ReachClient
+from reach.errors import ReachError
+
+from .conftest import manifest
+
+
+async def test_sigkill_of_one_of_three_instances_under_200_calls_per_second_fails_no_call(
+    client: ReachClient, spawn_agent: object
+) -> None:
+    procs = []
+    for i in range(3):
+        m = manifest(f"echo-{i}", "echo", interval=0.5, timeout=0.3)
+        m["capabilities"][0]["idempotent"] = True
+        procs.append(await spawn_agent(m))  # type: ignore[operator]
+    await client.routes.wait_for(
+        lambda c: len([i for i in c.find("echo") if i.status == "healthy"]) == 3, timeout=10
+    )
+    served: Counter[str] = Counter()
+    failures: list[BaseException] = []
+    rate, duration = 200, 10.0
+
+    async def one(i: int) -> None:
+        try:
+            result = await client.call("echo", {"i": i}, timeout=2.0)
+            served[result.agent_id] += 1
+        except ReachError as exc:
+            failures.append(exc)
+
+    tasks = []
+    start = time.monotonic()
+    killed = False
+    for i in range(int(rate * duration)):
+        target = start + i / rate
+        delay = target - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if not killed and time.monotonic() - start >= duration / 2:
+            procs[1].kill()
+            killed = True
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+    assert failures == []
+    assert sum(served.values()) == rate * duration
+    assert set(served) == {"echo-0", "echo-1", "echo-2"}
+    # after the kill the survivors carried the load
+    assert served["echo-0"] + served["echo-2"] > served["echo-1"]

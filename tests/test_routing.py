@@ -1,0 +1,236 @@
+"""Scored routing: the DESIGN.md formula, the latency average, and ranking."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from reach.errors import ConfigurationError
+from reach.models import Instance, Manifest
+from reach.routing import LatencyTracker, rank, score_instance
+
+
+def instance(
+    agent_id: str,
+    *,
+    status: str = "healthy",
+    version: str = "1.0.0",
+    in_flight: int = 0,
+    max_concurrency: int = 64,
+    capabilities: tuple[str, ...] = ("echo",),
+    sla_ms: float = 500.0,
+) -> Instance:
+    manifest = Manifest.model_validate(
+        {
+            "agent_id": agent_id,
+            "agent_name": "echo_agent",
+            "version": version,
+            "max_concurrency": max_concurrency,
+            "capabilities": [{"name": c, "latency_sla_ms": sla_ms} for c in capabilities],
+        }
+    )
+    fields: dict[str, Any] = {
+        "manifest": manifest,
+        "instance_id": f"{agent_id}-i",
+        "status": status,
+        "registered_at": 1.0,
+        "last_heartbeat_at": 1.0,
+        "in_flight": in_flight,
+        "max_concurrency": max_concurrency,
+    }
+    return Instance.model_validate(fields)
+
+
+# -- the formula -------------------------------------------------------------------------
+
+
+def test_score_matches_the_design_formula_by_hand() -> None:
+    # 0.4·1 + 0.3·(1 − 250/500) + 0.2·(1 − 0.25) + 0.1·1 = 0.4 + 0.15 + 0.15 + 0.1
+    inst = instance("a")
+    assert score_instance(inst, sla_ms=500, avg_latency_ms=250, load=0.25) == pytest.approx(0.8)
+    # 0.4·0.5 + 0.3·max(0, 1 − 2) + 0.2·(1 − 1) + 0.1·0.7
+    worst = instance("b", status="degraded", version="2.0.0-rc.1")
+    assert score_instance(worst, sla_ms=500, avg_latency_ms=1000, load=1.0) == pytest.approx(0.27)
+    # a perfect instance: healthy, instant, idle, stable
+    assert score_instance(inst, sla_ms=500, avg_latency_ms=0, load=0.0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "health"), [("healthy", 1.0), ("degraded", 0.5), ("unhealthy", 0.0)]
+)
+def test_health_term(status: str, health: float) -> None:
+    score = score_instance(instance("a", status=status), sla_ms=100, avg_latency_ms=100, load=1.0)
+    assert score == pytest.approx(0.4 * health + 0.1)
+
+
+def test_pre_release_versions_score_lower() -> None:
+    stable = score_instance(instance("a", version="1.2.0"), sla_ms=100, avg_latency_ms=50, load=0)
+    pre = score_instance(
+        instance("b", version="1.3.0-beta.2"), sla_ms=100, avg_latency_ms=50, load=0
+    )
+    build = score_instance(
+        instance("c", version="1.2.0+build.7"), sla_ms=100, avg_latency_ms=50, load=0
+    )
+    assert stable - pre == pytest.approx(0.03)
+    assert build == stable  # build metadata is not a pre-release
+
+
+def test_unknown_latency_counts_as_half_the_sla() -> None:
+    inst = instance("a")
+    unknown = score_instance(inst, sla_ms=800, avg_latency_ms=None, load=0)
+    assert unknown == score_instance(inst, sla_ms=800, avg_latency_ms=400, load=0)
+    assert unknown == pytest.approx(0.4 + 0.15 + 0.2 + 0.1)
+
+
+def test_latency_and_load_terms_are_clamped() -> None:
+    inst = instance("a")
+    assert score_instance(inst, sla_ms=100, avg_latency_ms=10_000, load=5.0) == pytest.approx(0.5)
+    assert score_instance(inst, sla_ms=100, avg_latency_ms=-5, load=-1.0) == pytest.approx(1.0)
+
+
+def test_slower_and_busier_instances_score_lower() -> None:
+    inst = instance("a")
+    fast = score_instance(inst, sla_ms=1000, avg_latency_ms=100, load=0.5)
+    slow = score_instance(inst, sla_ms=1000, avg_latency_ms=600, load=0.5)
+    busy = score_instance(inst, sla_ms=1000, avg_latency_ms=100, load=0.9)
+    assert fast - slow == pytest.approx(0.15)
+    assert fast - busy == pytest.approx(0.08)
+
+
+# -- latency tracker ---------------------------------------------------------------------
+
+
+def test_latency_tracker_is_an_ewma() -> None:
+    tracker = LatencyTracker(alpha=0.2)
+    assert tracker.get("a") is None
+    tracker.observe("a", 100)
+    assert tracker.get("a") == 100
+    tracker.observe("a", 200)
+    assert tracker.get("a") == pytest.approx(120)
+    tracker.observe("a", 200)
+    assert tracker.get("a") == pytest.approx(136)
+    tracker.observe("b", -3)
+    assert tracker.get("b") == 0
+    tracker.forget("a")
+    tracker.forget("never-seen")
+    assert tracker.get("a") is None
+    assert len(tracker) == 1
+
+
+@pytest.mark.parametrize("alpha", [0, -0.1, 1.5])
+def test_latency_tracker_refuses_bad_alpha(alpha: float) -> None:
+    with pytest.raises(ConfigurationError):
+        LatencyTracker(alpha=alpha)
+
+
+# -- rank --------------------------------------------------------------------------------
+
+
+def ids(ranked: list[tuple[float, Instance]]) -> list[str]:
+    return [inst.agent_id for _, inst in ranked]
+
+
+def test_rank_orders_best_first_and_drops_what_cannot_take_the_call() -> None:
+    tracker = LatencyTracker()
+    tracker.observe("fast", 50)
+    tracker.observe("slow", 450)
+    instances = [
+        instance("slow"),
+        instance("sick", status="unhealthy"),
+        instance("fast"),
+        instance("other-cap", capabilities=("translate",)),
+        instance("degraded", status="degraded"),
+        instance("beta", version="1.1.0-beta.1"),
+    ]
+    ranked = rank(instances, "echo", latency=tracker, outstanding={})
+    # beta and degraded are unmeasured: scored with the best latency seen (fast's 50 ms)
+    assert ids(ranked) == ["fast", "beta", "degraded", "slow"]
+    scores = [score for score, _ in ranked]
+    assert scores == sorted(scores, reverse=True)
+    # fast: 0.4 + 0.3·0.9 + 0.2 + 0.1
+    assert scores[0] == pytest.approx(0.97)
+
+
+def test_rank_uses_the_capabilitys_own_sla() -> None:
+    tracker = LatencyTracker()
+    tracker.observe("a", 400)
+    inst = instance("a", capabilities=("echo", "slow_echo"), sla_ms=800)
+    [(score, _)] = rank([inst], "slow_echo", latency=tracker, outstanding={})
+    assert score == pytest.approx(0.4 + 0.3 * 0.5 + 0.2 + 0.1)
+
+
+def test_rank_honours_exclude() -> None:
+    instances = [instance("a"), instance("b"), instance("c")]
+    ranked = rank(instances, "echo", latency=LatencyTracker(), outstanding={}, exclude={"a", "c"})
+    assert ids(ranked) == ["b"]
+    assert (
+        rank(instances, "echo", latency=LatencyTracker(), outstanding={}, exclude=["a", "b", "c"])
+        == []
+    )
+
+
+def test_load_is_the_larger_of_heartbeat_and_own_calls_in_flight() -> None:
+    instances = [
+        instance("reported-busy", in_flight=8, max_concurrency=10),
+        instance("busy-with-me", in_flight=0, max_concurrency=10),
+        instance("idle", max_concurrency=10),
+    ]
+    ranked = rank(instances, "echo", latency=LatencyTracker(), outstanding={"busy-with-me": 5})
+    assert ids(ranked) == ["idle", "busy-with-me", "reported-busy"]
+    by_id = {inst.agent_id: score for score, inst in ranked}
+    assert by_id["idle"] - by_id["busy-with-me"] == pytest.approx(0.2 * 0.5)
+    assert by_id["idle"] - by_id["reported-busy"] == pytest.approx(0.2 * 0.8)
+
+
+def test_overloaded_degraded_instance_still_ranks_but_last() -> None:
+    instances = [instance("d", status="degraded", in_flight=100, max_concurrency=10), instance("h")]
+    assert ids(rank(instances, "echo", latency=LatencyTracker(), outstanding={})) == ["h", "d"]
+
+
+def test_equal_scores_are_spread_across_instances() -> None:
+    instances = [instance(f"echo-{i}") for i in range(3)]
+    rng = random.Random(7).random
+    first = Counter(
+        ids(rank(instances, "echo", latency=LatencyTracker(), outstanding={}, rng=rng))[0]
+        for _ in range(600)
+    )
+    assert set(first) == {"echo-0", "echo-1", "echo-2"}
+    assert min(first.values()) > 120
+
+
+def test_a_better_score_always_wins_over_the_random_tie_break() -> None:
+    instances = [instance(f"echo-{i}") for i in range(5)]
+    for _ in range(50):
+        ranked = rank(
+            instances, "echo", latency=LatencyTracker(), outstanding={"echo-3": 0, "echo-1": 10}
+        )
+        assert ids(ranked)[-1] == "echo-1"
+
+
+def test_near_equal_instances_share_the_traffic() -> None:
+    tracker = LatencyTracker()
+    for name, ms in (("a", 1.0), ("b", 1.3), ("c", 0.9)):
+        tracker.observe(name, ms)
+    instances = [instance("a"), instance("b"), instance("c")]
+    firsts = [ids(rank(instances, "echo", latency=tracker, outstanding={}))[0] for _ in range(300)]
+    assert all(firsts.count(n) > 50 for n in "abc")
+
+
+def test_an_unmeasured_instance_is_tried_rather_than_starved() -> None:
+    tracker = LatencyTracker()
+    tracker.observe("old", 2.0)
+    instances = [instance("old"), instance("new")]
+    firsts = [ids(rank(instances, "echo", latency=tracker, outstanding={}))[0] for _ in range(200)]
+    assert firsts.count("new") > 40
+
+
+def test_rank_handles_a_thousand_instances() -> None:
+    instances = [instance(f"echo-{i}", in_flight=i % 64) for i in range(1000)]
+    ranked = rank(instances, "echo", latency=LatencyTracker(), outstanding={})
+    assert len(ranked) == 1000
+    # in-flight counts a few apart are within the tie band; the busiest always come last
+    assert ranked[0][1].in_flight <= 8
+    assert ranked[-1][1].in_flight == 63
