@@ -63,7 +63,7 @@ def _load_libc() -> ctypes.CDLL | None:
 _LIBC = _load_libc()
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
     def _in_child() -> None:
         # Runs in the child between fork and exec: SIGTERM it when the parent dies. Linux sends
         # it when the *thread* that forked exits, so fork from a long-lived thread (see start).
@@ -144,7 +144,7 @@ class EmbeddedServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
             )
         finally:
             log.close()

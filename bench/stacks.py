@@ -1,0 +1,217 @@
+"""The stacks the call-path benchmark compares, and the registry a new stack joins.
+
+A stack is two hooks around one echo of :data:`bench.payload.PAYLOAD`:
+
+- ``responder(ctx)``: an async context manager run in its own OS process
+  (``python -m bench.procs responder``); it serves until the context exits;
+- ``caller(ctx)``: an async context manager run in the bench process; it yields
+  ``call(payload) -> reply`` once the responder is reachable.
+
+Adding a stack is one ``register(Stack(...))`` with those two hooks::
+
+    @asynccontextmanager
+    async def _my_responder(ctx: Context) -> AsyncIterator[None]: ...
+    @asynccontextmanager
+    async def _my_caller(ctx: Context) -> AsyncIterator[Call]: ...
+
+    register(Stack("my-stack", "what it measures", _my_responder, _my_caller))
+
+Stacks that announce agents set ``needs_registry=True``: the bench then runs a
+registrar in a process of its own, as ``reach up`` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import nats
+
+from bench.payload import PAYLOAD_SCHEMA
+from reach.agent import Agent
+from reach.client import ReachClient
+from reach.registry import RouteCache
+
+__all__ = ["STACKS", "Call", "Context", "Stack", "register"]
+
+#: one call of the stack under test: payload in, decoded reply out
+Call = Callable[[dict[str, Any]], Awaitable[Any]]
+
+#: how long a caller waits for its responder to become routable
+_READY_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a stack runs: the NATS URL, and names unique to this run and stack."""
+
+    url: str
+    run_id: str
+    stack: str
+
+    @property
+    def token(self) -> str:
+        """A NATS subject token naming this stack in this run."""
+        return f"{self.stack.replace('-', '_')}_{self.run_id}"
+
+    @property
+    def subject(self) -> str:
+        return f"bench.{self.token}"
+
+    @property
+    def capability(self) -> str:
+        return f"bench_{self.token}"
+
+    @property
+    def agent_id(self) -> str:
+        return f"bench-{self.stack}-{self.run_id}"
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str
+    responder: Callable[[Context], AbstractAsyncContextManager[None]]
+    caller: Callable[[Context], AbstractAsyncContextManager[Call]]
+    #: announces agents: the bench runs a registrar process for it
+    needs_registry: bool = False
+
+
+STACKS: dict[str, Stack] = {}
+
+
+def register(stack: Stack) -> Stack:
+    """Add a stack; the order of registration is the order of the table (baseline first)."""
+    if stack.name in STACKS:
+        raise ValueError(f"stack {stack.name!r} is registered twice")
+    STACKS[stack.name] = stack
+    return stack
+
+
+# -- raw nats-py: the baseline ---------------------------------------------------------
+
+
+@asynccontextmanager
+async def _raw_responder(ctx: Context) -> AsyncIterator[None]:
+    nc = await nats.connect(ctx.url, name=f"bench-responder-{ctx.stack}")
+
+    async def echo(msg: Any) -> None:
+        # decode and encode again: the same msgpack work an agent's handler pays for
+        await msg.respond(msgpack.packb(msgpack.unpackb(msg.data), use_bin_type=True))
+
+    await nc.subscribe(ctx.subject, cb=echo)
+    await nc.flush()
+    try:
+        yield
+    finally:
+        await nc.close()
+
+
+@asynccontextmanager
+async def _raw_caller(ctx: Context) -> AsyncIterator[Call]:
+    nc = await nats.connect(ctx.url, name=f"bench-caller-{ctx.stack}")
+    subject = ctx.subject
+
+    async def call(payload: dict[str, Any]) -> Any:
+        msg = await nc.request(subject, msgpack.packb(payload, use_bin_type=True), timeout=5.0)
+        return msgpack.unpackb(msg.data)
+
+    try:
+        yield call
+    finally:
+        await nc.close()
+
+
+register(
+    Stack(
+        "raw",
+        "nats-py nc.request to a subscriber answering with msg.respond (msgpack echo)",
+        _raw_responder,
+        _raw_caller,
+    )
+)
+
+
+# -- Agent-Reach ---------------------------------------------------------------------
+
+
+def _manifest(ctx: Context, *, schemas: bool) -> dict[str, Any]:
+    return {
+        "agent_id": ctx.agent_id,
+        "agent_name": "bench_echo",
+        "version": "1.0.0",
+        # above the 128 calls in flight of the heaviest load: admission must not refuse
+        "max_concurrency": 1024,
+        "capabilities": [
+            {
+                "name": ctx.capability,
+                "description": "Echo a market-report request (benchmark)",
+                "input_schema": PAYLOAD_SCHEMA if schemas else {},
+                "output_schema": PAYLOAD_SCHEMA if schemas else {},
+                "tags": ["bench", "echo", "report-request"],
+                "latency_sla_ms": 1000,
+                "security_level": 1,
+            }
+        ],
+    }
+
+
+def _reach_responder(*, schemas: bool) -> Callable[[Context], AbstractAsyncContextManager[None]]:
+    @asynccontextmanager
+    async def responder(ctx: Context) -> AsyncIterator[None]:
+        agent = Agent(_manifest(ctx, schemas=schemas), servers=ctx.url)
+
+        async def echo(req: dict[str, Any]) -> dict[str, Any]:
+            return req
+
+        agent.capability(ctx.capability)(echo)
+        async with agent:
+            yield
+
+    return responder
+
+
+def _reach_caller(*, validate: bool) -> Callable[[Context], AbstractAsyncContextManager[Call]]:
+    @asynccontextmanager
+    async def caller(ctx: Context) -> AsyncIterator[Call]:
+        capability = ctx.capability
+        async with ReachClient(
+            servers=ctx.url, name=f"bench-caller-{ctx.stack}", validate=validate
+        ) as client:
+
+            def routable(cache: RouteCache) -> bool:
+                return any(i.status == "healthy" for i in cache.find(capability))
+
+            await client.routes.wait_for(routable, timeout=_READY_TIMEOUT)
+
+            async def call(payload: dict[str, Any]) -> Any:
+                return (await client.call(capability, payload)).value
+
+            yield call
+
+    return caller
+
+
+register(
+    Stack(
+        "reach",
+        "Agent-Reach, everything on: caller and callee validate input/output schemas,"
+        " scored routing, breaker, retry budget, deadline",
+        _reach_responder(schemas=True),
+        _reach_caller(validate=True),
+        needs_registry=True,
+    )
+)
+
+register(
+    Stack(
+        "reach-novalidate",
+        "Agent-Reach without contracts: ReachClient(validate=False), empty schemas on the agent",
+        _reach_responder(schemas=False),
+        _reach_caller(validate=False),
+        needs_registry=True,
+    )
+)

@@ -1,0 +1,39 @@
+"""``reach demo``: the seed scenario on an embedded NATS (see reach/demo)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import click
+
+from reach.cli.common import Target, connection_options
+
+
+def register(main: click.Group) -> None:
+    @main.command("demo")
+    @click.option(
+        "--duration",
+        type=click.FloatRange(5, 600),
+        default=24.0,
+        show_default=True,
+        help="seconds of scheduled calls",
+    )
+    @click.option(
+        "--rate",
+        type=click.FloatRange(1, 1000),
+        default=40.0,
+        show_default=True,
+        help="scheduler calls per second",
+    )
+    @connection_options
+    def demo(target: Target, duration: float, rate: float) -> None:
+        """Scheduler → industry report → data query ×2: saturation, a kill, a replacement.
+
+        Runs on its own embedded nats-server (a free port, a temporary store); the
+        --servers/--creds options are accepted for uniformity and not used.
+        """
+        from reach.demo import run_demo
+
+        failed = asyncio.run(run_demo(duration=duration, rate=rate))
+        sys.exit(1 if failed else 0)
