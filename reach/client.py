@@ -25,7 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from reach import codec, envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.context import current_call
-from reach.contract import compile_schema
+from reach.contract import Validator, compile_schema
 from reach.errors import (
     AuthError,
     BusinessError,
@@ -160,6 +160,7 @@ class ReachClient:
         self._outstanding: dict[str, int] = {}
         self._results = ResultCache()
         self._jobs: JobStore | None = None
+        self._validators: dict[int, tuple[dict[str, Any], Validator]] = {}
 
     async def __aenter__(self) -> ReachClient:
         await self.connect()
@@ -321,7 +322,7 @@ class ReachClient:
         if parent is not None and parent.deadline_ms is not None:
             deadline = min(deadline, parent.deadline_ms / 1000.0)
         if self.validate and spec is not None and spec.input_schema:
-            compile_schema(spec.input_schema).validate(payload)
+            self._validator(spec.input_schema).validate(payload)
         body = codec.encode(payload)
         call_id = secrets.token_hex(12)
         state = _Attempt(capability, deadline, attempt_timeout)
@@ -374,6 +375,17 @@ class ReachClient:
                 attempts=state.attempts,
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _validator(self, schema: dict[str, Any]) -> Validator:
+        # by identity: registry records are immutable, and hashing the schema costs µs
+        hit = self._validators.get(id(schema))
+        if hit is not None and hit[0] is schema:
+            return hit[1]
+        validator = compile_schema(schema)
+        if len(self._validators) > 1024:
+            self._validators.clear()
+        self._validators[id(schema)] = (schema, validator)
+        return validator
 
     def _should_retry(self, exc: ReachError, state: _Attempt, retry_timeouts: bool) -> bool:
         if not exc.retryable:

@@ -1,0 +1,349 @@
+"""The call-path benchmark: one echo of a ~200-byte msgpack payload, stack by stack.
+
+For every stack a responder runs in its own OS process and the caller in this one. After a
+warm-up, each repetition measures, for every stack in turn, sequential latency and then
+throughput at each number of calls in flight; stacks are interleaved block by block
+(and the order rotates from one repetition to the next), so that the noise of a shared
+machine falls on all stacks alike. CPU time of the caller, the responder and nats-server
+is recorded with every block: CPU per call is much steadier than wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from bench.payload import PAYLOAD
+from bench.procs import Child, cpu_seconds, log_dir
+from bench.stacks import Call, Context, Stack
+
+__all__ = [
+    "DEFAULT",
+    "QUICK",
+    "CallpathResult",
+    "Cpu",
+    "LatencyRun",
+    "Settings",
+    "StackRuns",
+    "ThroughputRun",
+    "Testbed",
+    "run_callpath",
+    "testbed",
+]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    reps: int = 5
+    #: sequential calls per repetition (latency percentiles)
+    seq_calls: int = 2000
+    #: seconds of each throughput block
+    duration_sec: float = 2.0
+    concurrency: tuple[int, ...] = (1, 16, 128)
+    #: once per stack before the first repetition: sequential calls, then a burst
+    warmup_calls: int = 500
+    warmup_sec: float = 1.0
+    #: before every block: a few calls, so that switching stacks starts warm
+    block_warmup_calls: int = 20
+
+
+DEFAULT = Settings()
+QUICK = Settings(
+    reps=1, seq_calls=200, duration_sec=0.25, warmup_calls=100, warmup_sec=0.2, block_warmup_calls=5
+)
+
+
+@dataclass
+class Cpu:
+    """CPU seconds used during a block by each process on the call path."""
+
+    caller_sec: float
+    responder_sec: float | None
+    server_sec: float | None
+
+
+@dataclass
+class LatencyRun:
+    rep: int
+    latencies_ms: list[float]
+    errors: int
+    first_error: str | None
+    cpu: Cpu
+
+
+@dataclass
+class ThroughputRun:
+    rep: int
+    concurrency: int
+    calls: int
+    errors: int
+    seconds: float
+    first_error: str | None
+    cpu: Cpu
+
+    @property
+    def calls_per_sec(self) -> float:
+        return self.calls / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class StackRuns:
+    sequential: list[LatencyRun] = field(default_factory=list)
+    throughput: dict[int, list[ThroughputRun]] = field(default_factory=dict)
+
+
+@dataclass
+class CallpathResult:
+    settings: Settings
+    stacks: list[Stack]
+    runs: dict[str, StackRuns]
+    server_url: str
+    server_version: str
+    run_id: str
+    wall_sec: float
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+class _Meter:
+    """CPU time of the caller (this process), a responder and the server between two reads."""
+
+    def __init__(self, responder: Child, server_pid: int | None) -> None:
+        self._responder = responder
+        self._server_pid = server_pid
+        self._start: tuple[float, float | None, float | None] = (0.0, None, None)
+
+    def _read(self) -> tuple[float, float | None, float | None]:
+        return (time.process_time(), self._responder.cpu_seconds(), cpu_seconds(self._server_pid))
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self) -> Cpu:
+        end = self._read()
+
+        def delta(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round(b - a, 4)
+
+        return Cpu(
+            caller_sec=round(end[0] - self._start[0], 4),
+            responder_sec=delta(self._start[1], end[1]),
+            server_sec=delta(self._start[2], end[2]),
+        )
+
+
+async def _sequential(call: Call, count: int) -> tuple[list[float], int, str | None]:
+    latencies: list[float] = []
+    errors = 0
+    first_error: str | None = None
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        started = clock()
+        try:
+            await call(PAYLOAD)
+        except Exception as exc:
+            errors += 1
+            first_error = first_error or f"{type(exc).__name__}: {exc}"
+            continue
+        latencies.append(round((clock() - started) / 1e6, 4))
+    return latencies, errors, first_error
+
+
+async def _throughput(
+    call: Call, concurrency: int, duration: float
+) -> tuple[int, int, float, str | None]:
+    """Calls completed by ``concurrency`` workers calling back to back for ``duration``."""
+    done = 0
+    errors = 0
+    first_error: str | None = None
+    stop_at = time.perf_counter() + duration
+
+    async def worker() -> None:
+        nonlocal done, errors, first_error
+        while time.perf_counter() < stop_at:
+            try:
+                await call(PAYLOAD)
+            except Exception as exc:
+                errors += 1
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
+            else:
+                done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done, errors, time.perf_counter() - started, first_error
+
+
+# -- the test bed: server, registrar, responders, callers -------------------------------
+
+
+@dataclass
+class Live:
+    """A stack ready to measure: its responder process and the caller's ``call``."""
+
+    stack: Stack
+    responder: Child
+    call: Call
+
+
+@dataclass
+class Testbed:
+    url: str
+    server_pid: int | None
+    run_id: str
+    live: list[Live]
+
+
+@asynccontextmanager
+async def testbed(
+    stacks: Sequence[Stack],
+    servers: str | None,
+    progress: Progress,
+    profile_dir: Path | None = None,
+) -> AsyncIterator[Testbed]:
+    """Everything the stacks need, started in order and stopped in reverse."""
+    run_id = secrets.token_hex(3)
+    logs = log_dir()
+    async with AsyncExitStack() as stack:
+        server_pid: int | None = None
+        if servers is None:
+            from reach.testing import NatsServer
+
+            server = NatsServer(store_dir=logs / "nats")
+            await server.start()
+            stack.push_async_callback(server.stop)
+            url, server_pid = server.url, server.pid
+            progress(f"nats-server {url} (pid {server_pid}, store {server.store_dir})")
+        else:
+            url = servers
+        if any(s.needs_registry for s in stacks):
+            registrar = await Child.start("registrar", ["registrar", url], logs)
+            stack.push_async_callback(registrar.stop)
+        progress(f"starting {len(stacks)} responder processes (logs in {logs})")
+
+        async def start_responder(s: Stack) -> Child:
+            args = ["responder", s.name, url, run_id]
+            if profile_dir is not None:
+                args += ["--profile", str(profile_dir / f"{s.name}-responder.txt")]
+            return await Child.start(f"responder-{s.name}", args, logs)
+
+        started = await asyncio.gather(
+            *(start_responder(s) for s in stacks), return_exceptions=True
+        )
+        for child in started:
+            if isinstance(child, Child):
+                stack.push_async_callback(child.stop)
+        for child in started:
+            if isinstance(child, BaseException):
+                raise child
+        live = []
+        for s, child in zip(stacks, started, strict=True):
+            assert isinstance(child, Child)
+            call = await stack.enter_async_context(s.caller(Context(url, run_id, s.name)))
+            live.append(Live(s, child, call))
+        yield Testbed(url, server_pid, run_id, live)
+
+
+async def _warm_up(live: Live, settings: Settings, progress: Progress) -> None:
+    reply = await live.call(PAYLOAD)
+    if reply != PAYLOAD:
+        raise RuntimeError(f"{live.stack.name} does not echo the payload: got {reply!r}")
+    _, errors, first_error = await _sequential(live.call, settings.warmup_calls)
+    burst = max(settings.concurrency)
+    _, burst_errors, burst_error = await _throughput(live.call, burst, settings.warmup_sec)
+    if errors or burst_errors:
+        progress(f"warm-up of {live.stack.name}: {errors + burst_errors} errors, first: "
+                 f"{first_error or burst_error}")
+
+
+def server_version(url: str) -> str:
+    """The version the server announces in its INFO line."""
+    parts = urlsplit(url.split(",")[0])
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), 5) as s:
+            line = s.makefile("rb").readline()
+        info: dict[str, Any] = json.loads(line.split(b" ", 1)[1])
+        return str(info.get("version", "unknown"))
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+
+
+async def run_callpath(
+    settings: Settings,
+    stacks: Sequence[Stack],
+    servers: str | None = None,
+    progress: Progress = lambda _line: None,
+) -> CallpathResult:
+    began = time.perf_counter()
+    runs = {s.name: StackRuns() for s in stacks}
+    async with testbed(stacks, servers, progress) as bed:
+        for live in bed.live:
+            progress(f"warming up {live.stack.name}")
+            await _warm_up(live, settings, progress)
+        for rep in range(settings.reps):
+            # rotate the order: no stack always runs right after another one's burst
+            shift = rep % len(bed.live)
+            order = bed.live[shift:] + bed.live[:shift]
+            blocks: list[int | None] = [None, *settings.concurrency]
+            for concurrency in blocks:
+                for live in order:
+                    await _block(live, bed, settings, rep, concurrency, runs, progress)
+    return CallpathResult(
+        settings=settings,
+        stacks=list(stacks),
+        runs=runs,
+        server_url=bed.url,
+        server_version=server_version(bed.url),
+        run_id=bed.run_id,
+        wall_sec=round(time.perf_counter() - began, 2),
+    )
+
+
+async def _block(
+    live: Live,
+    bed: Testbed,
+    settings: Settings,
+    rep: int,
+    concurrency: int | None,
+    runs: dict[str, StackRuns],
+    progress: Progress,
+) -> None:
+    """One measurement of one stack: sequential latency (concurrency None) or throughput."""
+    name = live.stack.name
+    await _sequential(live.call, settings.block_warmup_calls)
+    gc.collect()  # every block starts with the same (empty) garbage
+    meter = _Meter(live.responder, bed.server_pid)
+    meter.start()
+    if concurrency is None:
+        latencies, errors, first_error = await _sequential(live.call, settings.seq_calls)
+        cpu = meter.stop()
+        runs[name].sequential.append(LatencyRun(rep, latencies, errors, first_error, cpu))
+        ordered = sorted(latencies) or [0.0]
+        progress(
+            f"rep {rep + 1}/{settings.reps} sequential {name}:"
+            f" p50 {ordered[len(ordered) // 2]:.3f} ms" + (f", {errors} errors" if errors else "")
+        )
+        return
+    calls, errors, seconds, first_error = await _throughput(
+        live.call, concurrency, settings.duration_sec
+    )
+    cpu = meter.stop()
+    run = ThroughputRun(rep, concurrency, calls, errors, seconds, first_error, cpu)
+    runs[name].throughput.setdefault(concurrency, []).append(run)
+    progress(
+        f"rep {rep + 1}/{settings.reps} {concurrency:>3} in flight {name}:"
+        f" {run.calls_per_sec:,.0f} calls/s" + (f", {errors} errors" if errors else "")
+    )

@@ -1,0 +1,219 @@
+"""Processes of the benchmark other than the caller: responders and the registrar.
+
+Child side (run by the bench, not by hand)::
+
+    python -m bench.procs responder STACK URL RUN_ID [--profile FILE]
+    python -m bench.procs registrar URL
+
+A child prints ``READY`` once it serves and runs until its standard input closes (the
+bench closed it, or died) or it gets SIGTERM. With ``--profile FILE``, SIGUSR1 starts
+a profiler and SIGUSR2 stops it, writes FILE and prints ``PROFILED``.
+
+Parent side: :class:`Child` starts one, waits for ``READY``, reads its CPU time, stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+from bench.profiling import Profile
+
+__all__ = ["Child", "cpu_seconds", "main"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+_START_TIMEOUT = 60.0
+_STOP_TIMEOUT = 10.0
+
+
+# -- parent side -----------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc), or None if unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # the command name (2nd field) may hold spaces: split after its closing ')'
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    # fields[0] is the state (3rd field of the line): utime and stime are the 14th and 15th
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+class Child:
+    """One child process of the benchmark, speaking the READY protocol."""
+
+    def __init__(self, name: str, proc: asyncio.subprocess.Process, log: Path) -> None:
+        self.name = name
+        self.proc = proc
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_seconds(self) -> float | None:
+        return cpu_seconds(self.proc.pid)
+
+    @classmethod
+    async def start(cls, name: str, args: Sequence[str], log_dir: Path) -> Child:
+        log = log_dir / f"{name}.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath())}
+        with open(log, "wb") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.procs",
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                env=env,
+            )
+        child = cls(name, proc, log)
+        try:
+            await child.expect("READY", _START_TIMEOUT)
+        except BaseException:
+            await child.stop()
+            raise
+        return child
+
+    async def expect(self, word: str, timeout: float) -> None:
+        """Wait for a line starting with ``word``; RuntimeError with the child's log if not."""
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        except TimeoutError:
+            line = b""
+        if not line.decode(errors="replace").startswith(word):
+            raise RuntimeError(
+                f"{self.name} did not say {word} (said {line!r}); its log:\n{self.tail()}"
+            )
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def profile(self, start: bool) -> None:
+        """Start (SIGUSR1) or stop and write (SIGUSR2) the child's profiler."""
+        self.proc.send_signal(signal.SIGUSR1 if start else signal.SIGUSR2)
+        if not start:
+            await self.expect("PROFILED", 120.0)
+
+    async def stop(self) -> None:
+        """Close its stdin (it stops by itself), then SIGTERM, then SIGKILL."""
+        if self.proc.returncode is not None:
+            return
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        for action in (None, self.proc.terminate, self.proc.kill):
+            if action is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    action()
+            try:
+                await asyncio.wait_for(self.proc.wait(), _STOP_TIMEOUT)
+                return
+            except TimeoutError:
+                continue
+
+
+def _pythonpath() -> list[str]:
+    existing = os.environ.get("PYTHONPATH", "")
+    return [str(_ROOT), *(p for p in existing.split(os.pathsep) if p)]
+
+
+def log_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="reach-bench-"))
+
+
+# -- child side ------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _registrar(url: str) -> AsyncIterator[None]:
+    from reach.registry import Registrar
+    from reach.transport import connect
+
+    conn = await connect([url], name="bench-registrar")
+    registrar = Registrar(conn)
+    try:
+        await registrar.start()
+        yield
+    finally:
+        await registrar.stop()
+        await conn.close()
+
+
+async def _serve(service: AbstractAsyncContextManager[None], profile: Profile | None) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if profile is not None:
+        loop.add_signal_handler(signal.SIGUSR1, profile.start)
+
+        def write_profile() -> None:
+            profile.stop()
+            print("PROFILED", flush=True)
+
+        loop.add_signal_handler(signal.SIGUSR2, write_profile)
+    # standard input closes when the bench closes it or dies: never outlive the bench
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    async def until_eof() -> None:
+        await reader.read()
+        stop.set()
+
+    watcher = asyncio.create_task(until_eof())
+    try:
+        async with service:
+            print("READY", flush=True)
+            await stop.wait()
+    finally:
+        watcher.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.procs")
+    roles = parser.add_subparsers(dest="role", required=True)
+    responder = roles.add_parser("responder")
+    responder.add_argument("stack")
+    responder.add_argument("url")
+    responder.add_argument("run_id")
+    responder.add_argument("--profile", type=Path, default=None)
+    registrar = roles.add_parser("registrar")
+    registrar.add_argument("url")
+    args = parser.parse_args(argv)
+
+    service: AbstractAsyncContextManager[None]
+    profile: Profile | None = None
+    if args.role == "registrar":
+        service = _registrar(args.url)
+    else:
+        from bench.stacks import STACKS, Context
+
+        stack = STACKS[args.stack]
+        service = stack.responder(Context(args.url, args.run_id, stack.name))
+        if args.profile is not None:
+            profile = Profile(args.profile)
+    asyncio.run(_serve(service, profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
