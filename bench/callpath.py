@@ -14,6 +14,7 @@ import asyncio
 import gc
 import json
 import secrets
+import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,10 +36,13 @@ __all__ = [
     "LatencyRun",
     "Settings",
     "StackRuns",
-    "ThroughputRun",
     "Testbed",
+    "ThroughputRun",
+    "launch",
+    "measure_sequential",
+    "measure_throughput",
     "run_callpath",
-    "testbed",
+    "warm_up",
 ]
 
 Progress = Callable[[str], None]
@@ -145,7 +149,8 @@ class _Meter:
         )
 
 
-async def _sequential(call: Call, count: int) -> tuple[list[float], int, str | None]:
+async def measure_sequential(call: Call, count: int) -> tuple[list[float], int, str | None]:
+    """Latency in ms of ``count`` calls one after the other (failed calls only counted)."""
     latencies: list[float] = []
     errors = 0
     first_error: str | None = None
@@ -162,7 +167,7 @@ async def _sequential(call: Call, count: int) -> tuple[list[float], int, str | N
     return latencies, errors, first_error
 
 
-async def _throughput(
+async def measure_throughput(
     call: Call, concurrency: int, duration: float
 ) -> tuple[int, int, float, str | None]:
     """Calls completed by ``concurrency`` workers calling back to back for ``duration``."""
@@ -208,65 +213,81 @@ class Testbed:
 
 
 @asynccontextmanager
-async def testbed(
+async def launch(
     stacks: Sequence[Stack],
     servers: str | None,
     progress: Progress,
     profile_dir: Path | None = None,
 ) -> AsyncIterator[Testbed]:
-    """Everything the stacks need, started in order and stopped in reverse."""
+    """Everything the stacks need, started in order and stopped in reverse.
+
+    Child logs and the server's store live in a temporary directory, removed after a
+    clean run and kept (and named) after a failed one.
+    """
     run_id = secrets.token_hex(3)
     logs = log_dir()
-    async with AsyncExitStack() as stack:
-        server_pid: int | None = None
-        if servers is None:
-            from reach.testing import NatsServer
+    try:
+        async with AsyncExitStack() as stack:
+            url, server_pid = await _start_server(stack, servers, logs, progress)
+            if any(s.needs_registry for s in stacks):
+                registrar = await Child.start("registrar", ["registrar", url], logs)
+                stack.push_async_callback(registrar.stop)
+            progress(f"starting {len(stacks)} responder processes")
 
-            server = NatsServer(store_dir=logs / "nats")
-            await server.start()
-            stack.push_async_callback(server.stop)
-            url, server_pid = server.url, server.pid
-            progress(f"nats-server {url} (pid {server_pid}, store {server.store_dir})")
-        else:
-            url = servers
-        if any(s.needs_registry for s in stacks):
-            registrar = await Child.start("registrar", ["registrar", url], logs)
-            stack.push_async_callback(registrar.stop)
-        progress(f"starting {len(stacks)} responder processes (logs in {logs})")
+            async def start_responder(s: Stack) -> Child:
+                args = ["responder", s.name, url, run_id]
+                if profile_dir is not None:
+                    args += ["--profile", str(profile_dir / f"hotspots-{s.name}-responder.txt")]
+                return await Child.start(f"responder-{s.name}", args, logs)
 
-        async def start_responder(s: Stack) -> Child:
-            args = ["responder", s.name, url, run_id]
-            if profile_dir is not None:
-                args += ["--profile", str(profile_dir / f"{s.name}-responder.txt")]
-            return await Child.start(f"responder-{s.name}", args, logs)
-
-        started = await asyncio.gather(
-            *(start_responder(s) for s in stacks), return_exceptions=True
-        )
-        for child in started:
-            if isinstance(child, Child):
-                stack.push_async_callback(child.stop)
-        for child in started:
-            if isinstance(child, BaseException):
-                raise child
-        live = []
-        for s, child in zip(stacks, started, strict=True):
-            assert isinstance(child, Child)
-            call = await stack.enter_async_context(s.caller(Context(url, run_id, s.name)))
-            live.append(Live(s, child, call))
-        yield Testbed(url, server_pid, run_id, live)
+            started = await asyncio.gather(
+                *(start_responder(s) for s in stacks), return_exceptions=True
+            )
+            for child in started:
+                if isinstance(child, Child):
+                    stack.push_async_callback(child.stop)
+            live = []
+            for s, child in zip(stacks, started, strict=True):
+                if isinstance(child, BaseException):
+                    raise child
+                call = await stack.enter_async_context(s.caller(Context(url, run_id, s.name)))
+                live.append(Live(s, child, call))
+            yield Testbed(url, server_pid, run_id, live)
+    except BaseException:
+        progress(f"failed; logs of the child processes are in {logs}")
+        raise
+    shutil.rmtree(logs, ignore_errors=True)
 
 
-async def _warm_up(live: Live, settings: Settings, progress: Progress) -> None:
+async def _start_server(
+    stack: AsyncExitStack, servers: str | None, logs: Path, progress: Progress
+) -> tuple[str, int | None]:
+    """The NATS URL to use and the server's pid (None for a server we did not start)."""
+    if servers is not None:
+        return servers, None
+    from reach.testing import NatsServer
+
+    server = NatsServer(store_dir=logs / "nats")
+    await server.start()
+    stack.push_async_callback(server.stop)
+    progress(f"nats-server {server.url} (pid {server.pid})")
+    return server.url, server.pid
+
+
+async def warm_up(live: Live, settings: Settings, progress: Progress) -> None:
     reply = await live.call(PAYLOAD)
     if reply != PAYLOAD:
         raise RuntimeError(f"{live.stack.name} does not echo the payload: got {reply!r}")
-    _, errors, first_error = await _sequential(live.call, settings.warmup_calls)
+    _, errors, first_error = await measure_sequential(live.call, settings.warmup_calls)
     burst = max(settings.concurrency)
-    _, burst_errors, burst_error = await _throughput(live.call, burst, settings.warmup_sec)
+    _, burst_errors, _, burst_error = await measure_throughput(
+        live.call, burst, settings.warmup_sec
+    )
     if errors or burst_errors:
-        progress(f"warm-up of {live.stack.name}: {errors + burst_errors} errors, first: "
-                 f"{first_error or burst_error}")
+        progress(
+            f"warm-up of {live.stack.name}: {errors + burst_errors} errors, first: "
+            f"{first_error or burst_error}"
+        )
 
 
 def server_version(url: str) -> str:
@@ -289,10 +310,11 @@ async def run_callpath(
 ) -> CallpathResult:
     began = time.perf_counter()
     runs = {s.name: StackRuns() for s in stacks}
-    async with testbed(stacks, servers, progress) as bed:
+    async with launch(stacks, servers, progress) as bed:
+        version = await asyncio.to_thread(server_version, bed.url)
         for live in bed.live:
             progress(f"warming up {live.stack.name}")
-            await _warm_up(live, settings, progress)
+            await warm_up(live, settings, progress)
         for rep in range(settings.reps):
             # rotate the order: no stack always runs right after another one's burst
             shift = rep % len(bed.live)
@@ -306,7 +328,7 @@ async def run_callpath(
         stacks=list(stacks),
         runs=runs,
         server_url=bed.url,
-        server_version=server_version(bed.url),
+        server_version=version,
         run_id=bed.run_id,
         wall_sec=round(time.perf_counter() - began, 2),
     )
@@ -323,12 +345,12 @@ async def _block(
 ) -> None:
     """One measurement of one stack: sequential latency (concurrency None) or throughput."""
     name = live.stack.name
-    await _sequential(live.call, settings.block_warmup_calls)
+    await measure_sequential(live.call, settings.block_warmup_calls)
     gc.collect()  # every block starts with the same (empty) garbage
     meter = _Meter(live.responder, bed.server_pid)
     meter.start()
     if concurrency is None:
-        latencies, errors, first_error = await _sequential(live.call, settings.seq_calls)
+        latencies, errors, first_error = await measure_sequential(live.call, settings.seq_calls)
         cpu = meter.stop()
         runs[name].sequential.append(LatencyRun(rep, latencies, errors, first_error, cpu))
         ordered = sorted(latencies) or [0.0]
@@ -337,7 +359,7 @@ async def _block(
             f" p50 {ordered[len(ordered) // 2]:.3f} ms" + (f", {errors} errors" if errors else "")
         )
         return
-    calls, errors, seconds, first_error = await _throughput(
+    calls, errors, seconds, first_error = await measure_throughput(
         live.call, concurrency, settings.duration_sec
     )
     cpu = meter.stop()

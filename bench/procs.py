@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from bench.profiling import Profile
 
@@ -71,7 +72,7 @@ class Child:
     async def start(cls, name: str, args: Sequence[str], log_dir: Path) -> Child:
         log = log_dir / f"{name}.log"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath())}
-        with open(log, "wb") as err:
+        with _open_log(log) as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -129,6 +130,10 @@ class Child:
                 return
             except TimeoutError:
                 continue
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")
 
 
 def _pythonpath() -> list[str]:

@@ -11,10 +11,13 @@ import cProfile
 import importlib
 import io
 import pstats
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Profile", "profiler_name"]
+__all__ = ["Profile", "flat_report", "profiler_name"]
 
 #: pyinstrument's sampling interval: fine enough for calls of a few hundred microseconds
 _INTERVAL = 0.0005
@@ -55,12 +58,11 @@ class Profile:
         if self._pyi is not None:
             self._profiler.stop()
             renderers = importlib.import_module("pyinstrument.renderers")
-            flat = renderers.ConsoleRenderer(flat=True, time="percent_of_total", flat_time="self")
             tree = renderers.ConsoleRenderer(time="percent_of_total", short_mode=True)
+            session = self._profiler.last_session
             report = (
-                "== self time by function (pyinstrument, % of samples) ==\n"
-                + _head(self._profiler.output(flat), _TOP)
-                + "\n== call tree ==\n"
+                flat_report(session.frame_records, session.duration, session.cpu_time)
+                + "\n== call tree (pyinstrument) ==\n"
                 + self._profiler.output(tree)
             )
         else:
@@ -74,9 +76,89 @@ class Profile:
             report = buf.getvalue()
         self._profiler = None
         self.out.write_text(report)
-        return report
+        return str(report)
 
 
-def _head(text: str, lines: int) -> str:
-    kept = text.splitlines()[: lines + 8]  # the renderer's header lines come first
-    return "\n".join(kept) + "\n"
+@dataclass(frozen=True)
+class _Frame:
+    function: str
+    file: str
+    line: str
+
+    @classmethod
+    def parse(cls, identifier: str) -> _Frame:
+        # pyinstrument: "function\0file\0first_line[\1c<class>][\1l<line>]"
+        parts = identifier.split("\x00")
+        function = parts[0]
+        file = parts[1] if len(parts) > 1 else ""
+        attrs = parts[2].split("\x01") if len(parts) > 2 else [""]
+        cls_name = next((a[1:] for a in attrs[1:] if a.startswith("c")), "")
+        if cls_name and "." not in function:
+            function = f"{cls_name}.{function}"
+        return cls(function, _short(file), attrs[0])
+
+    @property
+    def builtin(self) -> bool:
+        return self.file.startswith("<")
+
+    @property
+    def label(self) -> str:
+        return f"{self.function}  {self.file}" + (f":{self.line}" if not self.builtin else "")
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/lib/python3.", "/work/main/"):
+        if marker in path:
+            tail = path.split(marker, 1)[1]
+            return tail.split("/", 1)[1] if marker == "/lib/python3." else tail
+    return path
+
+
+def _package(file: str) -> str:
+    if file.startswith("reach/"):
+        return "reach (Agent-Reach)"
+    if file.startswith("bench/"):
+        return "bench (load generator)"
+    if file.startswith("nats/"):
+        return "nats-py"
+    if file.startswith(("asyncio/", "selectors.py")):
+        return "asyncio (event loop)"
+    return file.split("/", 1)[0].removesuffix(".py") if "/" in file else f"stdlib {file}"
+
+
+def _most(totals: dict[str, float], count: int) -> list[tuple[str, float]]:
+    return sorted(totals.items(), key=lambda item: -item[1])[:count]
+
+
+def flat_report(records: Sequence[tuple[list[str], float]], duration: float, cpu: float) -> str:
+    """Self time by package and by function from pyinstrument's raw samples.
+
+    A builtin's time is charged to the package of the Python function that called it
+    (``isinstance`` inside ``check_value`` is Agent-Reach's time). Samples waiting in
+    the selector are idle time and left out of the percentages.
+    """
+    by_function: dict[str, float] = defaultdict(float)
+    by_package: dict[str, float] = defaultdict(float)
+    idle = 0.0
+    for stack, seconds in records:
+        frames = [_Frame.parse(ident) for ident in stack]
+        leaf = frames[-1]
+        # waiting in epoll (sampled as the builtin or as its Python caller in selectors.py)
+        if leaf.file == "selectors.py" or (leaf.builtin and leaf.function.endswith("poll")):
+            idle += seconds
+            continue
+        by_function[leaf.label] += seconds
+        owner = next((f for f in reversed(frames) if not f.builtin), leaf)
+        by_package[_package(owner.file)] += seconds
+    busy = sum(by_function.values()) or 1e-9
+    lines = [
+        f"== {duration:.2f} s wall, {cpu:.2f} s CPU, {idle / max(duration, 1e-9):.0%} of samples"
+        " idle in the selector; percentages below are of the busy samples ==",
+        "",
+        "-- self time by package --",
+        *(f"{t / busy:6.1%}  {name}" for name, t in _most(by_package, len(by_package))),
+        "",
+        "-- self time by function --",
+        *(f"{t / busy:6.1%}  {name}" for name, t in _most(by_function, _TOP)),
+    ]
+    return "\n".join(lines) + "\n"

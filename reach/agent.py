@@ -31,6 +31,7 @@ import yaml
 
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
+from reach.context import set_current
 from reach.errors import (
     ConfigurationError,
     DiscoveryError,
@@ -54,7 +55,7 @@ from reach.models import (
 )
 from reach.serving import CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
-from reach.tasks import cancel_and_wait
+from reach.tasks import cancel_and_wait, run_eagerly
 from reach.transport import Connection, Message, Subscription, connect
 
 __all__ = ["Agent", "ReadinessCheck", "load_manifest"]
@@ -394,12 +395,17 @@ class Agent:
         async def serve(msg: Message) -> None:
             await conn.respond(msg, await server.handle(endpoint, msg.data))
 
+        def continued(task: asyncio.Task[None], deadline: float | None) -> None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            server.watch_task(task, deadline)
+
         async def on_call(msg: Message) -> None:
-            # one task per call: handlers that wait must not hold up the next message
+            # A call runs right here until it has to wait; only then does it get a task
+            # of its own, so a handler that waits never holds up the next message.
             if self._accepting:
-                task = asyncio.create_task(serve(msg))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                run_eagerly(serve(msg), on_task=continued)
+                set_current(None)
 
         return on_call
 

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ from reach.resilience import (
 )
 from reach.routing import LatencyTracker, rank
 from reach.settings import resolve_credentials, resolve_servers
-from reach.transport import Connection, connect
+from reach.transport import Connection, Message, connect, translate_error
 
 __all__ = ["CallResult", "ReachClient"]
 
@@ -113,7 +113,15 @@ def _falls_back(exc: ReachError) -> bool:
 class _Attempt:
     """State of one call across its attempts."""
 
-    __slots__ = ("attempt_timeout", "attempts", "capability", "deadline", "failed", "last_target")
+    __slots__ = (
+        "attempt_timeout",
+        "attempts",
+        "capability",
+        "deadline",
+        "failed",
+        "last_target",
+        "retry_timeouts",
+    )
 
     def __init__(self, capability: str, deadline: float, attempt_timeout: float) -> None:
         self.capability = capability
@@ -123,6 +131,8 @@ class _Attempt:
         self.attempts = 0
         self.failed: set[str] = set()
         self.last_target = ""
+        #: a timed-out attempt may be retried: the capability is idempotent or keyed
+        self.retry_timeouts = False
 
 
 class ReachClient:
@@ -161,6 +171,9 @@ class ReachClient:
         self._results = ResultCache()
         self._jobs: JobStore | None = None
         self._validators: dict[int, tuple[dict[str, Any], Validator]] = {}
+        self._nats_request: Callable[[str, bytes, float], Awaitable[Message]] = _not_connected
+        self._call_prefix = secrets.token_hex(8) + "-"
+        self._call_seq = 0
 
     async def __aenter__(self) -> ReachClient:
         await self.connect()
@@ -178,6 +191,7 @@ class ReachClient:
                 raise DiscoveryError(
                     f"no registry at {', '.join(self.servers)}: is `reach up` running?"
                 ) from None
+            self._nats_request = self._conn.raw_request
             self._routes = RouteCache(store)
             await self._routes.start(self._sync_timeout)
         except BaseException:
@@ -262,9 +276,14 @@ class ReachClient:
             payload = payload.model_dump(mode="json")
         started = time.perf_counter()
         try:
-            value, state, call_id, body = await self._call(
+            state, instances, meta, body = self._prepare(
                 capability, payload, timeout, tuple(tags), idempotency_key
             )
+            try:
+                # the first attempt needs no retry machinery: the common case stays cheap
+                value = await self._attempt(state, instances, meta, body)
+            except ReachError as exc:
+                value = await self._retry(exc, state, instances, meta, body)
         except ReachError as exc:
             if fb is None or not _falls_back(exc):
                 raise
@@ -273,7 +292,7 @@ class ReachClient:
             return CallResult(
                 value={"job_id": value.job_id},
                 capability=capability,
-                call_id=call_id,
+                call_id=meta.call_id,
                 agent_id=state.last_target,
                 attempts=state.attempts,
                 latency_ms=(time.perf_counter() - started) * 1000,
@@ -284,7 +303,7 @@ class ReachClient:
         return CallResult(
             value=value,
             capability=capability,
-            call_id=call_id,
+            call_id=meta.call_id,
             agent_id=state.last_target,
             attempts=state.attempts,
             latency_ms=(time.perf_counter() - started) * 1000,
@@ -297,14 +316,15 @@ class ReachClient:
                 return spec
         return None
 
-    async def _call(
+    def _prepare(
         self,
         capability: str,
         payload: Any,
         timeout: float | None,
         tags: tuple[str, ...],
         idempotency_key: str | None,
-    ) -> tuple[Any, _Attempt, str, bytes]:
+    ) -> tuple[_Attempt, Iterable[Instance], envelope.RequestMeta, bytes]:
+        """Candidates, deadline, contract pre-check and the encoded body of a call."""
         instances: Iterable[Instance] = self.routes.for_capability(capability)
         if tags:
             wanted = set(tags)
@@ -323,35 +343,41 @@ class ReachClient:
             deadline = min(deadline, parent.deadline_ms / 1000.0)
         if self.validate and spec is not None and spec.input_schema:
             self._validator(spec.input_schema).validate(payload)
-        body = codec.encode(payload)
-        call_id = secrets.token_hex(12)
+        # the callee checks depth, element count and key types when it decodes; here only
+        # the size limit (and that the value can be encoded at all) is checked
+        body = codec.encode(payload, checked=False)
         state = _Attempt(capability, deadline, attempt_timeout)
+        state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         meta = envelope.RequestMeta(
-            call_id=call_id,
+            call_id=self._next_call_id(),
             deadline_ms=int(deadline * 1000),
             idempotency_key=idempotency_key,
             caller=parent.agent_id if parent is not None else None,
             traceparent=parent.traceparent if parent is not None else None,
         )
-        retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         self.retry_budget.record_call()
-        try:
-            # first attempt without tenacity: the common case stays cheap
-            return await self._attempt(state, instances, meta, body), state, call_id, body
-        except ReachError as exc:
-            if not self._should_retry(exc, state, retry_timeouts):
-                raise
-            first_error = exc
+        return state, instances, meta, body
 
-        # Retries: tenacity runs attempts 2.. after the first backoff (200 ms + jitter);
-        # its own waits are then 400 ms, 800 ms (+ jitter): 200 ms × 2^n overall.
+    async def _retry(
+        self,
+        first_error: ReachError,
+        state: _Attempt,
+        instances: Iterable[Instance],
+        meta: envelope.RequestMeta,
+        body: bytes,
+    ) -> Any:
+        """Attempts after a failed first one: only retryable errors, with backoff."""
+        if not self._should_retry(first_error, state):
+            raise first_error
+        # tenacity runs attempts 2.. after the first backoff (200 ms + jitter); its own
+        # waits are then 400 ms, 800 ms (+ jitter): 200 ms × 2^n overall
         first_wait = wait_backoff(base=_BACKOFF_BASE).delay(1)
-        if self.max_retries == 0 or self._clock.time() + first_wait >= deadline:
+        if self.max_retries == 0 or self._clock.time() + first_wait >= state.deadline:
             raise first_error
         await asyncio.sleep(first_wait)
 
         def should_retry(exc: BaseException) -> bool:
-            return isinstance(exc, ReachError) and self._should_retry(exc, state, retry_timeouts)
+            return isinstance(exc, ReachError) and self._should_retry(exc, state)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries)
@@ -366,15 +392,19 @@ class ReachClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    value = await self._attempt(state, instances, meta, body)
-                    return value, state, call_id, body
+                    return await self._attempt(state, instances, meta, body)
         except ReachError as exc:
             raise RetriesExhausted(
-                f"{capability}: {state.attempts} attempts failed,"
+                f"{state.capability}: {state.attempts} attempts failed,"
                 f" last: {type(exc).__name__}: {exc}",
                 attempts=state.attempts,
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _next_call_id(self) -> str:
+        # unique per caller without a syscall: a random prefix per client and a counter
+        self._call_seq += 1
+        return f"{self._call_prefix}{self._call_seq:x}"
 
     def _validator(self, schema: dict[str, Any]) -> Validator:
         # by identity: registry records are immutable, and hashing the schema costs µs
@@ -387,16 +417,21 @@ class ReachClient:
         self._validators[id(schema)] = (schema, validator)
         return validator
 
-    def _should_retry(self, exc: ReachError, state: _Attempt, retry_timeouts: bool) -> bool:
+    def _should_retry(self, exc: ReachError, state: _Attempt) -> bool:
         if not exc.retryable:
             return False
-        if isinstance(exc, ReachTimeout) and not retry_timeouts:
+        if isinstance(exc, ReachTimeout) and not state.retry_timeouts:
             return False
         if self._clock.time() >= state.deadline:
             return False
         return self.retry_budget.try_spend()
 
     def _choose(self, state: _Attempt, instances: Iterable[Instance]) -> Instance | None:
+        if isinstance(instances, Sized) and len(instances) == 1 and not state.failed:
+            # one candidate: nothing to rank
+            (only,) = instances
+            if only.status != "unhealthy" and self.breakers.get(only.agent_id).allow():
+                return only
         ranked = rank(
             instances,
             state.capability,
@@ -451,10 +486,14 @@ class ReachClient:
         self._outstanding[target] = self._outstanding.get(target, 0) + 1
         started = time.perf_counter()
         try:
-            data = await self.connection.request(
-                subject, envelope.pack_request(meta, body), remaining
-            )
-            reply = envelope.unpack_reply(data)
+            try:
+                # nats-py directly (one coroutine less per call); errors translated here
+                msg = await self._nats_request(
+                    subject, envelope.pack_request(meta, body), remaining
+                )
+            except Exception as exc:
+                raise translate_error(exc, subject) from exc
+            reply = envelope.unpack_reply(msg.data)
         except NoResponders as exc:
             self._failed(state, target, breaker)
             if target:
@@ -474,7 +513,8 @@ class ReachClient:
                 state.last_target = reply.by
             if reply.job:
                 return JobHandle(await self._job_store(), reply.job, state.capability, reply.by)
-            return codec.decode(reply.body)
+            # msgpack's own limits bound the reply; the callee's values need no second walk
+            return codec.decode(reply.body, checked=False)
         error = _remote_error(reply, target)
         if error.retryable:
             self._failed(state, target, breaker)
@@ -549,6 +589,10 @@ class ReachClient:
 
 
 _NO_CAP = Capability(name="none")
+
+
+async def _not_connected(subject: str, data: bytes, timeout: float) -> Message:
+    raise RuntimeError("connect the client first: `async with ReachClient() as client:`")
 
 
 _BACKOFF_BASE = 0.2

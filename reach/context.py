@@ -39,9 +39,7 @@ def remaining_seconds(deadline_ms: int | None, now: float | None = None) -> floa
     return deadline_ms / 1000.0 - (time.time() if now is None else now)
 
 
-def set_current(ctx: CallContext | None) -> object:
-    return _current.set(ctx)
-
-
-def reset_current(token: object) -> None:
-    _current.reset(token)  # type: ignore[arg-type]
+def set_current(ctx: CallContext | None) -> None:
+    # set, never reset by token: a call's first step may run eagerly in one context and
+    # finish in a task with a copy of it, where the token would not be valid
+    _current.set(ctx)

@@ -14,6 +14,7 @@ Order matters and is part of the contract with callers:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import secrets
@@ -28,11 +29,12 @@ from pydantic import BaseModel, ValidationError
 
 from reach import codec, envelope
 from reach.clock import Clock
-from reach.context import CallContext, reset_current, set_current
+from reach.context import CallContext, set_current
 from reach.contract import Validator, compile_schema
 from reach.errors import CodecError, ContractError, ReachError, RemoteError
 from reach.jobs import JobRecord, JobStore
 from reach.models import Capability, format_validation_error
+from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
 
 __all__ = ["CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
 
@@ -191,6 +193,7 @@ class CallServer:
         self.jobs = jobs
         self.job_timeout_sec = job_timeout_sec
         self._jobs_running: set[asyncio.Task[None]] = set()
+        self._reaper = DeadlineReaper()
 
     def _error(self, kind: str, code: str, description: str) -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id)
@@ -248,6 +251,19 @@ class CallServer:
                 self._on_done()
         return reply
 
+    def watch_deadline(self, when: float) -> None:
+        """Cancel the running call at loop time ``when`` (its task may not exist yet)."""
+        if EAGER.get():
+            PENDING_DEADLINE.set(when)  # run_eagerly hands it over with the task it creates
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._reaper.watch(task, when)
+
+    def watch_task(self, task: asyncio.Task[None], when: float | None) -> None:
+        if when is not None:
+            self._reaper.watch(task, when)
+
     def _fail(self, kind: str, code: str, description: str) -> tuple[bytes, bool]:
         # a timed-out or refused attempt may be retried with the same call id: not remembered
         return self._error(kind, code, description), kind not in _RETRYABLE_KINDS
@@ -279,18 +295,18 @@ class CallServer:
             caller=meta.caller,
             traceparent=meta.traceparent,
         )
-        token = set_current(ctx)
+        set_current(ctx)
         try:
-            if deadline_ms is None:
-                result = await endpoint.handler(arg)
-            else:
-                loop = asyncio.get_running_loop()
-                when = loop.time() + (deadline_ms / 1000.0 - time.time())
-                async with asyncio.timeout_at(when):
-                    result = await endpoint.handler(arg)
-        except TimeoutError as exc:
-            if isinstance(exc, ReachError):
-                return _Failure(exc.kind, type(exc).__name__, str(exc))
+            if deadline_ms is not None:
+                self.watch_deadline(
+                    asyncio.get_running_loop().time() + (deadline_ms / 1000.0 - time.time())
+                )
+            result = await endpoint.handler(arg)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or exc.args != (DEADLINE_CANCEL,):
+                raise
+            task.uncancel()
             return _Failure(
                 "timeout", "deadline_passed", f"{endpoint.name} stopped at the caller's deadline"
             )
@@ -302,12 +318,13 @@ class CallServer:
             log.exception("handler of %s crashed", endpoint.name)
             return _Failure("internal", type(exc).__name__, str(exc) or type(exc).__name__)
         finally:
-            reset_current(token)
+            set_current(None)
         try:
             if isinstance(result, BaseModel):
                 result = result.model_dump(mode="json")
             endpoint.output_validator.validate(result)
-            return codec.encode(result), result
+            # the output schema was checked; the caller bounds what it decodes
+            return codec.encode(result, checked=False), result
         except ContractError as exc:
             return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
 
@@ -324,7 +341,10 @@ class CallServer:
             call_id=meta.call_id,
         )
         await self.jobs.put(record)
-        task = asyncio.create_task(self._run_job(endpoint, meta, arg, record))
+        # a context of its own: the job must not inherit an eager step's state
+        context = contextvars.copy_context()
+        context.run(EAGER.set, False)
+        task = asyncio.create_task(self._run_job(endpoint, meta, arg, record), context=context)
         self._jobs_running.add(task)
         task.add_done_callback(self._jobs_running.discard)
         body = codec.encode({"job_id": job_id}, checked=False)

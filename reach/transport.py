@@ -40,6 +40,7 @@ __all__ = [
     "Message",
     "Subscription",
     "connect",
+    "translate_error",
 ]
 
 log = logging.getLogger("reach.transport")
@@ -99,7 +100,8 @@ def _jittered_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, 
     return server, delay * (0.5 + random.random())
 
 
-def _translate(exc: BaseException, what: str) -> ReachError:
+def translate_error(exc: BaseException, what: str) -> ReachError:
+    """The Agent-Reach error for an exception nats-py raised while doing ``what``."""
     if isinstance(exc, nats.errors.NoRespondersError):
         return NoResponders(f"no responders on {what}")
     if isinstance(exc, nats.errors.TimeoutError | asyncio.TimeoutError):
@@ -147,6 +149,12 @@ class Connection:
     def max_payload(self) -> int:
         return int(self._nc.max_payload)
 
+    @property
+    def raw_request(self) -> Callable[[str, bytes, float], Awaitable[Message]]:
+        """nats-py's request itself, for the call hot path (errors: ``translate_error``)."""
+        request: Callable[[str, bytes, float], Awaitable[Message]] = self._nc.request
+        return request
+
     def new_inbox(self) -> str:
         return str(self._nc.new_inbox())
 
@@ -156,14 +164,14 @@ class Connection:
         try:
             msg = await self._nc.request(subject, data, timeout=timeout)
         except Exception as exc:
-            raise _translate(exc, subject) from exc
+            raise translate_error(exc, subject) from exc
         return bytes(msg.data)
 
     async def publish(self, subject: str, data: bytes, reply: str = "") -> None:
         try:
             await self._nc.publish(subject, data, reply=reply)
         except Exception as exc:
-            raise _translate(exc, subject) from exc
+            raise translate_error(exc, subject) from exc
 
     async def respond(self, msg: Message, data: bytes) -> None:
         """Reply to a request; never echoes the request's headers (unlike ``Msg.respond``)."""
@@ -182,14 +190,14 @@ class Connection:
         try:
             sub = await self._nc.subscribe(subject, queue=queue, cb=_cb, pending_msgs_limit=65536)
         except Exception as exc:
-            raise _translate(exc, subject) from exc
+            raise translate_error(exc, subject) from exc
         return Subscription(sub)
 
     async def flush(self, timeout: int = 5) -> None:
         try:
             await self._nc.flush(timeout=timeout)
         except Exception as exc:
-            raise _translate(exc, "flush") from exc
+            raise translate_error(exc, "flush") from exc
 
     async def key_value(
         self,
@@ -216,9 +224,9 @@ class Connection:
                     )
                 )
             except Exception as exc:
-                raise _translate(exc, f"create KV bucket {bucket}") from exc
+                raise translate_error(exc, f"create KV bucket {bucket}") from exc
         except Exception as exc:
-            raise _translate(exc, f"open KV bucket {bucket}") from exc
+            raise translate_error(exc, f"open KV bucket {bucket}") from exc
         return KVBucket(bucket, kv)
 
     async def close(self) -> None:
@@ -251,7 +259,7 @@ class KVBucket:
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
         except Exception as exc:
-            raise _translate(exc, f"KV get {self.name}/{key}") from exc
+            raise translate_error(exc, f"KV get {self.name}/{key}") from exc
         return KVEntry(key, bytes(entry.value or b""), int(entry.revision))
 
     async def create(self, key: str, value: bytes) -> int:
@@ -261,7 +269,7 @@ class KVBucket:
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} already exists") from exc
-            raise _translate(exc, f"KV create {self.name}/{key}") from exc
+            raise translate_error(exc, f"KV create {self.name}/{key}") from exc
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         """Write only if the key is still at revision ``last``; KVConflict otherwise."""
@@ -270,13 +278,13 @@ class KVBucket:
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
-            raise _translate(exc, f"KV update {self.name}/{key}") from exc
+            raise translate_error(exc, f"KV update {self.name}/{key}") from exc
 
     async def put(self, key: str, value: bytes) -> int:
         try:
             return int(await self._kv.put(key, value))
         except Exception as exc:
-            raise _translate(exc, f"KV put {self.name}/{key}") from exc
+            raise translate_error(exc, f"KV put {self.name}/{key}") from exc
 
     async def delete(self, key: str, last: int | None = None) -> None:
         """Delete (only if still at revision ``last`` when given); KVConflict otherwise."""
@@ -285,14 +293,14 @@ class KVBucket:
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
-            raise _translate(exc, f"KV delete {self.name}/{key}") from exc
+            raise translate_error(exc, f"KV delete {self.name}/{key}") from exc
 
     async def watch(self, keys: str) -> AsyncIterator[KVEntry | None]:
         """Current values, then ``None`` once caught up, then every change (deletes flagged)."""
         try:
             watcher = await self._kv.watch(keys)
         except Exception as exc:
-            raise _translate(exc, f"KV watch {self.name}/{keys}") from exc
+            raise translate_error(exc, f"KV watch {self.name}/{keys}") from exc
         try:
             async for entry in watcher:
                 if entry is None:

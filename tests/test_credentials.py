@@ -1,0 +1,411 @@
+"""Credentials: secret hashes, the rate limiter (no sleeps), the REACH_CREDENTIALS store
+(against a real nats-server) and credentials files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from reach.clock import ManualClock
+from reach.errors import AuthenticationFailed, ConfigurationError
+from reach.security import (
+    ClientRecord,
+    CredentialsFile,
+    CredentialsRejected,
+    CredentialStore,
+    FailureLimiter,
+    TooManyAttempts,
+    hash_secret,
+    new_secret,
+    verify_secret,
+)
+from reach.transport import Connection
+
+# -- hashing -----------------------------------------------------------------------------
+
+
+def test_a_hash_verifies_its_secret_and_nothing_else() -> None:
+    encoded = hash_secret("correct horse")
+    assert verify_secret("correct horse", encoded)
+    assert not verify_secret("correct hors", encoded)
+    assert not verify_secret("correct horse ", encoded)
+    assert not verify_secret("", encoded)
+    assert not verify_secret("\ud800", encoded)  # a lone surrogate cannot even be encoded
+    assert not verify_secret("x" * 5000, encoded)
+
+
+def test_hash_encoding_carries_its_parameters_and_a_fresh_salt() -> None:
+    first, second = hash_secret("s3cret"), hash_secret("s3cret")
+    assert first != second
+    scheme, n, r, p, salt, digest = first.split("$")
+    assert (scheme, n, r, p) == ("scrypt", "16384", "8", "1")
+    assert salt
+    assert digest
+    assert verify_secret("s3cret", second)
+
+
+def test_an_empty_secret_cannot_be_hashed() -> None:
+    with pytest.raises(ConfigurationError):
+        hash_secret("")
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda e: "",
+        lambda e: "garbage",
+        lambda e: e.replace("scrypt$", "bcrypt$"),
+        lambda e: e + "$extra",
+        lambda e: e.replace("$16384$", "$1000$"),  # n not a power of two
+        lambda e: e.replace("$16384$", "$4294967296$"),  # n too large: would pin a CPU
+        lambda e: e.replace("$8$1$", "$0$1$"),
+        lambda e: e.replace("$8$1$", "$8$x$"),
+        lambda e: e.rsplit("$", 1)[0] + "$!!notbase64!!",
+        lambda e: e.rsplit("$", 1)[0] + "$",
+        lambda e: e.rsplit("$", 1)[0] + "$AAAA",  # digest too short
+    ],
+)
+def test_a_malformed_hash_never_verifies_and_never_raises(mangle: object) -> None:
+    encoded = hash_secret("s3cret")
+    assert callable(mangle)
+    assert verify_secret("s3cret", mangle(encoded)) is False
+
+
+def test_new_secrets_are_long_and_unique() -> None:
+    secrets = {new_secret() for _ in range(100)}
+    assert len(secrets) == 100
+    assert all(len(s) >= 43 for s in secrets)
+
+
+# -- records -----------------------------------------------------------------------------
+
+
+def _record(**overrides: object) -> ClientRecord:
+    fields: dict[str, object] = {
+        "client_id": "report-gen",
+        "level": 2,
+        "secret_hash": "scrypt$...",
+        "created_at": 1.0,
+        **overrides,
+    }
+    return ClientRecord.model_validate(fields)
+
+
+def test_record_roles_are_sorted_and_deduplicated() -> None:
+    record = _record(roles=["registrar", "admin", "admin"])
+    assert record.roles == ("admin", "registrar")
+    assert record.has_role("admin")
+    assert not _record().has_role("admin")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"client_id": ""},
+        {"client_id": "has.dot"},
+        {"client_id": "a" * 65},
+        {"client_id": "spa ce"},
+        {"level": 0},
+        {"level": 5},
+        {"roles": ["root"]},
+        {"agent_id": "bad.agent"},
+        {"unexpected": 1},
+    ],
+)
+def test_invalid_records_are_refused(overrides: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="validation error"):
+        _record(**overrides)
+
+
+# -- rate limiting (manual clock, no sleeps) ---------------------------------------------
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def test_fewer_failures_than_the_limit_are_not_slowed_down(clock: ManualClock) -> None:
+    limiter = FailureLimiter(max_failures=5, clock=clock)
+    for _ in range(4):
+        assert limiter.failure("c") == 0.0
+        assert limiter.retry_after("c") == 0.0
+
+
+def test_a_wrong_secret_tried_many_times_is_slowed_down_with_doubling_back_off(
+    clock: ManualClock,
+) -> None:
+    limiter = FailureLimiter(max_failures=5, base_delay_sec=1, max_delay_sec=300, clock=clock)
+    for _ in range(4):
+        limiter.failure("c")
+    assert limiter.failure("c") == 1.0
+    assert limiter.retry_after("c") == pytest.approx(1.0)
+    clock.advance(0.5)
+    assert limiter.retry_after("c") == pytest.approx(0.5)
+    delays = []
+    for _ in range(12):
+        clock.advance(limiter.retry_after("c"))
+        assert limiter.retry_after("c") == 0.0
+        delays.append(limiter.failure("c"))
+    assert delays[:9] == [2, 4, 8, 16, 32, 64, 128, 256, 300]
+    assert delays[9:] == [300, 300, 300]
+    # other client ids are unaffected
+    assert limiter.retry_after("other") == 0.0
+
+
+def test_a_success_resets_the_back_off(clock: ManualClock) -> None:
+    limiter = FailureLimiter(max_failures=2, clock=clock)
+    limiter.failure("c")
+    limiter.failure("c")
+    assert limiter.retry_after("c") > 0
+    clock.advance(1)
+    limiter.success("c")
+    assert limiter.retry_after("c") == 0.0
+    assert limiter.failure("c") == 0.0  # counting starts over
+    assert len(limiter) == 1
+
+
+def test_failures_are_forgotten_after_a_quiet_window(clock: ManualClock) -> None:
+    limiter = FailureLimiter(max_failures=3, window_sec=60, clock=clock)
+    limiter.failure("c")
+    limiter.failure("c")
+    clock.advance(61)
+    assert limiter.failure("c") == 0.0  # a new streak: 1 failure
+    assert limiter.failure("c") == 0.0
+    assert limiter.failure("c") == 1.0
+    clock.advance(62)
+    assert limiter.retry_after("c") == 0.0
+    assert len(limiter) == 0
+
+
+def test_memory_is_bounded_by_evicting_the_oldest_failure(clock: ManualClock) -> None:
+    limiter = FailureLimiter(max_failures=1, max_tracked=3, clock=clock)
+    for key in ("a", "b", "c"):
+        limiter.failure(key)
+        clock.advance(0.01)
+    limiter.failure("a")  # "a" is now the most recent
+    limiter.failure("d")
+    assert len(limiter) == 3
+    assert limiter.retry_after("b") == 0.0  # evicted
+    assert limiter.retry_after("a") > 0
+    assert limiter.retry_after("d") > 0
+
+
+def test_limiter_rejects_nonsense_settings() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        FailureLimiter(max_failures=0)
+    with pytest.raises(ValueError, match="base_delay_sec"):
+        FailureLimiter(base_delay_sec=10, max_delay_sec=1)
+    with pytest.raises(ValueError, match="window_sec"):
+        FailureLimiter(window_sec=0)
+
+
+# -- the store (real nats-server) --------------------------------------------------------
+
+
+@pytest.fixture
+async def store(conn: Connection, clock: ManualClock) -> CredentialStore:
+    return await CredentialStore.open(conn, clock=clock)
+
+
+async def test_added_client_authenticates_with_its_secret(store: CredentialStore) -> None:
+    record, secret = await store.add("report-gen", 2, agent_id="report-gen-001")
+    assert (record.client_id, record.level, record.agent_id) == ("report-gen", 2, "report-gen-001")
+    assert secret not in record.secret_hash
+    assert record.created_at == pytest.approx(1_700_000_000.0)
+    assert await store.authenticate("report-gen", secret) == record
+    assert await store.get("report-gen") == record
+
+
+async def test_secret_is_stored_only_as_a_hash(store: CredentialStore) -> None:
+    _, secret = await store.add("caller", 1)
+    entry = await store.bucket.get("client.caller")
+    assert entry is not None
+    assert secret.encode() not in entry.value
+    assert b"scrypt$" in entry.value
+
+
+async def test_adding_an_existing_client_is_refused(store: CredentialStore) -> None:
+    await store.add("dup", 1)
+    with pytest.raises(ConfigurationError, match="client dup exists"):
+        await store.add("dup", 4, roles=["admin"])
+    record = await store.get("dup")
+    assert record is not None
+    assert record.level == 1
+
+
+async def test_adding_an_invalid_client_names_the_problem(store: CredentialStore) -> None:
+    with pytest.raises(ConfigurationError, match="level"):
+        await store.add("ok-id", 7)
+    with pytest.raises(ConfigurationError, match="client_id"):
+        await store.add("bad.id", 1)
+    with pytest.raises(ConfigurationError, match="unknown role"):
+        await store.add("ok-id", 1, roles=["superuser"])
+
+
+async def test_unknown_client_and_wrong_secret_get_the_same_message(
+    store: CredentialStore,
+) -> None:
+    await store.add("known", 1)
+    with pytest.raises(CredentialsRejected) as unknown:
+        await store.authenticate("nobody", "whatever")
+    with pytest.raises(CredentialsRejected) as wrong:
+        await store.authenticate("known", "whatever")
+    assert str(unknown.value) == str(wrong.value) == "invalid client id or secret"
+    assert (unknown.value.reason, wrong.value.reason) == ("unknown_client", "bad_secret")
+    assert isinstance(unknown.value, AuthenticationFailed)
+
+
+async def test_revoked_client_cannot_authenticate(store: CredentialStore) -> None:
+    _, secret = await store.add("leaver", 3)
+    revoked = await store.revoke("leaver")
+    assert revoked.revoked
+    assert revoked.revoked_at == pytest.approx(1_700_000_000.0)
+    assert await store.revoke("leaver") == revoked  # idempotent
+    with pytest.raises(CredentialsRejected, match="revoked") as exc:
+        await store.authenticate("leaver", secret)
+    assert exc.value.reason == "revoked"
+    # without the secret, a revoked client looks like any other failure
+    with pytest.raises(CredentialsRejected, match="invalid client id or secret"):
+        await store.authenticate("leaver", "guess")
+
+
+async def test_revoking_an_unknown_client_is_an_error(store: CredentialStore) -> None:
+    with pytest.raises(ConfigurationError, match="no client ghost"):
+        await store.revoke("ghost")
+
+
+async def test_list_returns_every_client_sorted(store: CredentialStore) -> None:
+    assert await store.list() == []
+    await store.add("zeta", 1)
+    await store.add("alpha", 4, roles=["admin"])
+    await store.add("mid", 2, agent_id="mid-1")
+    await store.revoke("mid")
+    listed = await store.list()
+    assert [r.client_id for r in listed] == ["alpha", "mid", "zeta"]
+    assert [r.revoked for r in listed] == [False, True, False]
+
+
+async def test_a_wrong_secret_tried_many_times_is_refused_without_checking(
+    store: CredentialStore, clock: ManualClock
+) -> None:
+    _, secret = await store.add("target", 2)
+    for _ in range(5):
+        with pytest.raises(CredentialsRejected, match="invalid client id or secret"):
+            await store.authenticate("target", "guess")
+    # now even the right secret is refused until the back-off passes
+    with pytest.raises(TooManyAttempts) as exc:
+        await store.authenticate("target", secret)
+    assert exc.value.reason == "rate_limited"
+    assert exc.value.retry_after == pytest.approx(1.0)
+    # another client id is not affected
+    _, other_secret = await store.add("bystander", 1)
+    assert (await store.authenticate("bystander", other_secret)).client_id == "bystander"
+    clock.advance(1.0)
+    with pytest.raises(CredentialsRejected):
+        await store.authenticate("target", "guess again")
+    with pytest.raises(TooManyAttempts) as exc:
+        await store.authenticate("target", secret)
+    assert exc.value.retry_after == pytest.approx(2.0)
+    clock.advance(2.0)
+    assert (await store.authenticate("target", secret)).client_id == "target"
+    assert store.limiter.retry_after("target") == 0.0
+
+
+async def test_unknown_client_ids_are_rate_limited_too(
+    store: CredentialStore, clock: ManualClock
+) -> None:
+    for _ in range(5):
+        with pytest.raises(CredentialsRejected):
+            await store.authenticate("probe", "x")
+    with pytest.raises(TooManyAttempts):
+        await store.authenticate("probe", "x")
+    # ids that are not even valid share one bounded slot
+    for _ in range(5):
+        with pytest.raises(CredentialsRejected):
+            await store.authenticate("no.such id" * 50, "x")
+    with pytest.raises(TooManyAttempts):
+        await store.authenticate("other bad id", "x")
+    assert len(store.limiter) == 2
+
+
+# -- credentials files -------------------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_credentials_file_round_trips_with_mode_0600(tmp_path: Path) -> None:
+    creds = CredentialsFile(url="nats://127.0.0.1:4222", client_id="dev", secret=new_secret())
+    path = tmp_path / "store" / "dev.creds"
+    creds.write(path)
+    assert _mode(path) == 0o600
+    assert json.loads(path.read_text()) == {
+        "url": creds.url,
+        "client_id": "dev",
+        "secret": creds.secret,
+    }
+    assert CredentialsFile.read(path) == creds
+    assert [p.name for p in path.parent.iterdir()] == ["dev.creds"]  # no temp file left
+
+
+def test_rewriting_a_loose_credentials_file_makes_it_0600(tmp_path: Path) -> None:
+    path = tmp_path / "dev.creds"
+    path.write_text("old")
+    path.chmod(0o644)
+    CredentialsFile(url="nats://h:4222", client_id="dev", secret="s").write(path)
+    assert _mode(path) == 0o600
+    assert CredentialsFile.read(path).secret == "s"
+
+
+def test_group_writable_credentials_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dev.creds"
+    CredentialsFile(url="nats://h:4222", client_id="dev", secret="s").write(path)
+    path.chmod(0o620)
+    with pytest.raises(ConfigurationError, match="writable by group or others"):
+        CredentialsFile.read(path)
+    path.chmod(0o602)
+    with pytest.raises(ConfigurationError, match="chmod 600"):
+        CredentialsFile.read(path)
+
+
+def test_world_readable_credentials_file_is_read_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "dev.creds"
+    CredentialsFile(url="nats://h:4222", client_id="dev", secret="s").write(path)
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="reach.security"):
+        assert CredentialsFile.read(path).client_id == "dev"
+    assert "readable by group or others" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"url": "nats://h", "client_id": "dev"}', "secret: missing"),
+        ('{"url": "", "client_id": "dev", "secret": "s"}', "url: missing"),
+        ('{"url": "nats://h", "client_id": 5, "secret": "s"}', "client_id: missing"),
+        ('{"url": "nats://h", "client_id": "a.b", "secret": "s"}', "client_id: must be"),
+    ],
+)
+def test_bad_credentials_files_are_explained(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.creds"
+    path.write_text(content)
+    os.chmod(path, 0o600)
+    with pytest.raises(ConfigurationError, match=message) as exc:
+        CredentialsFile.read(path)
+    assert str(path) in str(exc.value)
+
+
+def test_missing_credentials_file_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="not found"):
+        CredentialsFile.read(tmp_path / "nope.creds")
