@@ -128,6 +128,28 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True
         # FormatError (a reserved byte such as 0xc1) has an empty message: name the class instead
         reason = str(exc) or type(exc).__name__
         raise CodecError(f"not a valid msgpack message: {reason}", rule="format") from None
-    if checked:
+    if checked and _may_break_limits(data, limits):
         check_value(value, limits)
     return value
+
+
+# Format bytes that start a map or an array (fix, 16 and 32 bit forms) ...
+_CONTAINER_MARKERS = bytes(range(0x80, 0xA0)) + bytes([0xDC, 0xDD, 0xDE, 0xDF])
+# ... and bin or ext values (bin could be a bytes map key; ext may be a timestamp).
+_BIN_EXT_MARKERS = bytes([0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8])
+
+
+def _may_break_limits(data: bytes, limits: Limits) -> bool:
+    """False only when the bytes alone prove the value is within the limits.
+
+    Every element takes at least one byte, every nesting level one container marker,
+    and a bytes key or an ext value needs its marker byte: counting those bytes (they may
+    also occur inside strings, so the counts are upper bounds) lets typical payloads skip
+    the walk over the decoded value, which is the larger cost on the call path.
+    """
+    if len(data) > limits.max_elements:
+        return True
+    if len(data.translate(None, _BIN_EXT_MARKERS)) != len(data):
+        return True
+    containers = len(data) - len(data.translate(None, _CONTAINER_MARKERS))
+    return containers > limits.max_depth
