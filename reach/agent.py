@@ -53,6 +53,7 @@ from reach.models import (
     Readiness,
     parse_manifest,
 )
+from reach.security.fabric import FabricSecurity
 from reach.serving import CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait, run_eagerly
@@ -129,6 +130,7 @@ class Agent:
             is_ready=self._ready_now,
         )
         self._readiness = Readiness()
+        self._security = FabricSecurity()
         self._readiness_at = 0.0
         self._refresh: asyncio.Task[Readiness] | None = None
 
@@ -210,6 +212,10 @@ class Agent:
         self._started_at = self._clock.time()
         self._conn = await connect(self.servers, name=f"agent:{self.agent_id}")
         try:
+            self._security = await FabricSecurity.join(
+                self._conn, self.credentials, verify=True, clock=self._clock
+            )
+            self._server.verifier = self._security.verifier
             if self.manifest.mode == "async":
                 try:
                     self._server.jobs = await JobStore.open(self._conn)
@@ -221,9 +227,6 @@ class Agent:
             await self._announce()
             # Probe and call subscriptions only once accepted: a refused duplicate never
             # answers for the live instance.
-            self._probe_sub = await self._conn.subscribe(
-                subjects.probe(self.agent_id), self._on_probe
-            )
             for name, endpoint in self._endpoints.items():
                 handler = self._call_handler(endpoint)
                 self._cap_subs.append(
@@ -234,8 +237,15 @@ class Agent:
                         subjects.capability_instance(name, self.agent_id), handler
                     )
                 )
-            await self._conn.flush()
+            self._probe_sub = await self._conn.subscribe(
+                subjects.probe(self.agent_id), self._on_probe
+            )
+            # the probe subscription is the newest: once it answers, all are routable
+            await self._conn.wait_routable(
+                subjects.probe(self.agent_id), self._control_request(b"")
+            )
         except BaseException:
+            await self._security.close()
             await self._conn.close()
             self._conn = None
             raise
@@ -268,6 +278,7 @@ class Agent:
             )
         if self._probe_sub is not None:
             await self._probe_sub.unsubscribe()
+        await self._security.close()
         await conn.close()
         self._conn = None
         self._stopped.set()
@@ -275,9 +286,10 @@ class Agent:
     # -- registration ----------------------------------------------------------------
 
     def _control_request(self, body: bytes) -> bytes:
-        return envelope.pack_request(
-            envelope.RequestMeta(call_id=secrets.token_hex(8), caller=self.agent_id), body
+        meta = envelope.RequestMeta(
+            call_id=secrets.token_hex(8), caller=self.agent_id, token=self._security.token()
         )
+        return envelope.pack_request(meta, body)
 
     async def _announce(self) -> None:
         request = AnnounceRequest(

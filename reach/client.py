@@ -27,7 +27,7 @@ from reach.clock import Clock, system_clock
 from reach.context import current_call
 from reach.contract import Validator, compile_schema
 from reach.errors import (
-    AuthError,
+    AuthenticationFailed,
     BusinessError,
     CircuitOpen,
     ConfigurationError,
@@ -36,6 +36,7 @@ from reach.errors import (
     InternalError,
     NoHealthyInstance,
     NoResponders,
+    NotAuthorized,
     NotFound,
     ReachError,
     ReachTimeout,
@@ -56,6 +57,7 @@ from reach.resilience import (
     wait_backoff,
 )
 from reach.routing import LatencyTracker, rank
+from reach.security.fabric import FabricSecurity
 from reach.settings import resolve_credentials, resolve_servers
 from reach.transport import Connection, Message, connect, translate_error
 
@@ -101,7 +103,12 @@ def _remote_error(reply: envelope.Reply, target: str) -> ReachError:
     if reply.kind == "timeout":
         return ReachTimeout(f"{by}: {desc}")
     if reply.kind == "denied":
-        return AuthError(f"{by}: {desc}")
+        if reply.code.startswith("insufficient_level:"):
+            _, required, held = reply.code.split(":")
+            return NotAuthorized(
+                f"{by}: {desc}", level_required=int(required), level_held=int(held)
+            )
+        return AuthenticationFailed(f"{by}: {desc}")
     return InternalError(desc, code=reply.code, agent_id=by)
 
 
@@ -172,6 +179,7 @@ class ReachClient:
         self._jobs: JobStore | None = None
         self._validators: dict[int, tuple[dict[str, Any], Validator]] = {}
         self._nats_request: Callable[[str, bytes, float], Awaitable[Message]] = _not_connected
+        self._security = FabricSecurity()
         self._call_prefix = secrets.token_hex(8) + "-"
         self._call_seq = 0
 
@@ -192,6 +200,9 @@ class ReachClient:
                     f"no registry at {', '.join(self.servers)}: is `reach up` running?"
                 ) from None
             self._nats_request = self._conn.raw_request
+            self._security = await FabricSecurity.join(
+                self._conn, self.credentials, verify=False, clock=self._clock
+            )
             self._routes = RouteCache(store)
             await self._routes.start(self._sync_timeout)
         except BaseException:
@@ -203,6 +214,7 @@ class ReachClient:
         if self._routes is not None:
             await self._routes.stop()
             self._routes = None
+        await self._security.close()
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -350,6 +362,7 @@ class ReachClient:
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         meta = envelope.RequestMeta(
             call_id=self._next_call_id(),
+            token=self._security.token(),
             deadline_ms=int(deadline * 1000),
             idempotency_key=idempotency_key,
             caller=parent.agent_id if parent is not None else None,

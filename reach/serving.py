@@ -31,9 +31,10 @@ from reach import codec, envelope
 from reach.clock import Clock
 from reach.context import CallContext, set_current
 from reach.contract import Validator, compile_schema
-from reach.errors import CodecError, ContractError, ReachError, RemoteError
+from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError, RemoteError
 from reach.jobs import JobRecord, JobStore
 from reach.models import Capability, format_validation_error
+from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
 
 __all__ = ["CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
@@ -194,6 +195,11 @@ class CallServer:
         self.job_timeout_sec = job_timeout_sec
         self._jobs_running: set[asyncio.Task[None]] = set()
         self._reaper = DeadlineReaper()
+        #: set when the fabric issues tokens: every call must carry a valid one
+        self.verifier: TokenVerifier | None = None
+        self.denials = 0
+        # (call id, attempt) pairs seen: a byte-for-byte replay is refused, a retry is not
+        self._attempts_seen: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     def _error(self, kind: str, code: str, description: str) -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id)
@@ -204,6 +210,11 @@ class CallServer:
             meta, body = envelope.unpack_request(data)
         except CodecError as exc:
             return self._error("contract", "bad_envelope", str(exc))
+        if self.verifier is not None:
+            # before anything else is decoded: no token, no work
+            denied = self._check_token(endpoint, meta)
+            if denied is not None:
+                return denied
         now = self._clock.time()
         if meta.deadline_ms is not None and meta.deadline_ms <= now * 1000:
             return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
@@ -250,6 +261,35 @@ class CallServer:
             if self._on_done is not None:
                 self._on_done()
         return reply
+
+    def _check_token(self, endpoint: Endpoint, meta: envelope.RequestMeta) -> bytes | None:
+        """None if the call may proceed, else the ``denied`` reply (counted and logged)."""
+        assert self.verifier is not None
+        if meta.token is None:
+            return self._deny("no_token", f"{endpoint.name} requires a token")
+        try:
+            claims = self.verifier.verify(meta.token)
+        except AuthenticationFailed as exc:
+            return self._deny("authentication_failed", str(exc))
+        required = endpoint.capability.security_level
+        if claims.level < required:
+            return self._deny(
+                f"insufficient_level:{required}:{claims.level}",
+                f"{endpoint.name} requires clearance level {required};"
+                f" client {claims.client_id} holds {claims.level}",
+            )
+        attempt = (meta.call_id, meta.attempt)
+        if attempt in self._attempts_seen:
+            return self._deny("replayed", f"call {meta.call_id} attempt {meta.attempt} replayed")
+        self._attempts_seen[attempt] = None
+        if len(self._attempts_seen) > 100_000:
+            self._attempts_seen.popitem(last=False)
+        return None
+
+    def _deny(self, code: str, description: str) -> bytes:
+        self.denials += 1
+        log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
+        return self._error("denied", code, description)
 
     def watch_deadline(self, when: float) -> None:
         """Cancel the running call at loop time ``when`` (its task may not exist yet)."""

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -192,6 +193,23 @@ class Connection:
         except Exception as exc:
             raise translate_error(exc, subject) from exc
         return Subscription(sub)
+
+    async def wait_routable(self, subject: str, probe: bytes, timeout: float = 10.0) -> None:
+        """Return once a request on ``subject`` (our own newest subscription) is answered.
+
+        A flush after SUB was measured not to be enough with nats-py: right after it,
+        another connection sometimes got "no responders". Subscriptions are processed in
+        order, so once the newest one answers, every earlier one is routable too.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self.request(subject, probe, timeout=0.5)
+                return
+            except ReachError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.01)
 
     async def flush(self, timeout: int = 5) -> None:
         try:

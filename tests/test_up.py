@@ -194,7 +194,9 @@ def test_up_against_existing_nats_runs_only_the_registrar(
     line = _read_line(proc)
     assert line.startswith(f"Agent-Reach up: {nats_server.url} (external NATS, registrar reg-")
     assert _nats_children(proc.pid) == []
-    assert not (tmp_path / "store").exists()
+    # no nats-server store: only the issuer's signing key and the first credentials
+    assert not (tmp_path / "store" / "nats").exists()
+    assert (tmp_path / "store" / "dev.creds").stat().st_mode & 0o777 == 0o600
     assert asyncio.run(_registry_exists(nats_server.url))
 
     proc.send_signal(signal.SIGTERM)

@@ -23,6 +23,7 @@ from reach.cli.common import Target, connection_options, fail, run
 from reach.embedded import EmbeddedServer
 from reach.errors import Disconnected
 from reach.registry import Registrar, RegistrarConfig
+from reach.security.issuer import TokenService, ensure_first_credentials
 from reach.settings import DEFAULT_STORE
 from reach.transport import Connection, connect
 
@@ -105,6 +106,7 @@ async def _up(options: UpOptions) -> str | None:
         loop.add_signal_handler(sig, on_signal)
     conn: Connection | None = None
     registrar: Registrar | None = None
+    issuer: TokenService | None = None
     try:
         if options.servers is None:
             if _port_in_use(_HOST, options.port):
@@ -121,6 +123,11 @@ async def _up(options: UpOptions) -> str | None:
         else:
             servers = options.servers
         conn = await connect(servers, name="reach-up")
+        issuer = TokenService(
+            conn, key_file=options.store / "signing.key", replicas=options.replicas
+        )
+        await issuer.start()
+        created = await ensure_first_credentials(issuer, options.store, servers[0])
         registrar = Registrar(conn, RegistrarConfig(replicas=options.replicas))
         await registrar.start()
         where = f"store {options.store}" if server is not None else "external NATS"
@@ -128,6 +135,8 @@ async def _up(options: UpOptions) -> str | None:
             f"Agent-Reach up: {server.url if server else conn.connected_url}"
             f" ({where}, registrar {registrar.registrar_id})"
         )
+        for path in created:
+            click.echo(f"created credentials {path} (mode 0600)")
         if server is None:
             await stop.wait()
             return None
@@ -135,6 +144,8 @@ async def _up(options: UpOptions) -> str | None:
     finally:
         if registrar is not None:
             await _quietly(registrar.stop(), "stop the registrar")
+        if issuer is not None:
+            await _quietly(issuer.stop(), "stop the token issuer")
         if conn is not None:
             await _quietly(conn.close(), "close the connection")
         if server is not None:

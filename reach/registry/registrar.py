@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 import secrets
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import TypeVar
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.codec import Limits
-from reach.errors import CodecError, ContractError, ReachError
+from reach.errors import AuthenticationFailed, AuthError, CodecError, ContractError, ReachError
 from reach.jobs import JOB_RETENTION_SEC, JobStore
 from reach.messages import decode_model, encode_model
 from reach.models import (
@@ -40,10 +39,21 @@ from reach.models import (
     Transition,
 )
 from reach.registry.store import RegistryStore
+from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR
+from reach.security.fabric import FabricSecurity
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, KVConflict, Message, Subscription
 
 __all__ = ["Registrar", "RegistrarConfig"]
+
+
+class _Denied(AuthError):
+    """A control message without the right token: answered ``denied``, never applied."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
 
 log = logging.getLogger("reach.registrar")
 
@@ -93,6 +103,8 @@ class Registrar:
         self._probe_slots = asyncio.Semaphore(self.config.max_concurrent_probes)
         self._started_at = 0.0
         self._stopping = False
+        self._security = FabricSecurity()
+        self.denials = 0
 
     @property
     def registrar_id(self) -> str:
@@ -109,6 +121,9 @@ class Registrar:
         return [inst for inst, _ in self._records.values()]
 
     async def start(self) -> None:
+        self._security = await FabricSecurity.join(
+            self._conn, None, verify=True, need_token=False, clock=self._clock
+        )
         self._store = await RegistryStore.open(self._conn, replicas=self.config.replicas)
         # async-mode agents keep job results here; the bucket's TTL is the retention time
         await JobStore.open(
@@ -132,7 +147,8 @@ class Registrar:
                 )
             )
         self._subs.append(await self._conn.subscribe(subjects.REGISTRAR_PING, self._on_ping))
-        await self._wait_until_reachable()
+        probe = envelope.pack_request(envelope.RequestMeta(call_id="self-check"), b"")
+        await self._conn.wait_routable(subjects.REGISTRAR_PING, probe)
         self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
         self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
         log.info("registrar %s started with %d records", self.registrar_id, len(self._records))
@@ -144,6 +160,7 @@ class Registrar:
         self._subs.clear()
         await cancel_and_wait([*self._loops, *self._tasks])
         self._loops.clear()
+        await self._security.close()
         if self._store is not None and not self._conn.is_closed:
             with contextlib.suppress(ReachError):
                 await self._store.delete_registrar(self.registrar_id)
@@ -154,25 +171,6 @@ class Registrar:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    async def _wait_until_reachable(self, timeout: float = 10.0) -> None:
-        """Return once the server routes to our subscriptions.
-
-        A flush (PING/PONG) after SUB was measured not to be enough with nats-py: right
-        after it, a request from another connection sometimes got "no responders". The
-        ping subscription is the last one made, so once our own request reaches it, all
-        earlier ones are in place too.
-        """
-        deadline = time.monotonic() + timeout
-        probe = envelope.pack_request(envelope.RequestMeta(call_id="self-check"), b"")
-        while True:
-            try:
-                await self._conn.request(subjects.REGISTRAR_PING, probe, timeout=0.5)
-                return
-            except ReachError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.01)
 
     async def _on_ping(self, msg: Message) -> None:
         record = RegistrarRecord(
@@ -204,6 +202,14 @@ class Registrar:
         return dispatch
 
     async def _reply_bad_message(self, msg: Message, exc: ReachError) -> None:
+        if isinstance(exc, _Denied):
+            self.denials += 1
+            log.warning("denied %s: %s (%s)", msg.subject, exc, exc.code)
+            if msg.reply:
+                await self._conn.respond(
+                    msg, envelope.pack_error("denied", exc.code, str(exc), self.registrar_id)
+                )
+            return
         log.warning("dropped malformed message on %s: %s", msg.subject, exc)
         if msg.reply:
             await self._conn.respond(
@@ -211,13 +217,34 @@ class Registrar:
             )
 
     def _decode(self, cls: type[_M], msg: Message) -> _M:
-        _, body = envelope.unpack_request(msg.data, self.config.max_message_bytes)
+        meta, body = envelope.unpack_request(msg.data, self.config.max_message_bytes)
+        if self._security.verifier is not None:
+            # before the body is decoded: only a token bound to this agent_id may speak for it
+            self._authorize(meta, subjects.last_token(msg.subject))
         return decode_model(cls, body, self._limits)
+
+    def _authorize(self, meta: envelope.RequestMeta, agent_id: str) -> None:
+        assert self._security.verifier is not None
+        if meta.token is None:
+            raise _Denied("no_token", f"a token is required to speak for {agent_id}")
+        try:
+            claims = self._security.verifier.verify(meta.token)
+        except AuthenticationFailed as exc:
+            raise _Denied("authentication_failed", str(exc)) from None
+        # operators and the local dev credential (admin) may speak for any agent
+        if claims.agent_id != agent_id and not (
+            claims.has_role(ROLE_REGISTRAR) or claims.has_role(ROLE_ADMIN)
+        ):
+            raise _Denied(
+                "wrong_agent",
+                f"client {claims.client_id} is bound to agent_id {claims.agent_id!r},"
+                f" not {agent_id!r}",
+            )
 
     async def _on_announce(self, msg: Message) -> None:
         try:
             req = self._decode(AnnounceRequest, msg)
-        except (CodecError, ContractError) as exc:
+        except (CodecError, ContractError, _Denied) as exc:
             await self._reply_bad_message(msg, exc)
             return
         agent_id = req.manifest.agent_id
@@ -316,7 +343,7 @@ class Registrar:
     async def _on_heartbeat(self, msg: Message) -> None:
         try:
             hb = self._decode(Heartbeat, msg)
-        except (CodecError, ContractError) as exc:
+        except (CodecError, ContractError, _Denied) as exc:
             await self._reply_bad_message(msg, exc)
             return
         reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
@@ -361,7 +388,7 @@ class Registrar:
     async def _on_bye(self, msg: Message) -> None:
         try:
             bye = self._decode(Bye, msg)
-        except (CodecError, ContractError) as exc:
+        except (CodecError, ContractError, _Denied) as exc:
             await self._reply_bad_message(msg, exc)
             return
         ok = False

@@ -1,0 +1,87 @@
+"""Joining a fabric's security: a token for our own requests, a verifier for theirs.
+
+A fabric started by ``reach up`` publishes its token-signing keys in REACH_KEYS; then
+every participant needs credentials, and every callee verifies every call. A fabric
+without REACH_KEYS (a bare nats-server, as in unit tests) issues no tokens: calls carry
+none and nobody checks them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from reach.clock import Clock, system_clock
+from reach.errors import AuthenticationFailed, ConfigurationError
+from reach.security.credentials import CredentialsFile
+from reach.security.session import TokenSession
+from reach.security.tokens import KeyStore, TokenVerifier
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection
+
+__all__ = ["FabricSecurity"]
+
+log = logging.getLogger("reach.security")
+
+
+class FabricSecurity:
+    """Token session and verifier of one participant (agent, client or registrar)."""
+
+    def __init__(self) -> None:
+        self.session: TokenSession | None = None
+        self.verifier: TokenVerifier | None = None
+        self._follow: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.verifier is not None or self.session is not None
+
+    def token(self) -> str | None:
+        """The token to put on a request (None on an open fabric)."""
+        return self.session.token if self.session is not None else None
+
+    @classmethod
+    async def join(
+        cls,
+        conn: Connection,
+        credentials: Path | None,
+        *,
+        verify: bool,
+        need_token: bool = True,
+        clock: Clock = system_clock,
+    ) -> FabricSecurity:
+        security = cls()
+        try:
+            keys = await KeyStore.open(conn, create=False)
+        except ConfigurationError:
+            if credentials is not None:
+                log.info("this fabric issues no tokens (no REACH_KEYS); credentials unused")
+            return security
+        try:
+            if need_token:
+                if credentials is None:
+                    raise AuthenticationFailed(
+                        "this fabric requires credentials: pass credentials=, set REACH_CREDS,"
+                        " or create .reach/dev.creds with `reach creds add`"
+                    )
+                security.session = TokenSession(
+                    conn, CredentialsFile.read(credentials), clock=clock
+                )
+                await security.session.start()
+            if verify:
+                security.verifier = TokenVerifier(clock=clock)
+                ready = asyncio.Event()
+                security._follow = asyncio.create_task(keys.follow(security.verifier, ready))
+                await asyncio.wait_for(ready.wait(), 10)
+        except BaseException:
+            await security.close()
+            raise
+        return security
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.stop()
+        if self._follow is not None:
+            await cancel_and_wait([self._follow])
+            self._follow = None

@@ -1,0 +1,157 @@
+"""The token issuer: client id + secret on ``reach.v1.auth.token`` → a short-lived JWT.
+
+Run by ``reach up`` next to the registrar. The signing key stays in a 0600 file under
+the store directory; its public part is published to REACH_KEYS so every agent can
+verify tokens without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reach import envelope, subjects
+from reach.clock import Clock, system_clock
+from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
+from reach.messages import decode_model, encode_model
+from reach.security.credentials import (
+    ROLE_ADMIN,
+    CredentialsFile,
+    CredentialStore,
+    TooManyAttempts,
+)
+from reach.security.tokens import DEFAULT_TTL_SEC, KeyRing, KeyStore, SigningKey, TokenIssuer
+from reach.transport import Connection, Message, Subscription
+
+__all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentials"]
+
+log = logging.getLogger("reach.issuer")
+
+#: scrypt costs ~40 ms of CPU: at most this many checks at once
+_CONCURRENT_CHECKS = 4
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_id: str = Field(min_length=1, max_length=64)
+    secret: str = Field(min_length=1, max_length=512)
+
+
+class TokenReply(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str
+    expires_at: float = Field(description="Unix seconds")
+    level: int
+    agent_id: str | None = None
+
+
+class TokenService:
+    """Answers ``reach.v1.auth.token``; ``rotate()`` adds a new signing key."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        key_file: Path,
+        replicas: int = 1,
+        ttl_sec: float = DEFAULT_TTL_SEC,
+        clock: Clock = system_clock,
+    ) -> None:
+        self._conn = conn
+        self._key_file = key_file
+        self._replicas = replicas
+        self._ttl = ttl_sec
+        self._clock = clock
+        self._checks = asyncio.Semaphore(_CONCURRENT_CHECKS)
+        self._sub: Subscription | None = None
+        self.credentials: CredentialStore | None = None
+        self.keys: KeyStore | None = None
+        self.ring: KeyRing | None = None
+        self.issuer: TokenIssuer | None = None
+
+    async def start(self) -> None:
+        self.credentials = await CredentialStore.open(
+            self._conn, create=True, replicas=self._replicas, clock=self._clock
+        )
+        self.keys = await KeyStore.open(self._conn, create=True, replicas=self._replicas)
+        self.ring = KeyRing.load_or_generate(self._key_file, self._clock)
+        self.issuer = TokenIssuer(self.ring, ttl_sec=self._ttl, clock=self._clock)
+        await self.keys.publish_ring(self.ring)
+        self._sub = await self._conn.subscribe(
+            subjects.TOKEN, self._on_request, queue="reach-issuer"
+        )
+        await self._conn.flush()
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def rotate(self, settle_sec: float = 1.0) -> SigningKey:
+        """A new signing key; tokens of the old one stay valid until they expire."""
+        assert self.keys is not None
+        assert self.ring is not None
+        key = await self.keys.rotate(self.ring, self._ttl, settle_sec=settle_sec)
+        self.ring.active.save_private(self._key_file)
+        return key
+
+    async def _on_request(self, msg: Message) -> None:
+        asyncio.get_running_loop().create_task(self._answer(msg))
+
+    async def _answer(self, msg: Message) -> None:
+        assert self.credentials is not None
+        assert self.issuer is not None
+        try:
+            _, body = envelope.unpack_request(msg.data, 16 * 1024)
+            req = decode_model(TokenRequest, body)
+        except (CodecError, ContractError) as exc:
+            await self._conn.respond(msg, envelope.pack_error("contract", "bad_request", str(exc)))
+            return
+        try:
+            async with self._checks:
+                record = await self.credentials.authenticate(req.client_id, req.secret)
+            token, claims = self.issuer.issue_with_claims(record)
+        except TooManyAttempts as exc:
+            log.warning("token refused for %r: too many wrong secrets", req.client_id)
+            await self._conn.respond(msg, envelope.pack_error("denied", "rate_limited", str(exc)))
+            return
+        except AuthenticationFailed as exc:
+            log.warning("token refused for %r: %s", req.client_id, exc)
+            await self._conn.respond(
+                msg, envelope.pack_error("denied", "authentication_failed", str(exc))
+            )
+            return
+        except ReachError as exc:
+            await self._conn.respond(msg, envelope.pack_error("internal", "issuer", str(exc)))
+            return
+        reply = TokenReply(
+            token=token, expires_at=claims.exp, level=claims.level, agent_id=claims.agent_id
+        )
+        await self._conn.respond(msg, envelope.pack_ok(encode_model(reply)))
+
+
+async def ensure_first_credentials(service: TokenService, store: Path, url: str) -> list[Path]:
+    """On a fabric's first start: an admin credential and a dev credential file.
+
+    Both are written under the store with mode 0600. The dev credential (level 4, admin
+    role) is for local development: it may speak for any agent_id. Production agents get
+    their own credential bound to their agent_id (`reach creds add ID --agent-id ...`).
+    """
+    assert service.credentials is not None
+    created = []
+    for client_id, name in (("admin", "admin.creds"), ("dev", "dev.creds")):
+        path = store / name
+        if path.exists():
+            continue
+        if await service.credentials.get(client_id) is not None:
+            log.warning("credential %s exists but %s is missing: not recreated", client_id, path)
+            continue
+        _, secret = await service.credentials.add(client_id, 4, roles=[ROLE_ADMIN])
+        CredentialsFile(url=url, client_id=client_id, secret=secret).write(path)
+        created.append(path)
+    return created

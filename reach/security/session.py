@@ -1,0 +1,90 @@
+"""A client's token: fetched on connect, renewed at ~75 % of its life (with jitter).
+
+If the issuer is down, a still-valid token keeps working; once it expires, calls fail
+closed with AuthenticationFailed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from reach import envelope, subjects
+from reach.clock import Clock, system_clock
+from reach.errors import AuthenticationFailed, ReachError
+from reach.messages import decode_model, encode_model
+from reach.security.credentials import CredentialsFile
+from reach.security.issuer import TokenReply, TokenRequest
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection
+
+__all__ = ["TokenSession"]
+
+log = logging.getLogger("reach.session")
+
+
+class TokenSession:
+    def __init__(self, conn: Connection, creds: CredentialsFile, *, clock: Clock = system_clock):
+        self._conn = conn
+        self._creds = creds
+        self._clock = clock
+        self._token: str | None = None
+        self._expires_at = 0.0
+        self.level = 0
+        self.agent_id: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def client_id(self) -> str:
+        return self._creds.client_id
+
+    @property
+    def token(self) -> str:
+        """The current token; AuthenticationFailed once it expired (fail closed)."""
+        if self._token is None or self._clock.time() >= self._expires_at:
+            raise AuthenticationFailed(
+                f"no valid token for client {self.client_id}: the issuer could not renew it"
+            )
+        return self._token
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._renew_loop(), name="token-renewal")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+            self._task = None
+
+    async def refresh(self) -> None:
+        request = TokenRequest(client_id=self._creds.client_id, secret=self._creds.secret)
+        data = envelope.pack_request(
+            envelope.RequestMeta(call_id=f"token-{random.getrandbits(48):x}"),
+            encode_model(request),
+        )
+        try:
+            raw = await self._conn.request(subjects.TOKEN, data, timeout=5.0)
+        except ReachError as exc:
+            raise AuthenticationFailed(f"the token issuer did not answer: {exc}") from exc
+        reply = envelope.unpack_reply(raw)
+        if not reply.ok:
+            raise AuthenticationFailed(
+                f"token refused for client {self._creds.client_id}: {reply.description}"
+            )
+        answer = decode_model(TokenReply, reply.body)
+        self._token = answer.token
+        self._expires_at = answer.expires_at
+        self.level = answer.level
+        self.agent_id = answer.agent_id
+
+    async def _renew_loop(self) -> None:
+        while True:
+            life = self._expires_at - self._clock.time()
+            await asyncio.sleep(max(1.0, life * random.uniform(0.7, 0.8)))
+            try:
+                await self.refresh()
+            except ReachError as exc:
+                # keep the current token while it is valid; try again soon
+                log.warning("token renewal failed: %s", exc)
+                await asyncio.sleep(min(30.0, max(1.0, life * 0.05)))

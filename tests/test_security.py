@@ -1,0 +1,210 @@
+"""Tokens end to end on a real nats-server: clearance levels, forged tokens, replays,
+and agents that may only speak for themselves."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+
+from reach import envelope, subjects
+from reach.agent import Agent
+from reach.client import ReachClient
+from reach.errors import AuthenticationFailed, NotAuthorized, RegistrationRefused
+from reach.registry import Registrar
+from reach.security.credentials import CredentialsFile
+from reach.security.issuer import TokenService
+from reach.security.tokens import KeyRing, TokenIssuer
+from reach.testing import NatsServer
+from reach.transport import Connection, connect
+
+from .calls_helpers import Behaviour, capability, make_agent, wait_routable
+
+
+@dataclass
+class Fabric:
+    url: str
+    conn: Connection
+    issuer: TokenService
+    creds: dict[str, Path]
+
+
+@pytest.fixture
+async def fabric(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Fabric]:
+    conn = await connect([nats_server.url], name="fabric")
+    issuer = TokenService(conn, key_file=tmp_path / "signing.key")
+    await issuer.start()
+    assert issuer.credentials is not None
+    creds = {}
+    for client_id, level, agent_id in (
+        ("vault", 3, "vault-1"),
+        ("analyst", 2, None),
+        ("auditor", 3, None),
+        ("intruder", 1, "intruder-1"),
+    ):
+        _, secret = await issuer.credentials.add(client_id, level, agent_id=agent_id)
+        path = tmp_path / f"{client_id}.creds"
+        CredentialsFile(nats_server.url, client_id, secret).write(path)
+        creds[client_id] = path
+    registrar = Registrar(conn)
+    await registrar.start()
+    yield Fabric(nats_server.url, conn, issuer, creds)
+    await registrar.stop()
+    await issuer.stop()
+    await conn.close()
+
+
+def vault_agent(fabric: Fabric, behaviour: Behaviour) -> Agent:
+    agent, _ = make_agent(
+        fabric.url, "vault-1", capability("customer_orders", level=3), behaviour=behaviour
+    )
+    agent.credentials = fabric.creds["vault"]
+    return agent
+
+
+async def test_cleared_caller_gets_through_and_a_lower_level_is_refused_before_the_handler(
+    fabric: Fabric,
+) -> None:
+    b = Behaviour()
+    async with (
+        vault_agent(fabric, b),
+        ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
+        ReachClient(servers=fabric.url, credentials=fabric.creds["analyst"]) as analyst,
+    ):
+        await wait_routable(auditor, "customer_orders", 1)
+        await wait_routable(analyst, "customer_orders", 1)
+        assert (await auditor.call("customer_orders", {"user": 7})).agent_id == "vault-1"
+        with pytest.raises(NotAuthorized) as refused:
+            await analyst.call("customer_orders", {"user": 7})
+    assert refused.value.level_required == 3
+    assert refused.value.level_held == 2
+    assert "requires clearance level 3" in str(refused.value)
+    assert b.calls == 1
+
+
+def _forged(fabric: Fabric, kind: str) -> str:
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "iss": "reach",
+        "aud": "reach",
+        "sub": "auditor",
+        "lvl": 4,
+        "iat": now,
+        "nbf": now,
+        "exp": now + 600,
+        "jti": "x",
+    }
+    assert fabric.issuer.ring is not None
+    kid = fabric.issuer.ring.active.kid
+    if kind == "none":
+        return jwt.encode(claims, None, algorithm="none", headers={"kid": kid})
+    if kind == "hs256-with-public-key":
+        # the classic key confusion: HMAC keyed with the (public) verification key
+        pem = fabric.issuer.ring.active.public().pem().encode()
+        head = _b64({"alg": "HS256", "typ": "JWT", "kid": kid})
+        body = _b64(claims)
+        sig = hmac.new(pem, f"{head}.{body}".encode(), hashlib.sha256).digest()
+        return f"{head}.{body}.{base64.urlsafe_b64encode(sig).rstrip(b'=').decode()}"
+    if kind == "unknown-kid":
+        stranger = TokenIssuer(KeyRing.generate())
+        from reach.security.credentials import ClientRecord
+
+        record = ClientRecord(client_id="auditor", level=4, secret_hash="x", created_at=now)
+        return stranger.issue(record)
+    if kind == "tampered-level":
+        good = _real_token(fabric, level=1)
+        head, body, sig = good.split(".")
+        payload = json.loads(base64.urlsafe_b64decode(body + "=="))
+        payload["lvl"] = 4
+        body = base64.urlsafe_b64encode(json.dumps(payload).encode()).rstrip(b"=").decode()
+        return f"{head}.{body}.{sig}"
+    if kind == "expired":
+        return _real_token(fabric, level=4, shift=-3 * 3600)
+    return "garbage.not.a-token"
+
+
+def _b64(value: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+
+def _real_token(fabric: Fabric, *, level: int, shift: float = 0.0) -> str:
+    from reach.clock import ManualClock
+    from reach.security.credentials import ClientRecord
+
+    assert fabric.issuer.ring is not None
+    clock = ManualClock(wall=time.time() + shift)
+    issuer = TokenIssuer(fabric.issuer.ring, clock=clock)
+    record = ClientRecord(client_id="forger", level=level, secret_hash="x", created_at=1.0)
+    return issuer.issue(record)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["none", "hs256-with-public-key", "unknown-kid", "tampered-level", "expired", "garbage"],
+)
+async def test_forged_tokens_are_refused_and_the_handler_never_runs(
+    fabric: Fabric, kind: str
+) -> None:
+    b = Behaviour()
+    async with vault_agent(fabric, b) as agent:
+        request = envelope.pack_request(
+            envelope.RequestMeta(call_id=f"forged-{kind}", token=_forged(fabric, kind)),
+            b"\x80",
+        )
+        data = await fabric.conn.request(
+            subjects.capability_instance("customer_orders", "vault-1"), request, 2
+        )
+        reply = envelope.unpack_reply(data)
+        assert not reply.ok
+        assert reply.kind == "denied"
+        assert agent._server.denials == 1
+    assert b.calls == 0
+
+
+async def test_a_replayed_call_is_refused(fabric: Fabric) -> None:
+    b = Behaviour()
+    async with (
+        vault_agent(fabric, b),
+        ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
+    ):
+        await wait_routable(auditor, "customer_orders", 1)
+        token = auditor._security.token()
+        request = envelope.pack_request(envelope.RequestMeta(call_id="once", token=token), b"\x80")
+        subject = subjects.capability_instance("customer_orders", "vault-1")
+        first = envelope.unpack_reply(await fabric.conn.request(subject, request, 2))
+        again = envelope.unpack_reply(await fabric.conn.request(subject, request, 2))
+    assert first.ok
+    assert again.kind == "denied"
+    assert again.code == "replayed"
+    assert b.calls == 1
+
+
+async def test_an_agent_cannot_announce_as_another(fabric: Fabric) -> None:
+    impostor, _ = make_agent(fabric.url, "vault-1", capability("customer_orders", level=3))
+    impostor.credentials = fabric.creds["intruder"]
+    with pytest.raises(RegistrationRefused, match="bound to agent_id 'intruder-1'"):
+        await impostor.start()
+
+
+async def test_without_credentials_a_secure_fabric_refuses_at_connect(fabric: Fabric) -> None:
+    client = ReachClient(servers=fabric.url)
+    client.credentials = None
+    with pytest.raises(AuthenticationFailed, match="requires credentials"):
+        await client.connect()
+
+
+async def test_a_wrong_secret_is_refused(fabric: Fabric, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.creds"
+    CredentialsFile(fabric.url, "auditor", "not-the-secret").write(bad)
+    with pytest.raises(AuthenticationFailed, match="token refused"):
+        async with ReachClient(servers=fabric.url, credentials=bad):
+            pass
