@@ -18,6 +18,8 @@ ANNOUNCE_ALL = f"{PREFIX}.announce.*"
 HEARTBEAT_ALL = f"{PREFIX}.hb.*"
 BYE_ALL = f"{PREFIX}.bye.*"
 TOKEN = f"{PREFIX}.auth.token"
+#: an admin asks the issuer for a new signing key
+KEY_ROTATE = f"{PREFIX}.auth.rotate"
 #: every registrar answers here (not a queue group): liveness for tools and for itself
 REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 

@@ -208,3 +208,82 @@ async def test_a_wrong_secret_is_refused(fabric: Fabric, tmp_path: Path) -> None
     with pytest.raises(AuthenticationFailed, match="token refused"):
         async with ReachClient(servers=fabric.url, credentials=bad):
             pass
+
+
+REACH = str(Path(__import__("sys").executable).parent / "reach")
+
+
+async def _reach(*args: str) -> tuple[int, str, str]:
+    import asyncio
+
+    proc = await asyncio.create_subprocess_exec(
+        REACH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_creds_cli_adds_lists_and_revokes(fabric: Fabric, tmp_path: Path) -> None:
+    out = tmp_path / "ops.creds"
+    code, text, _ = await _reach(
+        "creds", "add", "ops", "--level", "2", "--out", str(out), "--servers", fabric.url
+    )
+    assert code == 0, text
+    assert out.stat().st_mode & 0o777 == 0o600
+    assert CredentialsFile.read(out).client_id == "ops"
+    code, text, _ = await _reach("creds", "list", "--json", "--servers", fabric.url)
+    rows = {json.loads(line)["client_id"]: json.loads(line) for line in text.splitlines()}
+    assert rows["ops"]["level"] == 2
+    assert "secret_hash" not in rows["ops"]
+    async with ReachClient(servers=fabric.url, credentials=out):
+        pass
+    code, _, _ = await _reach("creds", "revoke", "ops", "--servers", fabric.url)
+    assert code == 0
+    with pytest.raises(AuthenticationFailed):
+        async with ReachClient(servers=fabric.url, credentials=out):
+            pass
+
+
+async def test_key_rotation_while_calls_flow_fails_no_call(fabric: Fabric) -> None:
+    import asyncio
+
+    assert fabric.issuer.credentials is not None
+    _, secret = await fabric.issuer.credentials.add("root", 4, roles=["admin"])
+    admin = fabric.creds["auditor"].with_name("root.creds")
+    CredentialsFile(fabric.url, "root", secret).write(admin)
+    b = Behaviour()
+    failures: list[BaseException] = []
+    async with (
+        vault_agent(fabric, b),
+        ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
+    ):
+        await wait_routable(auditor, "customer_orders", 1)
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            while not stop.is_set():
+                try:
+                    await auditor.call("customer_orders", {"n": 1})
+                except Exception as exc:
+                    failures.append(exc)
+                await asyncio.sleep(0.005)
+
+        runner = asyncio.create_task(load())
+        code, _text, err = await _reach(
+            "keys", "rotate", "--servers", fabric.url, "--creds", str(admin)
+        )
+        assert code == 0, err
+        # a fresh token from the new key, while the old token still works
+        assert auditor._security.session is not None
+        await auditor._security.session.refresh()
+        await asyncio.sleep(0.3)
+        stop.set()
+        await runner
+    assert failures == []
+    assert b.calls > 10
+    code, _, err = await _reach(
+        "keys", "rotate", "--servers", fabric.url, "--creds", str(fabric.creds["analyst"])
+    )
+    assert code == 1
+    assert "not an admin" in err

@@ -23,7 +23,14 @@ from reach.security.credentials import (
     CredentialStore,
     TooManyAttempts,
 )
-from reach.security.tokens import DEFAULT_TTL_SEC, KeyRing, KeyStore, SigningKey, TokenIssuer
+from reach.security.tokens import (
+    DEFAULT_TTL_SEC,
+    KeyRing,
+    KeyStore,
+    SigningKey,
+    TokenIssuer,
+    TokenVerifier,
+)
 from reach.transport import Connection, Message, Subscription
 
 __all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentials"]
@@ -69,6 +76,8 @@ class TokenService:
         self._clock = clock
         self._checks = asyncio.Semaphore(_CONCURRENT_CHECKS)
         self._sub: Subscription | None = None
+        self._rotate_sub: Subscription | None = None
+        self._verifier: TokenVerifier | None = None
         self.credentials: CredentialStore | None = None
         self.keys: KeyStore | None = None
         self.ring: KeyRing | None = None
@@ -85,12 +94,15 @@ class TokenService:
         self._sub = await self._conn.subscribe(
             subjects.TOKEN, self._on_request, queue="reach-issuer"
         )
+        self._rotate_sub = await self._conn.subscribe(subjects.KEY_ROTATE, self._on_rotate)
+        self._verifier = TokenVerifier({k.kid: k.key() for k in self.ring.public_keys()})
         await self._conn.flush()
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._rotate_sub):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._sub = self._rotate_sub = None
 
     async def rotate(self, settle_sec: float = 1.0) -> SigningKey:
         """A new signing key; tokens of the old one stay valid until they expire."""
@@ -99,6 +111,23 @@ class TokenService:
         key = await self.keys.rotate(self.ring, self._ttl, settle_sec=settle_sec)
         self.ring.active.save_private(self._key_file)
         return key
+
+    async def _on_rotate(self, msg: Message) -> None:
+        """Only an admin's token may rotate the signing key."""
+        assert self._verifier is not None
+        try:
+            meta, _ = envelope.unpack_request(msg.data, 16 * 1024)
+            claims = self._verifier.verify(meta.token or "")
+            if not claims.has_role(ROLE_ADMIN):
+                raise AuthenticationFailed(f"client {claims.client_id} is not an admin")
+        except (CodecError, AuthenticationFailed) as exc:
+            await self._conn.respond(msg, envelope.pack_error("denied", "not_admin", str(exc)))
+            return
+        key = await self.rotate()
+        for pub in self.ring.public_keys() if self.ring else ():
+            self._verifier.add_key(pub.kid, pub.key())
+        log.info("signing key rotated by %s: %s", claims.client_id, key.kid)
+        await self._conn.respond(msg, envelope.pack_ok(key.kid.encode()))
 
     async def _on_request(self, msg: Message) -> None:
         asyncio.get_running_loop().create_task(self._answer(msg))

@@ -1,0 +1,151 @@
+"""``reach creds add|list|revoke`` and ``reach keys rotate``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from reach import envelope, subjects
+from reach.cli.common import Target, connection_options, fail, run
+from reach.security.credentials import KNOWN_ROLES, CredentialsFile, CredentialStore
+from reach.security.fabric import FabricSecurity
+from reach.transport import connect
+
+
+def register(main: click.Group) -> None:
+    main.add_command(creds)
+    main.add_command(keys)
+
+
+@click.group("creds")
+def creds() -> None:
+    """Client credentials: a client id and a secret, stored only as a slow (scrypt) hash."""
+
+
+@creds.command("add")
+@click.argument("client_id")
+@click.option("--level", type=click.IntRange(1, 4), required=True, help="clearance level 1..4")
+@click.option("--agent-id", default=None, help="the agent this client may announce as")
+@click.option("--role", "roles", multiple=True, type=click.Choice(sorted(KNOWN_ROLES)))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write a credentials file (mode 0600) usable as REACH_CREDS instead of printing",
+)
+@connection_options
+def add(
+    target: Target,
+    client_id: str,
+    level: int,
+    agent_id: str | None,
+    roles: tuple[str, ...],
+    out: Path | None,
+) -> None:
+    """Create a client with a random secret (shown once)."""
+
+    async def go() -> None:
+        conn = await connect(target.servers, name="reach-creds")
+        try:
+            store = await CredentialStore.open(conn, create=True)
+            record, secret = await store.add(client_id, level, agent_id=agent_id, roles=roles)
+        finally:
+            await conn.close()
+        if out is not None:
+            CredentialsFile(target.servers[0], record.client_id, secret).write(out)
+            click.echo(f"created {record.client_id} (level {level}); credentials in {out}")
+        else:
+            click.echo(f"created {record.client_id} (level {level})")
+            click.echo(f"secret (shown once): {secret}")
+
+    run(go())
+
+
+@creds.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@connection_options
+def list_(target: Target, as_json: bool) -> None:
+    """Every client: level, bound agent, roles, created, revoked."""
+
+    async def go() -> None:
+        conn = await connect(target.servers, name="reach-creds")
+        try:
+            store = await CredentialStore.open(conn, create=False)
+            records = await store.list()
+        finally:
+            await conn.close()
+        if as_json:
+            for record in records:
+                data = record.model_dump(mode="json", exclude={"secret_hash"})
+                click.echo(json.dumps(data, sort_keys=True))
+            return
+        table = Table(show_edge=False, header_style="bold")
+        for column in ("client", "level", "agent", "roles", "created", "revoked"):
+            table.add_column(column)
+        for record in records:
+            table.add_row(
+                record.client_id,
+                str(record.level),
+                record.agent_id or "-",
+                ",".join(record.roles) or "-",
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(record.created_at)),
+                "yes" if record.revoked else "",
+            )
+        Console().print(table)
+
+    run(go())
+
+
+@creds.command("revoke")
+@click.argument("client_id")
+@connection_options
+def revoke(target: Target, client_id: str) -> None:
+    """Refuse new tokens to a client (tokens already issued expire within their 2 h)."""
+
+    async def go() -> None:
+        conn = await connect(target.servers, name="reach-creds")
+        try:
+            store = await CredentialStore.open(conn, create=False)
+            await store.revoke(client_id)
+        finally:
+            await conn.close()
+        click.echo(f"revoked {client_id}")
+
+    run(go())
+
+
+@click.group("keys")
+def keys() -> None:
+    """Token-signing keys."""
+
+
+@keys.command("rotate")
+@connection_options
+def rotate(target: Target) -> None:
+    """Sign new tokens with a new key; tokens of the old one stay valid until they expire."""
+
+    async def go() -> None:
+        conn = await connect(target.servers, name="reach-keys")
+        try:
+            security = await FabricSecurity.join(conn, target.credentials, verify=False)
+            try:
+                request = envelope.pack_request(
+                    envelope.RequestMeta(call_id="rotate", token=security.token()), b""
+                )
+                reply = envelope.unpack_reply(
+                    await conn.request(subjects.KEY_ROTATE, request, timeout=10)
+                )
+            finally:
+                await security.close()
+        finally:
+            await conn.close()
+        if not reply.ok:
+            fail(f"rotation refused: {reply.description}")
+        click.echo(f"rotated: new signing key {reply.body.decode()}")
+
+    run(go())
