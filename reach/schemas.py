@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
+from reach.jobs import JobRecord
 from reach.models import (
     AnnounceReply,
     AnnounceRequest,
@@ -35,6 +36,7 @@ from reach.models import (
     RegistrarRecord,
     Transition,
 )
+from reach.security.issuer import TokenReply, TokenRequest
 
 __all__ = [
     "JSON_SCHEMA_DIALECT",
@@ -212,6 +214,18 @@ WIRE_SCHEMAS: tuple[WireSchema, ...] = (
     WireSchema("request-envelope", RequestEnvelope),
     WireSchema("reply-envelope", ReplyEnvelope),
     WireSchema("envelope-error", EnvelopeError),
+    WireSchema(
+        "token-request",
+        TokenRequest,
+        "A client's credentials on reach.v1.auth.token (never logged, never stored).",
+    ),
+    WireSchema(
+        "token-reply",
+        TokenReply,
+        "The issuer's answer: an EdDSA-signed JWT, its expiry, the clearance level and the"
+        " agent_id it is bound to.",
+    ),
+    WireSchema("job-record", JobRecord),
 )
 
 
