@@ -287,3 +287,39 @@ async def test_key_rotation_while_calls_flow_fails_no_call(fabric: Fabric) -> No
     )
     assert code == 1
     assert "not an admin" in err
+
+
+async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_closed(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    import asyncio
+
+    conn = await connect([nats_server.url], name="short-lived")
+    issuer = TokenService(conn, key_file=tmp_path / "signing.key", ttl_sec=3)
+    await issuer.start()
+    assert issuer.credentials is not None
+    creds = {}
+    for client_id, agent_id in (("vault", "vault-1"), ("auditor", None)):
+        _, secret = await issuer.credentials.add(client_id, 3, agent_id=agent_id)
+        creds[client_id] = tmp_path / f"{client_id}.creds"
+        CredentialsFile(nats_server.url, client_id, secret).write(creds[client_id])
+    registrar = Registrar(conn)
+    await registrar.start()
+    fabric = Fabric(nats_server.url, conn, issuer, creds)
+    try:
+        async with (
+            vault_agent(fabric, Behaviour()),
+            ReachClient(servers=nats_server.url, credentials=creds["auditor"]) as client,
+        ):
+            await wait_routable(client, "customer_orders", 1)
+            await issuer.stop()  # the issuer goes away
+            assert (await client.call("customer_orders", {})).agent_id == "vault-1"
+            session = client._security.session
+            assert session is not None
+            # renewal fails (no issuer); the token is used until it expires, then no longer
+            await asyncio.sleep(max(0.0, session.expires_at - time.time()) + 0.05)
+            with pytest.raises(AuthenticationFailed, match="no valid token"):
+                await client.call("customer_orders", {})
+    finally:
+        await registrar.stop()
+        await conn.close()

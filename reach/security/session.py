@@ -36,6 +36,11 @@ class TokenSession:
         self._task: asyncio.Task[None] | None = None
 
     @property
+    def expires_at(self) -> float:
+        """Unix time when the current token expires."""
+        return self._expires_at
+
+    @property
     def client_id(self) -> str:
         return self._creds.client_id
 
