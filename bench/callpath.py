@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import secrets
 import shutil
 import socket
@@ -230,8 +231,10 @@ async def launch(
         async with AsyncExitStack() as stack:
             url, server_pid = await _start_server(stack, servers, logs, progress)
             if any(s.needs_registry for s in stacks):
-                registrar = await Child.start("registrar", ["registrar", url], logs)
+                registrar = await Child.start("registrar", ["registrar", url, str(logs)], logs)
                 stack.push_async_callback(registrar.stop)
+                # tokens on, as with `reach up`: responders (children) and callers use these
+                os.environ["REACH_CREDS"] = str(logs / "bench.creds")
             progress(f"starting {len(stacks)} responder processes")
 
             async def start_responder(s: Stack) -> Child:

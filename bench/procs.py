@@ -149,17 +149,29 @@ def log_dir() -> Path:
 
 
 @asynccontextmanager
-async def _registrar(url: str) -> AsyncIterator[None]:
+async def _registrar(url: str, workdir: Path) -> AsyncIterator[None]:
+    """The registrar and the token issuer, as ``reach up`` runs them; the credentials the
+    benchmark's agents and callers use are written to ``workdir/bench.creds``."""
     from reach.registry import Registrar
+    from reach.security import ROLE_ADMIN, CredentialsFile
+    from reach.security.issuer import TokenService
     from reach.transport import connect
 
     conn = await connect([url], name="bench-registrar")
+    issuer = TokenService(conn, key_file=workdir / "signing.key")
     registrar = Registrar(conn)
     try:
+        await issuer.start()
+        assert issuer.credentials is not None
+        record = await issuer.credentials.get("bench")
+        if record is None:
+            _, secret = await issuer.credentials.add("bench", 4, roles=[ROLE_ADMIN])
+            CredentialsFile(url, "bench", secret).write(workdir / "bench.creds")
         await registrar.start()
         yield
     finally:
         await registrar.stop()
+        await issuer.stop()
         await conn.close()
 
 
@@ -203,12 +215,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     responder.add_argument("--profile", type=Path, default=None)
     registrar = roles.add_parser("registrar")
     registrar.add_argument("url")
+    registrar.add_argument("workdir", type=Path)
     args = parser.parse_args(argv)
 
     service: AbstractAsyncContextManager[None]
     profile: Profile | None = None
     if args.role == "registrar":
-        service = _registrar(args.url)
+        service = _registrar(args.url, args.workdir)
     else:
         from bench.stacks import STACKS, Context
 

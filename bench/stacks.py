@@ -159,10 +159,12 @@ def _manifest(ctx: Context, *, schemas: bool) -> dict[str, Any]:
     }
 
 
-def _reach_responder(*, schemas: bool) -> Callable[[Context], AbstractAsyncContextManager[None]]:
+def _reach_responder(
+    *, schemas: bool, tokens: bool = True
+) -> Callable[[Context], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def responder(ctx: Context) -> AsyncIterator[None]:
-        agent = Agent(_manifest(ctx, schemas=schemas), servers=ctx.url)
+        agent = Agent(_manifest(ctx, schemas=schemas), servers=ctx.url, verify_tokens=tokens)
 
         async def echo(req: dict[str, Any]) -> dict[str, Any]:
             return req
@@ -198,9 +200,19 @@ def _reach_caller(*, validate: bool) -> Callable[[Context], AbstractAsyncContext
 register(
     Stack(
         "reach",
-        "Agent-Reach, everything on: caller and callee validate input/output schemas,"
-        " scored routing, breaker, retry budget, deadline",
+        "Agent-Reach, everything on: token check, caller and callee validate input/output"
+        " schemas, scored routing, breaker, retry budget, deadline",
         _reach_responder(schemas=True),
+        _reach_caller(validate=True),
+        needs_registry=True,
+    )
+)
+
+register(
+    Stack(
+        "reach-notoken",
+        "Agent-Reach without the callee's token check (the caller still sends its token)",
+        _reach_responder(schemas=True, tokens=False),
         _reach_caller(validate=True),
         needs_registry=True,
     )

@@ -104,6 +104,7 @@ class Agent:
         clock: Clock = system_clock,
         announce_timeout: float = 10.0,
         drain_timeout: float = 10.0,
+        verify_tokens: bool = True,
     ) -> None:
         self.manifest = manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)
         self.servers = resolve_servers(servers)
@@ -113,6 +114,8 @@ class Agent:
         self._clock = clock
         self._announce_timeout = announce_timeout
         self._drain_timeout = drain_timeout
+        #: False only to measure the token check's cost (bench): calls are then not checked
+        self._verify_tokens = verify_tokens
         self._conn: Connection | None = None
         self._cap_subs: list[Subscription] = []
         self._probe_sub: Subscription | None = None
@@ -213,7 +216,7 @@ class Agent:
         self._conn = await connect(self.servers, name=f"agent:{self.agent_id}")
         try:
             self._security = await FabricSecurity.join(
-                self._conn, self.credentials, verify=True, clock=self._clock
+                self._conn, self.credentials, verify=self._verify_tokens, clock=self._clock
             )
             self._server.verifier = self._security.verifier
             if self.manifest.mode == "async":
