@@ -197,9 +197,11 @@ class Connection:
     async def wait_routable(self, subject: str, probe: bytes, timeout: float = 10.0) -> None:
         """Return once a request on ``subject`` (our own newest subscription) is answered.
 
-        A flush after SUB was measured not to be enough with nats-py: right after it,
-        another connection sometimes got "no responders". Subscriptions are processed in
-        order, so once the newest one answers, every earlier one is routable too.
+        A flush after SUB is not enough with nats-py 2.16: ``flush()`` writes its PING
+        straight to the socket, ahead of a SUB still waiting in the client's buffer, so
+        the PONG can come back before the server has the subscription (seen as "no
+        responders" from another connection). Subscriptions are processed in order, so
+        once the newest one answers, every earlier one is routable too.
         """
         deadline = time.monotonic() + timeout
         while True:

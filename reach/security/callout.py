@@ -1,0 +1,418 @@
+"""NATS auth callout: the server asks us, on ``$SYS.REQ.USER.AUTH``, whether a client may connect.
+
+How it works (nats-server >= 2.10, server-config mode, see ADR-26 "NATS Authorization
+Callouts" and server/auth_callout.go):
+
+1. A client that is not in ``auth_users`` connects with ``user``/``pass`` (our client id and
+   secret). The server makes a throwaway user nkey for the connection and publishes an
+   *authorization request* JWT to ``$SYS.REQ.USER.AUTH`` in the callout account, with a
+   ``$SYS._INBOX`` reply subject. The JWT (``alg: ed25519-nkey``) is signed by the server's
+   own nkey: ``iss`` = ``nats.server_id.id`` = the server id in INFO, ``aud`` =
+   ``nats-authorization-request``, ``sub`` = our issuer's public key, ``exp`` = now + the
+   auth timeout; ``nats.user_nkey`` is the nkey the answer must be for and
+   ``nats.connect_opts`` holds what the client sent in CONNECT.
+2. We answer with an *authorization response* JWT signed by the issuer account nkey:
+   ``sub`` = that user nkey, ``aud`` = the server id, and ``nats.jwt`` = a user JWT
+   (also ``sub`` = user nkey, ``iss`` = issuer, ``aud`` = the account to place the client in,
+   ``nats.pub/sub/resp`` = its permissions) or ``nats.error`` to refuse.
+3. The server checks the signature (issuer must equal ``auth_callout.issuer``), subject,
+   audience and expiry, then applies the permissions for the life of the connection.
+
+Requests are verified before we trust them: signature by the ``iss`` server key, which must
+be the server we are connected to when ``server_ids`` is given, the audience, the subject
+(our issuer), the expiry and the type. No xkey encryption: it needs NaCl boxes (PyNaCl);
+the requests stay inside the dedicated AUTH account on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reach import subjects
+from reach.errors import ReachError
+from reach.security import natsconf
+from reach.transport import Connection, Message, Subscription
+
+__all__ = [
+    "AUTH_SUBJECT",
+    "ROLES",
+    "AuthCallout",
+    "Authenticator",
+    "CalloutRequest",
+    "Permissions",
+    "decode_jwt",
+    "encode_jwt",
+    "permissions_for",
+]
+
+log = logging.getLogger("reach.security.callout")
+
+AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
+_REQUEST_AUDIENCE = "nats-authorization-request"
+_HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
+_LEEWAY = 5  # seconds of clock skew tolerated on the request's exp/nbf
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # one subject token, no wildcard
+
+
+# -- JWTs as nats-io/jwt v2 writes them -------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def encode_jwt(claims: dict[str, Any], key: natsconf.NKey) -> str:
+    """Sign ``claims`` (``iss``, ``iat``, ``jti`` filled in) as an ``ed25519-nkey`` JWT."""
+    body = {"jti": _b64(secrets.token_bytes(24)), "iat": int(time.time()), **claims}
+    body["iss"] = key.public_key
+    head = _b64(json.dumps(_HEADER, separators=(",", ":")).encode())
+    payload = _b64(json.dumps(body, separators=(",", ":")).encode())
+    signed = f"{head}.{payload}"
+    return f"{signed}.{_b64(key.sign(signed.encode()))}"
+
+
+def decode_jwt(token: str) -> dict[str, Any]:
+    """The claims of an nkey-signed JWT whose signature by its own ``iss`` checks out.
+
+    ValueError otherwise. Whether that issuer is trusted is the caller's decision.
+    """
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise ValueError("not a JWT")
+    try:
+        header = json.loads(_unb64(parts[0]))
+        claims = json.loads(_unb64(parts[1]))
+        signature = _unb64(parts[2])
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError("malformed JWT") from exc
+    if not isinstance(header, dict) or header.get("alg") != _HEADER["alg"]:
+        raise ValueError("JWT algorithm must be ed25519-nkey")
+    if not isinstance(claims, dict) or not isinstance(claims.get("iss"), str):
+        raise ValueError("JWT without issuer")
+    if not natsconf.verify_signature(claims["iss"], f"{parts[0]}.{parts[1]}".encode(), signature):
+        raise ValueError("bad JWT signature")
+    return claims
+
+
+# -- permissions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """Subject permissions of one connection (NATS semantics: deny wins over allow)."""
+
+    publish_allow: tuple[str, ...] = ()
+    publish_deny: tuple[str, ...] = ()
+    #: an entry may name a queue group: ``"reach.v1.cap.x x"`` allows only that group
+    subscribe_allow: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+    #: may publish one reply to the reply subject of each request it received
+    allow_responses: bool = False
+    response_max: int = 1
+    response_ttl: float = 600.0
+
+    def claims(self) -> dict[str, Any]:
+        """The ``pub``/``sub``/``resp`` part of a user JWT.
+
+        An empty side would mean *no restriction* to the server, so it becomes ``deny >``.
+        """
+
+        def side(allow: Sequence[str], deny: Sequence[str]) -> dict[str, list[str]]:
+            if not allow and not deny:
+                return {"deny": [">"]}
+            out = {"allow": list(allow)} if allow else {}
+            return out | ({"deny": list(deny)} if deny else {})
+
+        out: dict[str, Any] = {
+            "pub": side(self.publish_allow, self.publish_deny),
+            "sub": side(self.subscribe_allow, self.subscribe_deny),
+        }
+        if self.allow_responses:
+            out["resp"] = {"max": self.response_max, "ttl": int(self.response_ttl * 1e9)}
+        return out
+
+
+#: roles of ClientRecord: ``registrar`` and ``admin`` (the credential and key tools) own the
+#: REACH_* buckets; a client bound to an agent_id is an ``agent``; anyone else is a ``caller``
+ROLES = ("agent", "caller", "registrar", "admin")
+
+
+def _js_read(bucket: str) -> list[str]:
+    """What nats-py needs for ``js.key_value(b)``, ``kv.get`` and ``kv.watch`` on bucket b."""
+    stream = f"KV_{bucket}"
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",  # js.key_value(): read the bucket's config
+        f"$JS.API.DIRECT.GET.{stream}",  # kv.get(revision) on a bucket with allow_direct
+        f"$JS.API.DIRECT.GET.{stream}.>",  # kv.get(key) on a bucket with allow_direct
+        f"$JS.API.STREAM.MSG.GET.{stream}",  # kv.get() otherwise (nats-py's default bucket)
+        f"$JS.API.CONSUMER.CREATE.{stream}",  # kv.watch(): ephemeral ordered push consumer
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",  # the same, named/filtered form
+        f"$JS.API.CONSUMER.INFO.{stream}.*",  # kv.watch(): pending count for the initial marker
+        f"$JS.FC.{stream}.>",  # kv.watch(): flow-control replies of the ordered consumer
+    ]
+
+
+def permissions_for(
+    role: str,
+    *,
+    agent_id: str | None,
+    capabilities: Sequence[str],
+    inbox_prefix: str,
+    async_jobs: bool = False,
+) -> Permissions:
+    """The NATS permissions of a client of ``role`` (see ROLES).
+
+    ``inbox_prefix`` is the client's own reply prefix (``_INBOX.<client_id>``): the client
+    must connect with it (nats-py ``inbox_prefix=``) since it may subscribe nowhere else for
+    replies. ``async_jobs`` lets callers read and agents read and write REACH_JOBS; KV
+    permissions cannot be narrowed to one job, so any holder may read (and an agent
+    overwrite) every job record: leave it off unless async-mode capabilities are in use.
+    """
+    if role in ("registrar", "admin"):
+        # the registrar/issuer and the admin tools own registry, credentials, keys, jobs, streams
+        return Permissions(publish_allow=(">",), subscribe_allow=(">",), allow_responses=True)
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    _check_inbox(inbox_prefix)
+    pub = [
+        subjects.TOKEN,  # exchange client id + secret for a token (request/reply)
+        subjects.REGISTRAR_PING,  # registrar liveness (tools, clients)
+        f"{subjects.PREFIX}.cap.>",  # call any capability: clearance is checked by the callee
+        *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
+        *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
+    ]
+    sub = [f"{inbox_prefix}.>"]  # replies, JS API answers and push-consumer deliveries
+    if role == "caller":
+        if async_jobs:
+            pub += _js_read(subjects.JOBS_BUCKET)  # wait for a job: get/watch its record
+        return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
+    if agent_id is None or not _TOKEN_RE.match(agent_id):
+        raise ValueError("an agent needs an agent_id that is one subject token")
+    caps = list(dict.fromkeys(capabilities))
+    for cap in caps:
+        if not _TOKEN_RE.match(cap):
+            raise ValueError(f"capability {cap!r} is not one subject token")
+    pub += [
+        subjects.announce(agent_id),  # announce only itself
+        subjects.heartbeat(agent_id),  # heartbeat only itself
+        subjects.bye(agent_id),  # deregister only itself
+        *(subjects.audit(cap) for cap in caps),  # audit events of its own capabilities
+    ]
+    if async_jobs:
+        pub += [
+            f"$KV.{subjects.JOBS_BUCKET}.job.>",  # write job records (a KV put is a publish)
+            *_js_read(subjects.JOBS_BUCKET),  # open the bucket; wait for jobs it called
+        ]
+    sub += [
+        subjects.capability_instance("*", agent_id),  # calls addressed to this instance
+        *(f"{subjects.capability(cap)} {cap}" for cap in caps),  # its share of the queue group
+        subjects.probe(agent_id),  # the registrar's health probes
+    ]
+    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), allow_responses=True)
+
+
+def _check_inbox(prefix: str) -> None:
+    tokens = prefix.split(".")
+    if len(tokens) < 2 or tokens[0] != "_INBOX" or not all(_TOKEN_RE.match(t) for t in tokens[1:]):
+        raise ValueError(f"inbox prefix {prefix!r} must be _INBOX.<token>[.<token>...]")
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+# -- the callout service ----------------------------------------------------------------------
+
+Authenticator = Callable[[str, str], Awaitable[Permissions | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class CalloutRequest:
+    """A verified authorization request."""
+
+    server_id: str
+    user_nkey: str
+    user: str
+    password: str
+    client_name: str
+    client_host: str
+
+
+class AuthCallout:
+    """Answers the server's authorization requests on ``$SYS.REQ.USER.AUTH``.
+
+    ``conn`` is a connection of the callout service user (``auth_users``, AUTH account).
+    ``authenticate(user, password)`` returns the client's permissions, or None to refuse.
+    ``server_ids``: the server keys whose requests we accept (None: any correctly signed one,
+    the AUTH account is ours alone). ``user_ttl``: the user JWT's lifetime; when it expires
+    the server drops the connection and the client logs in again (None: no expiry).
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        issuer: natsconf.NKey,
+        authenticate: Authenticator,
+        *,
+        account: str = natsconf.APP_ACCOUNT,
+        server_ids: Collection[str] | None = None,
+        user_ttl: float | None = None,
+        queue: str = "reach-auth",
+        concurrency: int = 64,
+    ) -> None:
+        if issuer.prefix != natsconf.PREFIX_ACCOUNT:
+            raise ValueError("the callout issuer must be an account nkey")
+        self._conn = conn
+        self._issuer = issuer
+        self._authenticate = authenticate
+        self._account = account
+        self._server_ids = frozenset(server_ids) if server_ids is not None else None
+        self._user_ttl = user_ttl
+        self._queue = queue
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sub: Subscription | None = None
+        self.refused = 0
+        self.accepted = 0
+
+    async def start(self) -> None:
+        self._sub = await self._conn.subscribe(AUTH_SUBJECT, self._on_request, queue=self._queue)
+        await self._settle()  # the server sends us requests from here on
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+            with contextlib.suppress(ReachError):
+                await self._settle()  # the server stops sending us requests from here on
+
+    async def _settle(self) -> None:
+        # nats-py 2.16 writes flush()'s PING straight to the socket, ahead of a SUB/UNSUB that
+        # still waits in its buffer: the second round trip is the one that follows it
+        await self._conn.flush()
+        await self._conn.flush()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> AuthCallout:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _on_request(self, msg: Message) -> None:
+        # one task per request: a slow password hash must not hold up the other logins
+        task = asyncio.create_task(self._answer(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, msg: Message) -> None:
+        try:
+            request = self.verify_request(bytes(msg.data))
+        except ValueError as exc:
+            log.warning("auth callout: ignoring an invalid authorization request: %s", exc)
+            return
+        async with self._slots:
+            try:
+                perms = await self._check(request)
+            except Exception:
+                log.exception("auth callout: authenticate failed for %r", request.user)
+                perms = None
+        if perms is None:
+            self.refused += 1
+            log.info("auth callout: refused %r from %s", request.user, request.client_host)
+            await self._conn.respond(msg, self.response(request, error="authentication failed"))
+            return
+        self.accepted += 1
+        await self._conn.respond(msg, self.response(request, permissions=perms))
+
+    async def _check(self, request: CalloutRequest) -> Permissions | None:
+        if not request.user or not request.password or not _TOKEN_RE.match(request.user):
+            return None  # anonymous, or a user name that cannot be a client id
+        return await self._authenticate(request.user, request.password)
+
+    def verify_request(self, data: bytes) -> CalloutRequest:
+        """Decode and check an authorization request JWT; ValueError if it is not one of ours."""
+        claims = decode_jwt(data.decode("ascii", "replace"))
+        nats = _mapping(claims.get("nats"))
+        if nats.get("type") != "authorization_request":
+            raise ValueError("not an authorization request")
+        issuer = claims["iss"]
+        if not natsconf.is_public_key(issuer, natsconf.PREFIX_SERVER):
+            raise ValueError("request not signed by a server key")
+        if _mapping(nats.get("server_id")).get("id") != issuer:
+            raise ValueError("request signer is not the server it names")
+        if self._server_ids is not None and issuer not in self._server_ids:
+            raise ValueError(f"request from unknown server {issuer}")
+        if claims.get("aud") != _REQUEST_AUDIENCE or claims.get("sub") != self._issuer.public_key:
+            raise ValueError("request not addressed to this issuer")
+        expires = claims.get("exp")
+        if not isinstance(expires, int) or time.time() > expires + _LEEWAY:
+            raise ValueError("request expired or without expiry")
+        user_nkey = nats.get("user_nkey")
+        if not isinstance(user_nkey, str) or not natsconf.is_public_key(
+            user_nkey, natsconf.PREFIX_USER
+        ):
+            raise ValueError("request without a valid user nkey")
+        opts = _mapping(nats.get("connect_opts"))
+        info = _mapping(nats.get("client_info"))
+        return CalloutRequest(
+            server_id=issuer,
+            user_nkey=user_nkey,
+            user=str(opts.get("user") or ""),
+            password=str(opts.get("pass") or ""),
+            client_name=str(opts.get("name") or ""),
+            client_host=str(info.get("host") or ""),
+        )
+
+    def response(
+        self,
+        request: CalloutRequest,
+        *,
+        permissions: Permissions | None = None,
+        error: str = "",
+    ) -> bytes:
+        """The signed authorization response: a user JWT with ``permissions``, or ``error``."""
+        body: dict[str, Any] = {"type": "authorization_response", "version": 2}
+        if permissions is not None:
+            body["jwt"] = self.user_jwt(request, permissions)
+        else:
+            body["error"] = error or "not authorized"
+        claims = {"sub": request.user_nkey, "aud": request.server_id, "nats": body}
+        return encode_jwt(claims, self._issuer).encode()
+
+    def user_jwt(self, request: CalloutRequest, permissions: Permissions) -> str:
+        nats = {
+            **permissions.claims(),
+            "subs": -1,
+            "data": -1,
+            "payload": -1,
+            "type": "user",
+            "version": 2,
+        }
+        claims: dict[str, Any] = {
+            "sub": request.user_nkey,
+            "aud": self._account,  # server-config mode: the account the client is placed in
+            "name": request.user,
+            "nats": nats,
+        }
+        if self._user_ttl is not None:
+            claims["exp"] = int(time.time() + self._user_ttl)
+        return encode_jwt(claims, self._issuer)

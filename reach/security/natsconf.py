@@ -1,0 +1,288 @@
+"""The secure nats-server setup of ``reach up``: nkeys, service users and the config text.
+
+No anonymous access: every client that is not one of the two service users below is handed
+to the auth callout (``reach.security.callout``), which checks its client id + secret and
+returns a user JWT with its subject permissions, placed in the account ``REACH``.
+
+* ``AUTH`` account: the callout service user. Nothing else lives there, so no client can see
+  the authorization requests (they carry the clients' secrets) on ``$SYS.REQ.USER.AUTH``.
+* ``REACH`` account (JetStream on): every application client, and the registrar/issuer user,
+  which connects with a password and bypasses the callout (it is in ``auth_users``) so that
+  the registry and the credential store work before any credential exists.
+* ``SYS``: the system account, no users.
+
+The issuer is an account nkey (ed25519) whose seed stays under the store directory (0600):
+the server accepts a callout answer only if it is signed by it. Nkeys are encoded here with
+``cryptography`` (base32 of prefix + key + CRC-16/XMODEM, as nats-io/nkeys does).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+__all__ = [
+    "APP_ACCOUNT",
+    "AUTH_ACCOUNT",
+    "CALLOUT_USER",
+    "REGISTRAR_USER",
+    "SYSTEM_ACCOUNT",
+    "NKey",
+    "SecureSetup",
+    "ServiceUser",
+    "load_or_create_password",
+    "load_or_create_seed",
+    "prepare",
+    "render_config",
+    "verify_signature",
+    "write_config",
+]
+
+AUTH_ACCOUNT = "AUTH"
+APP_ACCOUNT = "REACH"
+SYSTEM_ACCOUNT = "SYS"
+CALLOUT_USER = "reach-auth"
+REGISTRAR_USER = "reach-registrar"
+
+#: nkey prefix bytes (first base32 character of the encoded key)
+PREFIX_SEED = 18 << 3  # S
+PREFIX_SERVER = 13 << 3  # N
+PREFIX_ACCOUNT = 0  # A
+PREFIX_USER = 20 << 3  # U
+_PUBLIC_PREFIXES = {PREFIX_SERVER, PREFIX_ACCOUNT, PREFIX_USER, 14 << 3, 2 << 3}
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16/XMODEM (polynomial 0x1021, initial 0), the nkeys checksum."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def _encode(raw: bytes) -> str:
+    raw += _crc16(raw).to_bytes(2, "little")
+    return base64.b32encode(raw).decode().rstrip("=")
+
+
+def _decode(text: str) -> bytes:
+    try:
+        raw = base64.b32decode(text + "=" * (-len(text) % 8))
+    except (ValueError, TypeError) as exc:
+        raise ValueError("not an nkey") from exc
+    if len(raw) < 3 or _crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little"):
+        raise ValueError("nkey checksum mismatch")
+    return raw[:-2]
+
+
+def decode_public_key(text: str, prefix: int | None = None) -> bytes:
+    """The raw ed25519 key of an encoded public nkey; ValueError if malformed or wrong kind."""
+    raw = _decode(text)
+    if len(raw) != 33 or raw[0] not in _PUBLIC_PREFIXES:
+        raise ValueError("not a public nkey")
+    if prefix is not None and raw[0] != prefix:
+        raise ValueError("public nkey of the wrong kind")
+    return raw[1:]
+
+
+def is_public_key(text: str, prefix: int) -> bool:
+    try:
+        decode_public_key(text, prefix)
+    except ValueError:
+        return False
+    return True
+
+
+def verify_signature(public_key: str, data: bytes, signature: bytes) -> bool:
+    """True if ``signature`` is the ed25519 signature of ``data`` by the nkey ``public_key``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(decode_public_key(public_key)).verify(signature, data)
+    except (ValueError, InvalidSignature):
+        return False
+    return True
+
+
+class NKey:
+    """An ed25519 nkey pair (account, user or server) known by its seed."""
+
+    def __init__(self, prefix: int, raw_seed: bytes) -> None:
+        if prefix not in _PUBLIC_PREFIXES or len(raw_seed) != 32:
+            raise ValueError("invalid nkey seed")
+        self.prefix = prefix
+        self._key = Ed25519PrivateKey.from_private_bytes(raw_seed)
+        self._raw_seed = raw_seed
+        raw_public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.public_key = _encode(bytes([prefix]) + raw_public)
+
+    @classmethod
+    def create(cls, prefix: int = PREFIX_ACCOUNT) -> NKey:
+        return cls(prefix, secrets.token_bytes(32))
+
+    @classmethod
+    def from_seed(cls, seed: str) -> NKey:
+        raw = _decode(seed.strip())
+        if len(raw) != 34 or raw[0] & 0xF8 != PREFIX_SEED:
+            raise ValueError("not an nkey seed")
+        prefix = (raw[0] & 0x07) << 5 | (raw[1] & 0xF8) >> 3
+        return cls(prefix, raw[2:])
+
+    @property
+    def seed(self) -> str:
+        header = bytes([PREFIX_SEED | self.prefix >> 5, (self.prefix & 0x1F) << 3])
+        return _encode(header + self._raw_seed)
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    def __repr__(self) -> str:
+        return f"NKey({self.public_key})"
+
+
+def _write_secret(path: Path, text: str) -> bool:
+    """Create ``path`` with mode 0600 holding ``text``; False if it exists already."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+    return True
+
+
+def load_or_create_seed(path: str | os.PathLike[str], prefix: int = PREFIX_ACCOUNT) -> NKey:
+    """The nkey whose seed is in ``path``, created (mode 0600) on first use."""
+    file = Path(path)
+    if not file.exists():
+        _write_secret(file, NKey.create(prefix).seed)  # a racing creator wins: reread below
+    key = NKey.from_seed(file.read_text())
+    if key.prefix != prefix:
+        raise ValueError(f"{file} holds an nkey of the wrong kind")
+    return key
+
+
+def load_or_create_password(path: str | os.PathLike[str]) -> str:
+    """A random service password kept in ``path`` (mode 0600), created on first use."""
+    file = Path(path)
+    if not file.exists():
+        _write_secret(file, secrets.token_urlsafe(32))
+    password = file.read_text().strip()
+    if not password:
+        raise ValueError(f"{file} is empty")
+    return password
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceUser:
+    """A user defined in the server config (password login, no callout)."""
+
+    name: str
+    password: str
+    account: str
+
+
+@dataclass(frozen=True, slots=True)
+class SecureSetup:
+    """What the secure server needs: the callout issuer and the two service users."""
+
+    issuer: NKey
+    callout_user: ServiceUser
+    registrar_user: ServiceUser
+    #: seconds the server waits for a client's CONNECT, and so for the callout's answer
+    auth_timeout: float = 5.0
+
+
+def prepare(store_dir: str | os.PathLike[str]) -> SecureSetup:
+    """Create (once) or load the issuer seed and service passwords under ``<store>/auth``."""
+    auth = Path(store_dir) / "auth"
+    return SecureSetup(
+        issuer=load_or_create_seed(auth / "issuer.nk", PREFIX_ACCOUNT),
+        callout_user=ServiceUser(
+            CALLOUT_USER, load_or_create_password(auth / "callout.pass"), AUTH_ACCOUNT
+        ),
+        registrar_user=ServiceUser(
+            REGISTRAR_USER, load_or_create_password(auth / "registrar.pass"), APP_ACCOUNT
+        ),
+    )
+
+
+def _q(text: str) -> str:
+    """A quoted string for the nats-server config (JSON escapes are understood)."""
+    return json.dumps(text)
+
+
+def _user(user: ServiceUser) -> str:
+    return f"{{ user: {_q(user.name)}, password: {_q(user.password)} }}"
+
+
+def render_config(
+    setup: SecureSetup,
+    *,
+    port: int,
+    store_dir: str | os.PathLike[str] | None,
+    host: str = "127.0.0.1",
+    server_name: str = "reach",
+) -> str:
+    """The nats-server configuration text: auth on, callout, JetStream in ``REACH`` only.
+
+    ``store_dir=None`` leaves the JetStream store to the command line (``-sd``, as
+    ``EmbeddedServer`` passes it: nats-server refuses a store_dir given twice).
+    """
+    call, reg = setup.callout_user, setup.registrar_user
+    jetstream = "enabled" if store_dir is None else f"{{ store_dir: {_q(str(store_dir))} }}"
+    return f"""# generated by reach: authentication on, no anonymous access (auth callout)
+server_name: {_q(server_name)}
+listen: {_q(f"{host}:{port}")}
+jetstream: {jetstream}
+accounts {{
+  {AUTH_ACCOUNT}: {{
+    users: [ {_user(call)} ]
+  }}
+  {APP_ACCOUNT}: {{
+    jetstream: enabled
+    users: [ {_user(reg)} ]
+  }}
+  {SYSTEM_ACCOUNT}: {{}}
+}}
+system_account: {SYSTEM_ACCOUNT}
+authorization {{
+  timeout: {setup.auth_timeout:g}
+  auth_callout {{
+    issuer: {_q(setup.issuer.public_key)}
+    account: {AUTH_ACCOUNT}
+    auth_users: [ {_q(call.name)}, {_q(reg.name)} ]
+  }}
+}}
+"""
+
+
+def write_config(
+    setup: SecureSetup,
+    path: str | os.PathLike[str],
+    *,
+    port: int,
+    store_dir: str | os.PathLike[str] | None,
+    host: str = "127.0.0.1",
+) -> Path:
+    """Write the config (mode 0600: it holds the service passwords) and return its path."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    text = render_config(setup, port=port, store_dir=store_dir, host=host)
+    tmp = file.with_name(file.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, file)
+    return file

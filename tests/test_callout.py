@@ -1,0 +1,512 @@
+"""NATS-level isolation through the auth callout, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import stat
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import KeyValueConfig
+
+from reach.security import natsconf
+from reach.security.callout import AuthCallout, Permissions, decode_jwt, encode_jwt
+from reach.security.callout import permissions_for as perms_for
+from reach.testing import NatsServer
+from reach.transport import Connection, connect
+
+SECRET = "s3cret-value"
+
+#: client id -> (role, agent_id, capabilities, async_jobs)
+CLIENTS: dict[str, tuple[str, str | None, list[str], bool]] = {
+    "svc-a": ("agent", "agent-a", ["echo"], False),
+    "svc-b": ("agent", "agent-b", ["echo"], False),
+    "svc-jobs": ("agent", "agent-j", ["slow"], True),
+    "app": ("caller", None, [], False),
+    "app-jobs": ("caller", None, [], True),
+    "ops": ("registrar", None, [], False),
+}
+
+
+async def authenticate(user: str, password: str) -> Permissions | None:
+    if password != SECRET or user not in CLIENTS:
+        return None
+    role, agent_id, caps, jobs = CLIENTS[user]
+    return perms_for(
+        role, agent_id=agent_id, capabilities=caps, inbox_prefix=f"_INBOX.{user}", async_jobs=jobs
+    )
+
+
+@pytest.fixture(scope="module")
+def secure(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[NatsServer, natsconf.SecureSetup]]:
+    store = tmp_path_factory.mktemp("secure-nats")
+    server = NatsServer(store_dir=store)
+    setup = dataclasses.replace(natsconf.prepare(store), auth_timeout=2.0)
+    server.config_file = natsconf.write_config(
+        setup, store / "nats.conf", port=server.port, store_dir=None
+    )
+    server.start_now()
+    try:
+        yield server, setup
+    finally:
+        server.cleanup()
+
+
+ServiceConn = Callable[[], Awaitable[Connection]]
+
+
+@pytest.fixture
+async def service_conn(
+    secure: tuple[NatsServer, natsconf.SecureSetup],
+) -> AsyncIterator[ServiceConn]:
+    """Connections of the callout service user, closed after the test."""
+    server, setup = secure
+    conns: list[Connection] = []
+
+    async def _open() -> Connection:
+        user = setup.callout_user
+        conns.append(
+            await connect([server.url], name="callout", user=user.name, password=user.password)
+        )
+        return conns[-1]
+
+    yield _open
+    for conn in conns:
+        await conn.close()
+
+
+@pytest.fixture
+async def callout(
+    secure: tuple[NatsServer, natsconf.SecureSetup], service_conn: ServiceConn
+) -> AsyncIterator[AuthCallout]:
+    async with AuthCallout(await service_conn(), secure[1].issuer, authenticate) as service:
+        yield service
+
+
+class Peer:
+    """A raw nats-py client that records the errors the server reports."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.nc = Client()
+
+    async def error_cb(self, exc: Exception) -> None:
+        self.errors.append(str(exc).lower())
+
+    async def violation(self, fragment: str, timeout: float = 3.0) -> None:
+        """Wait until the server reported a permissions violation naming ``fragment``."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not any("permissions violation" in e and fragment.lower() in e for e in self.errors):
+            assert asyncio.get_running_loop().time() < deadline, (fragment, self.errors)
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def login(
+    secure: tuple[NatsServer, natsconf.SecureSetup], callout: AuthCallout
+) -> AsyncIterator[Callable[..., Awaitable[Peer]]]:
+    server, _ = secure
+    peers: list[Peer] = []
+
+    async def _login(user: str = "", password: str = SECRET, inbox: str | None = None) -> Peer:
+        peer = Peer()
+        kwargs: dict[str, object] = {"user": user, "password": password} if user else {}
+        try:
+            await peer.nc.connect(
+                server.url,
+                inbox_prefix=inbox or f"_INBOX.{user or 'anon'}",
+                error_cb=peer.error_cb,
+                allow_reconnect=False,
+                connect_timeout=5,
+                **kwargs,  # type: ignore[arg-type]
+            )
+        except BaseException:
+            await peer.nc.close()  # a refused connect leaves its socket open otherwise
+            raise
+        peers.append(peer)
+        return peer
+
+    yield _login
+    for peer in peers:
+        await peer.nc.close()
+
+
+@pytest.fixture
+async def registrar(secure: tuple[NatsServer, natsconf.SecureSetup]) -> AsyncIterator[Client]:
+    """The registrar's service user: a password from the config, no callout."""
+    server, setup = secure
+    nc = await nats.connect(
+        server.url, user=setup.registrar_user.name, password=setup.registrar_user.password
+    )
+    yield nc
+    await nc.close()
+
+
+async def _refused(login: Callable[..., Awaitable[Peer]], *args: str) -> str:
+    with pytest.raises(Exception) as info:  # noqa: PT011 - nats-py raises several kinds
+        await login(*args)
+    return str(info.value).lower()
+
+
+async def settle(nc: Client) -> None:
+    """Wait until the server has our subscriptions: nats-py 2.16 sends flush()'s PING ahead
+    of a SUB still in its buffer, so one round trip is not enough."""
+    await nc.flush()
+    await nc.flush()
+
+
+def _counter() -> tuple[list[Msg], Callable[[Msg], Awaitable[None]]]:
+    got: list[Msg] = []
+
+    async def cb(msg: Msg) -> None:
+        got.append(msg)
+
+    return got, cb
+
+
+# -- keys, config, JWTs -----------------------------------------------------------------------
+
+
+def test_nkey_matches_the_nats_docs_vector() -> None:
+    key = natsconf.NKey.from_seed("SAANDLKMXL6CUS3CP52WIXBEDN6YJ545GDKC65U5JZPPV6WH6ESWUA6YAI")
+    assert key.public_key == "ABJHLOVMPA4CI6R5KLNGOB4GSLNIY7IOUPAJC4YFNDLQVIOBYQGUWVLA"
+    assert natsconf.NKey.from_seed(key.seed).public_key == key.public_key
+    assert natsconf.verify_signature(key.public_key, b"x", key.sign(b"x"))
+    assert not natsconf.verify_signature(key.public_key, b"y", key.sign(b"x"))
+
+
+def test_secrets_are_private_and_stable(tmp_path: Path) -> None:
+    first = natsconf.prepare(tmp_path)
+    again = natsconf.prepare(tmp_path)
+    assert again.issuer.public_key == first.issuer.public_key
+    assert again.registrar_user.password == first.registrar_user.password
+    conf = natsconf.write_config(first, tmp_path / "nats.conf", port=4222, store_dir=tmp_path)
+    for path in [conf, *(tmp_path / "auth").iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    text = conf.read_text()
+    assert first.issuer.public_key in text
+    assert first.issuer.seed not in text
+    assert "no_auth_user" not in text
+    assert 'listen: "127.0.0.1:4222"' in text
+
+
+def test_decode_jwt_rejects_tampering() -> None:
+    key = natsconf.NKey.create(natsconf.PREFIX_SERVER)
+    token = encode_jwt({"sub": "x", "nats": {"level": 1}}, key)
+    assert decode_jwt(token)["iss"] == key.public_key
+    head, body, sig = token.split(".")
+    forged = encode_jwt({"sub": "x", "nats": {"level": 4}}, key).split(".")[1]
+    for bad in (f"{head}.{forged}.{sig}", f"{head}.{body}.", "a.b", "garbage.x.y"):
+        with pytest.raises(ValueError, match="JWT"):
+            decode_jwt(bad)
+
+
+def test_callout_rejects_requests_it_cannot_trust() -> None:
+    issuer = natsconf.NKey.create()
+    server = natsconf.NKey.create(natsconf.PREFIX_SERVER)
+    user = natsconf.NKey.create(natsconf.PREFIX_USER).public_key
+    service = AuthCallout(None, issuer, authenticate, server_ids=[server.public_key])  # type: ignore[arg-type]
+
+    def request(signer: natsconf.NKey = server, **over: object) -> bytes:
+        nats_part = {
+            "server_id": {"id": server.public_key, "name": "s", "host": "h"},
+            "user_nkey": user,
+            "connect_opts": {"user": "app", "pass": SECRET, "protocol": 1},
+            "type": "authorization_request",
+            "version": 2,
+        }
+        claims = {
+            "aud": "nats-authorization-request",
+            "sub": issuer.public_key,
+            "exp": int(time.time()) + 2,
+            "nats": nats_part,
+        }
+        return encode_jwt(
+            {k: v for k, v in (claims | over).items() if v is not None}, signer
+        ).encode()
+
+    assert service.verify_request(request()).user == "app"
+    other = natsconf.NKey.create(natsconf.PREFIX_SERVER)
+    for bad in (
+        request(signer=other),  # a server we do not know (and not the one it names)
+        request(aud="someone-else"),
+        request(sub=natsconf.NKey.create().public_key),  # for another issuer
+        request(exp=1),  # expired
+        request(exp=None),  # no expiry
+        request(nats={"type": "authorization_request", "server_id": "x", "user_nkey": 5}),
+        request(nats={"type": "authorization_request"}),  # no user nkey, no server
+        request()[:-4] + b"AAAA",  # bad signature
+    ):
+        with pytest.raises(ValueError, match=r"request|JWT"):
+            service.verify_request(bad)
+
+
+def test_permissions_policy() -> None:
+    agent = perms_for("agent", agent_id="a1", capabilities=["echo"], inbox_prefix="_INBOX.c1")
+    assert "reach.v1.hb.a1" in agent.publish_allow
+    assert not any(
+        s.startswith("reach.v1.hb.") and s != "reach.v1.hb.a1" for s in agent.publish_allow
+    )
+    assert "reach.v1.cap.echo echo" in agent.subscribe_allow  # queue group only
+    assert "reach.v1.cap.*.a1" in agent.subscribe_allow
+    assert "_INBOX.c1.>" in agent.subscribe_allow
+    assert agent.allow_responses
+    assert not any("$KV" in s for s in agent.publish_allow)
+    caller = perms_for("caller", agent_id=None, capabilities=[], inbox_prefix="_INBOX.c2")
+    assert caller.subscribe_allow == ("_INBOX.c2.>",)
+    assert not caller.allow_responses
+    assert perms_for(
+        "registrar", agent_id=None, capabilities=[], inbox_prefix=""
+    ).publish_allow == (">",)
+    for bad in (
+        {"role": "root"},
+        {"role": "agent", "agent_id": None},
+        {"role": "agent", "agent_id": "a.*"},
+        {"role": "agent", "capabilities": [">"]},
+        {"role": "caller", "inbox_prefix": "_INBOX"},
+        {"role": "caller", "inbox_prefix": "_INBOX.>"},
+    ):
+        args: dict[str, object] = {
+            "agent_id": "a1",
+            "capabilities": [],
+            "inbox_prefix": "_INBOX.c",
+        } | bad
+        with pytest.raises(ValueError, match=r"role|agent_id|capability|inbox"):
+            perms_for(**args)  # type: ignore[arg-type]
+    assert Permissions().claims() == {"pub": {"deny": [">"]}, "sub": {"deny": [">"]}}
+
+
+# -- authentication against the real server ---------------------------------------------------
+
+
+async def test_anonymous_connect_is_refused(login: Callable[..., Awaitable[Peer]]) -> None:
+    assert "authorization violation" in await _refused(login)
+
+
+async def test_wrong_or_unknown_credentials_are_refused(
+    login: Callable[..., Awaitable[Peer]], callout: AuthCallout
+) -> None:
+    assert "authorization violation" in await _refused(login, "app", "wrong")
+    assert "authorization violation" in await _refused(login, "nobody", SECRET)
+    assert "authorization violation" in await _refused(login, "app.>", SECRET)
+    assert callout.refused == 3
+
+
+async def test_no_callout_means_no_login(
+    secure: tuple[NatsServer, natsconf.SecureSetup],
+    login: Callable[..., Awaitable[Peer]],
+    callout: AuthCallout,
+) -> None:
+    await callout.stop()  # fail closed: the server waits auth_timeout, then refuses
+    assert "authorization violation" in await _refused(login, "app", SECRET)
+
+
+async def test_answer_signed_by_another_issuer_is_refused(
+    secure: tuple[NatsServer, natsconf.SecureSetup],
+    login: Callable[..., Awaitable[Peer]],
+    callout: AuthCallout,
+    service_conn: ServiceConn,
+) -> None:
+    server, _ = secure
+    await callout.stop()
+    rogue = AuthCallout(await service_conn(), natsconf.NKey.create(), authenticate)
+    rogue.verify_request = callout.verify_request  # type: ignore[method-assign]  # answer all
+    async with rogue:
+        assert "authorization violation" in await _refused(login, "app", SECRET)
+    assert rogue.accepted == 1  # it did answer, and the server threw the answer away
+    assert "auth callout signing key is unknown" in server.log_file.read_text().lower()
+
+
+async def test_valid_client_connects_and_calls_an_agent(
+    login: Callable[..., Awaitable[Peer]], callout: AuthCallout
+) -> None:
+    agent = await login("svc-a")
+    app = await login("app")
+
+    async def echo(msg: Msg) -> None:
+        await msg.respond(b"echo:" + msg.data)  # allowed by the response permission
+
+    await agent.nc.subscribe("reach.v1.cap.echo", queue="echo", cb=echo)
+    await settle(agent.nc)
+    reply = await app.nc.request("reach.v1.cap.echo", b"hi", timeout=3)
+    assert reply.data == b"echo:hi"
+    assert reply.subject.startswith("_INBOX.app.")  # the caller's own inbox prefix
+    assert callout.accepted == 2
+    assert not agent.errors
+    assert not app.errors
+
+
+async def test_user_jwt_expiry_ends_the_connection(
+    secure: tuple[NatsServer, natsconf.SecureSetup],
+    login: Callable[..., Awaitable[Peer]],
+    callout: AuthCallout,
+    service_conn: ServiceConn,
+) -> None:
+    """With ``user_ttl`` a revoked client is out at the latest when its user JWT expires."""
+    await callout.stop()
+    async with AuthCallout(await service_conn(), secure[1].issuer, authenticate, user_ttl=1):
+        app = await login("app")
+        started = asyncio.get_running_loop().time()
+        for _ in range(300):
+            if app.nc.is_closed:
+                break
+            await asyncio.sleep(0.01)
+        assert app.nc.is_closed
+        assert "authentication expired" in str(app.nc.last_error)
+        assert asyncio.get_running_loop().time() - started > 0.5
+
+
+# -- subject isolation ------------------------------------------------------------------------
+
+
+async def test_agent_cannot_listen_beyond_its_own_subjects(
+    login: Callable[..., Awaitable[Peer]], registrar: Client
+) -> None:
+    agent = await login("svc-a")
+    got, cb = _counter()
+    own, own_cb = _counter()
+    forbidden = {
+        "reach.v1.cap.echo.agent-b": None,  # another agent's instance subject
+        "_INBOX.>": None,  # everybody's replies
+        "_INBOX.app.>": None,  # a caller's replies
+        "$JS.API.>": None,  # the JetStream / KV API
+        "$KV.REACH_REGISTRY.>": None,
+        "reach.v1.cap.echo": None,  # its capability without the queue group: a copy of all
+        "reach.v1.probe.agent-b": None,
+    }
+    for subject in forbidden:
+        await agent.nc.subscribe(subject, cb=cb)
+    await agent.nc.subscribe("reach.v1.cap.echo.agent-a", cb=own_cb)
+    await settle(agent.nc)
+    for subject in forbidden:
+        await agent.violation(f'subscription to "{subject}"')
+    for subject in [
+        "reach.v1.cap.echo.agent-b",
+        "_INBOX.app.x1",
+        "$JS.API.STREAM.INFO.KV_REACH_REGISTRY",
+        "$KV.REACH_REGISTRY.agent.x",
+        "reach.v1.cap.echo",
+        "reach.v1.probe.agent-b",
+        "reach.v1.cap.echo.agent-a",
+    ]:
+        await registrar.publish(subject, b"secret")
+    await settle(registrar)
+    await asyncio.sleep(0.3)
+    assert len(got) == 0
+    assert len(own) == 1
+
+
+async def test_agent_speaks_only_for_itself(
+    login: Callable[..., Awaitable[Peer]], registrar: Client
+) -> None:
+    agent = await login("svc-a")
+    seen, cb = _counter()
+    await registrar.subscribe("reach.v1.>", cb=cb)
+    await settle(registrar)
+    for kind in ("announce", "hb", "bye"):
+        await agent.nc.publish(f"reach.v1.{kind}.agent-b", b"forged")
+        await agent.nc.publish(f"reach.v1.{kind}.agent-a", b"mine")
+    await settle(agent.nc)
+    await agent.violation('publish to "reach.v1.hb.agent-b"')
+    await agent.violation('publish to "reach.v1.announce.agent-b"')
+    await asyncio.sleep(0.2)
+    assert sorted(m.subject for m in seen) == [
+        "reach.v1.announce.agent-a",
+        "reach.v1.bye.agent-a",
+        "reach.v1.hb.agent-a",
+    ]
+
+
+async def test_caller_gets_replies_only_on_its_own_inbox(
+    login: Callable[..., Awaitable[Peer]],
+) -> None:
+    app = await login("app")
+    _got, cb = _counter()
+    await app.nc.subscribe("_INBOX.svc-a.>", cb=cb)
+    await app.nc.subscribe("reach.v1.cap.echo", cb=cb)
+    await settle(app.nc)
+    await app.violation('subscription to "_INBOX.svc-a.>"')
+    await app.violation('subscription to "reach.v1.cap.echo"')
+    # and it cannot log in with somebody else's inbox prefix: requests get no answer
+    other = await login("app", inbox="_INBOX.svc-a")
+    with pytest.raises(nats.errors.Error):
+        await other.nc.request("reach.v1.registrar.ping", b"", timeout=0.5)
+    await other.violation('subscription to "_INBOX.svc-a.')
+
+
+# -- KV and streams ---------------------------------------------------------------------------
+
+
+async def test_registrar_creates_buckets(
+    login: Callable[..., Awaitable[Peer]], registrar: Client
+) -> None:
+    kv = await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_REGISTRY"))
+    await kv.put("agent.agent-a", b"record")
+    ops = await login("ops")  # the registrar role through the callout, too
+    keys = await ops.nc.jetstream().create_key_value(KeyValueConfig(bucket="REACH_KEYS"))
+    await keys.put("key.k1", b"public")
+    assert (await kv.get("agent.agent-a")).value == b"record"
+    assert not ops.errors
+
+
+async def test_caller_reads_the_registry_but_cannot_write_it(
+    login: Callable[..., Awaitable[Peer]], registrar: Client
+) -> None:
+    kv = await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_REGISTRY"))
+    await kv.put("agent.agent-a", b"v1")
+    await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_CREDENTIALS"))
+    app = await login("app")
+    js = app.nc.jetstream()
+    view = await js.key_value("REACH_REGISTRY")
+    assert (await view.get("agent.agent-a")).value == b"v1"
+    watcher = await view.watch(">")
+    first = await watcher.updates(timeout=3)
+    assert first is not None
+    assert first.key == "agent.agent-a"
+    assert await watcher.updates(timeout=3) is None  # caught up
+    await kv.put("agent.agent-b", b"v2")
+    change = await watcher.updates(timeout=3)
+    assert change is not None
+    assert change.key == "agent.agent-b"
+    await watcher.stop()
+
+    quick = app.nc.jetstream(timeout=0.5)  # a denied request gets no answer: time out fast
+    with pytest.raises(nats.errors.TimeoutError):
+        await quick.publish("$KV.REACH_REGISTRY.agent.agent-a", b"forged")
+    await app.violation('publish to "$kv.reach_registry.agent.agent-a"')
+    for api in ("STREAM.PURGE.KV_REACH_REGISTRY", "STREAM.DELETE.KV_REACH_REGISTRY"):
+        with pytest.raises(nats.errors.TimeoutError):
+            await app.nc.request(f"$JS.API.{api}", b"", timeout=0.5)
+        await app.violation(f'publish to "$js.api.{api.lower()}"')
+    with pytest.raises(nats.errors.TimeoutError):
+        await quick.key_value("REACH_CREDENTIALS")  # no read of the other buckets
+    await app.violation('publish to "$js.api.stream.info.kv_reach_credentials"')
+    assert (await kv.get("agent.agent-a")).value == b"v1"
+
+
+async def test_async_jobs_need_the_flag(
+    login: Callable[..., Awaitable[Peer]], registrar: Client
+) -> None:
+    jobs = await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_JOBS"))
+    worker = await login("svc-jobs")
+    view = await worker.nc.jetstream().key_value("REACH_JOBS")
+    await view.put("job.j1", b"accepted")  # a KV put: publish + JetStream ack on its inbox
+    waiter = await login("app-jobs")
+    seen = await (await waiter.nc.jetstream().key_value("REACH_JOBS")).get("job.j1")
+    assert seen.value == b"accepted"
+    assert (await jobs.get("job.j1")).value == b"accepted"
+
+    plain = await login("svc-a")  # an agent without async jobs
+    with pytest.raises(nats.errors.Error):
+        await plain.nc.jetstream().publish("$KV.REACH_JOBS.job.j1", b"forged", timeout=0.5)
+    await plain.violation('publish to "$kv.reach_jobs.job.j1"')
+    assert (await jobs.get("job.j1")).value == b"accepted"
