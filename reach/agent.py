@@ -53,11 +53,11 @@ from reach.models import (
     Readiness,
     parse_manifest,
 )
-from reach.security.fabric import FabricSecurity
+from reach.security.fabric import FabricSecurity, connect_as
 from reach.serving import CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait, run_eagerly
-from reach.transport import Connection, Message, Subscription, connect
+from reach.transport import Connection, Message, Subscription
 
 __all__ = ["Agent", "ReadinessCheck", "load_manifest"]
 
@@ -213,10 +213,12 @@ class Agent:
             raise ConfigurationError(f"no handler registered for: {', '.join(missing)}")
         self._stopped.clear()
         self._started_at = self._clock.time()
-        self._conn = await connect(self.servers, name=f"agent:{self.agent_id}")
+        self._conn, creds = await connect_as(
+            self.servers, name=f"agent:{self.agent_id}", credentials=self.credentials
+        )
         try:
             self._security = await FabricSecurity.join(
-                self._conn, self.credentials, verify=self._verify_tokens, clock=self._clock
+                self._conn, creds, verify=self._verify_tokens, clock=self._clock
             )
             self._server.verifier = self._security.verifier
             if self.manifest.mode == "async":
@@ -243,10 +245,7 @@ class Agent:
             self._probe_sub = await self._conn.subscribe(
                 subjects.probe(self.agent_id), self._on_probe
             )
-            # the probe subscription is the newest: once it answers, all are routable
-            await self._conn.wait_routable(
-                subjects.probe(self.agent_id), self._control_request(b"")
-            )
+            await self._conn.flush()
         except BaseException:
             await self._security.close()
             await self._conn.close()

@@ -57,9 +57,9 @@ from reach.resilience import (
     wait_backoff,
 )
 from reach.routing import LatencyTracker, rank
-from reach.security.fabric import FabricSecurity
+from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
-from reach.transport import Connection, Message, connect, translate_error
+from reach.transport import Connection, Message, translate_error
 
 __all__ = ["CallResult", "ReachClient"]
 
@@ -191,7 +191,9 @@ class ReachClient:
         await self.close()
 
     async def connect(self) -> None:
-        self._conn = await connect(self.servers, name=self.name)
+        self._conn, creds = await connect_as(
+            self.servers, name=self.name, credentials=self.credentials
+        )
         try:
             try:
                 store = await RegistryStore.open(self._conn, create=False)
@@ -201,7 +203,7 @@ class ReachClient:
                 ) from None
             self._nats_request = self._conn.raw_request
             self._security = await FabricSecurity.join(
-                self._conn, self.credentials, verify=False, clock=self._clock
+                self._conn, creds, verify=False, clock=self._clock
             )
             self._routes = RouteCache(store)
             await self._routes.start(self._sync_timeout)

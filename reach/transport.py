@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +24,7 @@ from nats.aio.subscription import Subscription as _NatsSubscription
 from nats.js.api import KeyValueConfig, StorageType
 
 from reach.errors import (
+    AuthenticationFailed,
     ConfigurationError,
     Disconnected,
     NoResponders,
@@ -194,27 +194,17 @@ class Connection:
             raise translate_error(exc, subject) from exc
         return Subscription(sub)
 
-    async def wait_routable(self, subject: str, probe: bytes, timeout: float = 10.0) -> None:
-        """Return once a request on ``subject`` (our own newest subscription) is answered.
-
-        A flush after SUB is not enough with nats-py 2.16: ``flush()`` writes its PING
-        straight to the socket, ahead of a SUB still waiting in the client's buffer, so
-        the PONG can come back before the server has the subscription (seen as "no
-        responders" from another connection). Subscriptions are processed in order, so
-        once the newest one answers, every earlier one is routable too.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                await self.request(subject, probe, timeout=0.5)
-                return
-            except ReachError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.01)
-
     async def flush(self, timeout: int = 5) -> None:
+        """Return once the server has processed everything sent so far (SUBs included).
+
+        nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of
+        commands still in the client's buffer, so one PONG does not prove a new
+        subscription is in place (seen as "no responders" from another connection right
+        after). While the first flush waits, the buffer is written; the second PING
+        follows it, and its PONG does.
+        """
         try:
+            await self._nc.flush(timeout=timeout)
             await self._nc.flush(timeout=timeout)
         except Exception as exc:
             raise translate_error(exc, "flush") from exc
@@ -340,12 +330,17 @@ async def connect(
     connect_timeout: float = 5.0,
     user: str | None = None,
     password: str | None = None,
+    inbox_prefix: str | None = None,
     on_reconnect: Callable[[], Awaitable[None]] | None = None,
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
 ) -> Connection:
     """Connect to NATS and keep reconnecting forever (with jittered back-off) once connected."""
 
+    seen: list[Exception] = []
+
     async def _error_cb(exc: Exception) -> None:
+        if len(seen) < 8:
+            seen.append(exc)
         log.debug("nats: %s: %s", type(exc).__name__, exc)
 
     async def _reconnected() -> None:
@@ -375,13 +370,20 @@ async def connect(
             allow_reconnect=True,
             user=user,
             password=password,
+            inbox_prefix=inbox_prefix or "_INBOX",
         )
     except Exception as exc:
         with contextlib.suppress(Exception):
             await nc.close()
         where = ", ".join(servers)
-        raise Disconnected(
-            f"cannot connect to NATS at {where}: {exc or type(exc).__name__}"
-        ) from exc
+        reason = str(exc) or type(exc).__name__
+        refusals = [e for e in (exc, *seen) if "authoriz" in str(e).lower()]
+        if refusals or isinstance(exc, nats.errors.AuthorizationError):
+            reason = str(refusals[0]) if refusals else reason
+            who = f"user {user!r}" if user else "an anonymous client"
+            raise AuthenticationFailed(
+                f"NATS at {where} refused {who}: {reason} (check the credentials file)"
+            ) from exc
+        raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
     return Connection(nc)

@@ -18,8 +18,9 @@ import pytest
 
 from reach import subjects
 from reach.embedded import free_port
+from reach.errors import AuthenticationFailed
+from reach.security.fabric import connect_as
 from reach.testing import NatsServer
-from reach.transport import connect
 
 REACH = Path(sys.executable).parent / "reach"
 READY_TIMEOUT = 30.0
@@ -97,8 +98,8 @@ def _port_free(port: int) -> bool:
     return True
 
 
-async def _registry_exists(url: str) -> bool:
-    conn = await connect([url], name="test-up")
+async def _registry_exists(url: str, creds: Path | None = None) -> bool:
+    conn, _ = await connect_as([url], name="test-up", credentials=creds)
     try:
         await conn.key_value(subjects.REGISTRY_BUCKET, create=False)
     except ValueError:  # ConfigurationError: the bucket does not exist
@@ -148,12 +149,18 @@ def test_up_serves_nats_with_a_registry_and_stops_cleanly_on_a_signal(
     assert line.startswith(f"Agent-Reach up: {url} (store store, registrar reg-")
     (child,) = _nats_children(proc.pid)
     assert (tmp_path / "store" / "nats" / "jetstream").is_dir()
-    assert asyncio.run(_registry_exists(url))
+    for name in ("dev.creds", "admin.creds"):
+        assert (tmp_path / "store" / name).stat().st_mode & 0o777 == 0o600
+    # no anonymous access; the dev credential logs in
+    with pytest.raises(AuthenticationFailed, match="refused an anonymous client"):
+        asyncio.run(_registry_exists(url))
+    assert asyncio.run(_registry_exists(url, tmp_path / "store" / "dev.creds"))
 
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=EXIT_TIMEOUT)
     assert proc.returncode == 0, err.decode()
-    assert out == b""  # the URL line was all it printed
+    # nothing more than the URL line and the first-start credentials lines
+    assert all(line.startswith(b"created credentials ") for line in out.splitlines())
     assert _gone(child)
     assert _port_free(port)
 

@@ -13,8 +13,7 @@ from rich.table import Table
 from reach import envelope, subjects
 from reach.cli.common import Target, connection_options, fail, run
 from reach.security.credentials import KNOWN_ROLES, CredentialsFile, CredentialStore
-from reach.security.fabric import FabricSecurity
-from reach.transport import connect
+from reach.security.fabric import FabricSecurity, connect_as
 
 
 def register(main: click.Group) -> None:
@@ -33,6 +32,12 @@ def creds() -> None:
 @click.option("--agent-id", default=None, help="the agent this client may announce as")
 @click.option("--role", "roles", multiple=True, type=click.Choice(sorted(KNOWN_ROLES)))
 @click.option(
+    "--cap",
+    "capabilities",
+    multiple=True,
+    help="a capability the bound agent serves (its queue subject); repeat for several",
+)
+@click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -45,15 +50,20 @@ def add(
     level: int,
     agent_id: str | None,
     roles: tuple[str, ...],
+    capabilities: tuple[str, ...],
     out: Path | None,
 ) -> None:
     """Create a client with a random secret (shown once)."""
 
     async def go() -> None:
-        conn = await connect(target.servers, name="reach-creds")
+        conn, _ = await connect_as(
+            target.servers, name="reach-creds", credentials=target.credentials
+        )
         try:
             store = await CredentialStore.open(conn, create=True)
-            record, secret = await store.add(client_id, level, agent_id=agent_id, roles=roles)
+            record, secret = await store.add(
+                client_id, level, agent_id=agent_id, roles=roles, capabilities=capabilities
+            )
         finally:
             await conn.close()
         if out is not None:
@@ -73,7 +83,9 @@ def list_(target: Target, as_json: bool) -> None:
     """Every client: level, bound agent, roles, created, revoked."""
 
     async def go() -> None:
-        conn = await connect(target.servers, name="reach-creds")
+        conn, _ = await connect_as(
+            target.servers, name="reach-creds", credentials=target.credentials
+        )
         try:
             store = await CredentialStore.open(conn, create=False)
             records = await store.list()
@@ -108,7 +120,9 @@ def revoke(target: Target, client_id: str) -> None:
     """Refuse new tokens to a client (tokens already issued expire within their 2 h)."""
 
     async def go() -> None:
-        conn = await connect(target.servers, name="reach-creds")
+        conn, _ = await connect_as(
+            target.servers, name="reach-creds", credentials=target.credentials
+        )
         try:
             store = await CredentialStore.open(conn, create=False)
             await store.revoke(client_id)
@@ -130,9 +144,11 @@ def rotate(target: Target) -> None:
     """Sign new tokens with a new key; tokens of the old one stay valid until they expire."""
 
     async def go() -> None:
-        conn = await connect(target.servers, name="reach-keys")
+        conn, creds = await connect_as(
+            target.servers, name="reach-keys", credentials=target.credentials
+        )
         try:
-            security = await FabricSecurity.join(conn, target.credentials, verify=False)
+            security = await FabricSecurity.join(conn, creds, verify=False)
             try:
                 request = envelope.pack_request(
                     envelope.RequestMeta(call_id="rotate", token=security.token()), b""

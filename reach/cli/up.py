@@ -23,6 +23,8 @@ from reach.cli.common import Target, connection_options, fail, run
 from reach.embedded import EmbeddedServer
 from reach.errors import Disconnected
 from reach.registry import Registrar, RegistrarConfig
+from reach.security import natsconf
+from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
 from reach.settings import DEFAULT_STORE
 from reach.transport import Connection, connect
@@ -107,6 +109,8 @@ async def _up(options: UpOptions) -> str | None:
     conn: Connection | None = None
     registrar: Registrar | None = None
     issuer: TokenService | None = None
+    gate: LoginGate | None = None
+    setup: natsconf.SecureSetup | None = None
     try:
         if options.servers is None:
             if _port_in_use(_HOST, options.port):
@@ -114,7 +118,17 @@ async def _up(options: UpOptions) -> str | None:
                     f"port {options.port} on {_HOST} is already in use"
                     " (another reach up or nats-server?); choose another with --port"
                 )
-            server = EmbeddedServer(port=options.port, store_dir=options.store / "nats", host=_HOST)
+            # no anonymous access: every client logs in with its id and secret (auth callout)
+            setup = natsconf.prepare(options.store)
+            config = natsconf.write_config(
+                setup, options.store / "nats.conf", port=options.port, store_dir=None, host=_HOST
+            )
+            server = EmbeddedServer(
+                port=options.port,
+                store_dir=options.store / "nats",
+                host=_HOST,
+                config_file=config,
+            )
             try:
                 await server.start()
             except Disconnected as exc:
@@ -122,12 +136,22 @@ async def _up(options: UpOptions) -> str | None:
             servers = [server.url]
         else:
             servers = options.servers
-        conn = await connect(servers, name="reach-up")
+        service = setup.registrar_user if setup is not None else None
+        conn = await connect(
+            servers,
+            name="reach-up",
+            user=service.name if service else None,
+            password=service.password if service else None,
+        )
         issuer = TokenService(
             conn, key_file=options.store / "signing.key", replicas=options.replicas
         )
         await issuer.start()
         created = await ensure_first_credentials(issuer, options.store, servers[0])
+        if setup is not None:
+            assert issuer.credentials is not None
+            gate = LoginGate(setup, issuer.credentials)
+            await gate.start(servers)
         registrar = Registrar(conn, RegistrarConfig(replicas=options.replicas))
         await registrar.start()
         where = f"store {options.store}" if server is not None else "external NATS"
@@ -144,6 +168,8 @@ async def _up(options: UpOptions) -> str | None:
     finally:
         if registrar is not None:
             await _quietly(registrar.stop(), "stop the registrar")
+        if gate is not None:
+            await _quietly(gate.stop(), "stop the login gate")
         if issuer is not None:
             await _quietly(issuer.stop(), "stop the token issuer")
         if conn is not None:

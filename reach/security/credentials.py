@@ -172,6 +172,10 @@ class ClientRecord(BaseModel):
     level: int = Field(ge=1, le=4, description="clearance: may call capabilities up to this level")
     agent_id: SubjectToken | None = Field(None, description="the agent this client may act as")
     roles: tuple[str, ...] = Field(default=(), description="admin, registrar")
+    capabilities: tuple[SubjectToken, ...] = Field(
+        default=(),
+        description="capabilities the bound agent may serve on their queue subjects",
+    )
     secret_hash: str
     created_at: float
     revoked_at: float | None = None
@@ -277,6 +281,7 @@ class CredentialStore:
         level: int,
         agent_id: str | None = None,
         roles: Iterable[str] = (),
+        capabilities: Iterable[str] = (),
     ) -> tuple[ClientRecord, str]:
         """Create a client; returns its record and its secret (shown this once only)."""
         secret = new_secret()
@@ -286,6 +291,7 @@ class CredentialStore:
                 level=level,
                 agent_id=agent_id,
                 roles=tuple(roles),
+                capabilities=tuple(capabilities),
                 secret_hash=await asyncio.to_thread(hash_secret, secret),
                 created_at=self._clock.time(),
             )

@@ -18,11 +18,30 @@ from reach.security.credentials import CredentialsFile
 from reach.security.session import TokenSession
 from reach.security.tokens import KeyStore, TokenVerifier
 from reach.tasks import cancel_and_wait
-from reach.transport import Connection
+from reach.transport import Connection, connect
 
-__all__ = ["FabricSecurity"]
+__all__ = ["FabricSecurity", "connect_as"]
 
 log = logging.getLogger("reach.security")
+
+
+async def connect_as(
+    servers: list[str], *, name: str, credentials: Path | None
+) -> tuple[Connection, CredentialsFile | None]:
+    """Connect with the client id + secret of a credentials file (if any) as NATS user and
+    password, and a reply inbox of our own (``_INBOX.<client_id>``): on a fabric with NATS
+    auth callout that is all a client may subscribe to for replies."""
+    creds = CredentialsFile.read(credentials) if credentials is not None else None
+    if creds is None:
+        return await connect(servers, name=name), None
+    conn = await connect(
+        servers,
+        name=name,
+        user=creds.client_id,
+        password=creds.secret,
+        inbox_prefix=f"_INBOX.{creds.client_id}",
+    )
+    return conn, creds
 
 
 class FabricSecurity:
@@ -45,7 +64,7 @@ class FabricSecurity:
     async def join(
         cls,
         conn: Connection,
-        credentials: Path | None,
+        credentials: CredentialsFile | None,
         *,
         verify: bool,
         need_token: bool = True,
@@ -65,9 +84,7 @@ class FabricSecurity:
                         "this fabric requires credentials: pass credentials=, set REACH_CREDS,"
                         " or create .reach/dev.creds with `reach creds add`"
                     )
-                security.session = TokenSession(
-                    conn, CredentialsFile.read(credentials), clock=clock
-                )
+                security.session = TokenSession(conn, credentials, clock=clock)
                 await security.session.start()
             if verify:
                 security.verifier = TokenVerifier(clock=clock)

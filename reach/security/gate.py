@@ -1,0 +1,68 @@
+"""The NATS login gate of a fabric started by ``reach up``: auth callout on our server.
+
+Every client logs in to NATS with its client id and secret (no anonymous access); the
+gate checks them against REACH_CREDENTIALS and hands the server that client's subject
+permissions (see ``callout.permissions_for``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from reach.errors import AuthenticationFailed
+from reach.security import natsconf
+from reach.security.callout import AuthCallout, Permissions, permissions_for
+from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR, CredentialStore
+from reach.transport import Connection, connect
+
+__all__ = ["LoginGate"]
+
+log = logging.getLogger("reach.gate")
+
+#: a client's NATS login lives this long; then it logs in again (a revocation bites)
+USER_TTL_SEC = 3600.0
+
+
+class LoginGate:
+    def __init__(self, setup: natsconf.SecureSetup, credentials: CredentialStore) -> None:
+        self._setup = setup
+        self._credentials = credentials
+        self._conn: Connection | None = None
+        self._callout: AuthCallout | None = None
+
+    async def start(self, servers: list[str]) -> None:
+        user = self._setup.callout_user
+        self._conn = await connect(
+            servers, name="reach-login-gate", user=user.name, password=user.password
+        )
+        self._callout = AuthCallout(
+            self._conn, self._setup.issuer, self.permissions, user_ttl=USER_TTL_SEC
+        )
+        await self._callout.start()
+
+    async def stop(self) -> None:
+        if self._callout is not None:
+            await self._callout.stop()
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def permissions(self, user: str, password: str) -> Permissions | None:
+        """The permissions of a client that logs in with its id and secret; None refuses."""
+        try:
+            record = await self._credentials.authenticate(user, password)
+        except AuthenticationFailed as exc:
+            log.warning("NATS login refused for %r: %s", user, exc)
+            return None
+        if record.has_role(ROLE_ADMIN) or record.has_role(ROLE_REGISTRAR):
+            role = "admin"
+        elif record.agent_id is not None:
+            role = "agent"
+        else:
+            role = "caller"
+        return permissions_for(
+            role,
+            agent_id=record.agent_id,
+            capabilities=list(record.capabilities),
+            inbox_prefix=f"_INBOX.{record.client_id}",
+            async_jobs=True,
+        )

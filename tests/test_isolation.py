@@ -1,0 +1,92 @@
+"""NATS-level isolation on a fabric started by `reach up`: every client logs in with its
+credentials, and an agent cannot listen to another agent's traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from reach import subjects
+from reach.client import ReachClient
+from reach.embedded import free_port
+from reach.security.fabric import connect_as
+
+from .calls_helpers import capability, make_agent, wait_routable
+
+REACH = str(Path(sys.executable).parent / "reach")
+
+
+async def _reach(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        REACH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+@pytest.fixture
+async def fabric(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    port = free_port()
+    proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns at once
+        [REACH, "up", "--port", str(port), "--store", str(tmp_path / "store")],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+    assert line.startswith(b"Agent-Reach up"), line
+    try:
+        yield f"nats://127.0.0.1:{port}", tmp_path / "store"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+async def test_agents_log_in_and_cannot_read_each_others_calls(
+    fabric: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, store = fabric
+    dev = store / "dev.creds"
+    for name in ("a", "b"):
+        code, out = await _reach(
+            "creds", "add", f"agent-{name}", "--level", "2", "--agent-id", f"{name}-1",
+            "--cap", "echo", "--out", str(tmp_path / f"{name}.creds"),
+            "--servers", url, "--creds", str(dev),
+        )  # fmt: skip
+        assert code == 0, out
+    agent_b, b = make_agent(url, "b-1", capability("echo", level=2))
+    agent_b.credentials = tmp_path / "b.creds"
+    async with agent_b, ReachClient(servers=url, credentials=dev) as caller:
+        await wait_routable(caller, "echo", 1)
+        # agent A logs in with its own credentials and tries to listen in
+        spy, _ = await connect_as([url], name="spy", credentials=tmp_path / "a.creds")
+        received: list[bytes] = []
+
+        async def grab(msg: object) -> None:
+            received.append(b"x")
+
+        try:
+            for subject in (
+                subjects.capability_instance("echo", "b-1"),
+                "_INBOX.>",
+                "$JS.API.>",
+            ):
+                await spy.subscribe(subject, grab)
+            await spy.flush()
+            for i in range(5):
+                assert (await caller.call("echo", {"i": i})).agent_id == "b-1"
+        finally:
+            await spy.close()
+    assert received == []
+    assert b.calls == 5
+    # and nobody gets in without credentials
+    with pytest.raises(Exception, match="refused an anonymous client"):
+        await connect_as([url], name="anonymous", credentials=None)
