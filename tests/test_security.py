@@ -323,3 +323,41 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
     finally:
         await registrar.stop()
         await conn.close()
+
+
+async def test_heartbeat_and_bye_as_another_agent_are_refused_and_leave_its_record_alone(
+    fabric: Fabric,
+) -> None:
+    from reach.messages import encode_model
+    from reach.models import Bye, Heartbeat
+
+    b = Behaviour()
+    async with (
+        vault_agent(fabric, b) as vault,
+        ReachClient(servers=fabric.url, credentials=fabric.creds["intruder"]) as intruder,
+    ):
+        await wait_routable(intruder, "customer_orders", 1)
+        before = intruder.routes.get("vault-1")
+        assert before is not None
+        token = intruder._security.token()
+        hb = Heartbeat(
+            agent_id="vault-1",
+            instance_id=vault.instance_id,
+            seq=99,
+            sent_at=time.time(),
+            in_flight=63,
+            max_concurrency=64,
+        )
+        bye = Bye(agent_id="vault-1", instance_id=vault.instance_id)
+        for subject, body in (
+            (subjects.heartbeat("vault-1"), encode_model(hb)),
+            (subjects.bye("vault-1"), encode_model(bye)),
+        ):
+            request = envelope.pack_request(envelope.RequestMeta(call_id="x", token=token), body)
+            reply = envelope.unpack_reply(await fabric.conn.request(subject, request, 2))
+            assert reply.kind == "denied"
+            assert "bound to agent_id 'intruder-1'" in reply.description
+        after = intruder.routes.get("vault-1")
+        assert after is not None
+        assert after.instance_id == before.instance_id
+        assert after.in_flight == 0
