@@ -1,5 +1,8 @@
 """Agent-Reach: make AI agents reliably reachable by each other over NATS."""
 
+from reach.agent import Agent
+from reach.client import CallResult, ReachClient
+from reach.context import CallContext, current_call
 from reach.errors import (
     AuthenticationFailed,
     AuthError,
@@ -23,6 +26,8 @@ from reach.errors import (
     TransportError,
     Unavailable,
 )
+from reach.fallback import Fallback, FallbackInfo
+from reach.jobs import JobHandle, JobRecord
 from reach.models import (
     Capability,
     HealthSettings,
@@ -32,11 +37,16 @@ from reach.models import (
     Readiness,
 )
 from reach.registry import Registrar, RegistrarConfig
+from reach.resilience import BreakerConfig, RetryBudget
 
 __all__ = [
+    "Agent",
     "AuthError",
     "AuthenticationFailed",
+    "BreakerConfig",
     "BusinessError",
+    "CallContext",
+    "CallResult",
     "Capability",
     "CircuitOpen",
     "CodecError",
@@ -44,15 +54,20 @@ __all__ = [
     "ContractError",
     "Disconnected",
     "DiscoveryError",
+    "Fallback",
+    "FallbackInfo",
     "HealthSettings",
     "Heartbeat",
     "Instance",
     "InternalError",
+    "JobHandle",
+    "JobRecord",
     "Manifest",
     "NoHealthyInstance",
     "NoResponders",
     "NotAuthorized",
     "NotFound",
+    "ReachClient",
     "ReachError",
     "ReachTimeout",
     "Readiness",
@@ -61,6 +76,8 @@ __all__ = [
     "RegistrationRefused",
     "RemoteError",
     "RetriesExhausted",
+    "RetryBudget",
     "TransportError",
     "Unavailable",
+    "current_call",
 ]
