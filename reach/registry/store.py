@@ -9,14 +9,11 @@ from pydantic import ValidationError
 
 from reach import codec, subjects
 from reach.errors import CodecError
+from reach.messages import encode_model
 from reach.models import Instance, RegistrarRecord
 from reach.transport import Connection, KVBucket
 
-__all__ = ["RecordChange", "RegistryStore", "decode_instance", "encode_instance"]
-
-
-def encode_instance(instance: Instance) -> bytes:
-    return codec.encode(instance.model_dump(mode="json"), checked=False)
+__all__ = ["RecordChange", "RegistryStore", "decode_instance"]
 
 
 def decode_instance(data: bytes) -> Instance:
@@ -65,12 +62,12 @@ class RegistryStore:
 
     async def create(self, instance: Instance) -> int:
         return await self.bucket.create(
-            subjects.agent_key(instance.agent_id), encode_instance(instance)
+            subjects.agent_key(instance.agent_id), encode_model(instance)
         )
 
     async def update(self, instance: Instance, last: int) -> int:
         return await self.bucket.update(
-            subjects.agent_key(instance.agent_id), encode_instance(instance), last
+            subjects.agent_key(instance.agent_id), encode_model(instance), last
         )
 
     async def delete(self, agent_id: str, last: int | None = None) -> None:

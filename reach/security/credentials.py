@@ -34,6 +34,7 @@ from pydantic_core import PydanticCustomError
 from reach import codec, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError
+from reach.messages import encode_model
 from reach.models import SubjectToken, format_validation_error
 from reach.security.ratelimit import FailureLimiter
 from reach.transport import Connection, KVBucket, KVConflict, KVEntry
@@ -200,10 +201,6 @@ class ClientRecord(BaseModel):
         return role in self.roles
 
 
-def _encode_record(record: ClientRecord) -> bytes:
-    return codec.encode(record.model_dump(mode="json"), checked=False)
-
-
 def _decode_record(data: bytes) -> ClientRecord:
     try:
         return ClientRecord.model_validate(codec.decode(data))
@@ -300,7 +297,7 @@ class CredentialStore:
                 f"invalid client {client_id!r}", format_validation_error(exc)
             ) from None
         try:
-            await self.bucket.create(self._key(client_id), _encode_record(record))
+            await self.bucket.create(self._key(client_id), encode_model(record))
         except KVConflict:
             raise ConfigurationError(f"client {client_id} exists") from None
         return record, secret
@@ -345,7 +342,7 @@ class CredentialStore:
                 return record
             revoked = record.model_copy(update={"revoked_at": self._clock.time()})
             try:
-                await self.bucket.update(key, _encode_record(revoked), entry.revision)
+                await self.bucket.update(key, encode_model(revoked), entry.revision)
             except KVConflict:
                 continue
             return revoked
