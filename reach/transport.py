@@ -126,12 +126,70 @@ def translate_error(exc: BaseException, what: str) -> ReachError:
     return TransportError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+class _ReplyMux:
+    """Request/reply for the call hot path: one wildcard inbox subscription, a counter for
+    reply tokens and one timer handle per request.
+
+    nats-py's ``request`` pays for a NUID, ``asyncio.wait_for`` and its bookkeeping on
+    every call; measured side by side at 128 in flight this mux answered about twice as
+    many requests per second. "No responders" (a 503 status reply) is reported the same.
+    """
+
+    def __init__(self, nc: _NatsClient) -> None:
+        self._nc = nc
+        self._base = ""
+        self._seq = 0
+        self._pending: dict[str, asyncio.Future[_NatsMsg]] = {}
+        self._ready: asyncio.Lock = asyncio.Lock()
+
+    async def _start(self) -> None:
+        async with self._ready:
+            if self._base:
+                return
+            base = str(self._nc.new_inbox())  # under the client's own inbox prefix
+            await self._nc.subscribe(base + ".*", cb=self._on_reply)
+            await self._nc.flush()
+            await self._nc.flush()  # see Connection.flush
+            self._base = base + "."
+
+    async def _on_reply(self, msg: _NatsMsg) -> None:
+        future = self._pending.pop(msg.subject[len(self._base) :], None)
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+    def _expire(self, token: str) -> None:
+        future = self._pending.pop(token, None)
+        if future is not None and not future.done():
+            future.set_exception(nats.errors.TimeoutError())
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> _NatsMsg:
+        if not self._base:
+            await self._start()
+        self._seq += 1
+        token = f"{self._seq:x}"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_NatsMsg] = loop.create_future()
+        self._pending[token] = future
+        timer = loop.call_later(timeout, self._expire, token)
+        try:
+            await self._nc.publish(subject, data, reply=self._base + token)
+            msg = await future
+        finally:
+            timer.cancel()
+            self._pending.pop(token, None)
+        headers = msg.headers
+        if headers and headers.get("Status") == "503":
+            raise nats.errors.NoRespondersError
+        return msg
+
+
 class Connection:
     """A connected NATS client, narrowed to what Agent-Reach uses."""
 
     def __init__(self, nc: _NatsClient) -> None:
         self._nc = nc
         self._js = nc.jetstream()
+        self._mux = _ReplyMux(nc)
 
     @property
     def is_connected(self) -> bool:
@@ -152,8 +210,8 @@ class Connection:
 
     @property
     def raw_request(self) -> Callable[[str, bytes, float], Awaitable[Message]]:
-        """nats-py's request itself, for the call hot path (errors: ``translate_error``)."""
-        request: Callable[[str, bytes, float], Awaitable[Message]] = self._nc.request
+        """Request/reply for the call hot path (nats-py errors: ``translate_error``)."""
+        request: Callable[[str, bytes, float], Awaitable[Message]] = self._mux.request
         return request
 
     def new_inbox(self) -> str:
