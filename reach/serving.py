@@ -210,15 +210,17 @@ class CallServer:
             meta, body = envelope.unpack_request(data)
         except CodecError as exc:
             return self._error("contract", "bad_envelope", str(exc))
+        client = ""
         if self.verifier is not None:
             # before anything else is decoded: no token, no work
-            denied = self._check_token(endpoint, meta)
+            denied, client = self._check_token(endpoint, meta)
             if denied is not None:
                 return denied
         now = self._clock.time()
         if meta.deadline_ms is not None and meta.deadline_ms <= now * 1000:
             return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
-        key = meta.idempotency_key or meta.call_id
+        # a repeat is the same capability from the same client: keys never leak across them
+        key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
         seen = self._cache.get(key, now)
         if seen is not None:
             return seen if isinstance(seen, bytes) else await asyncio.shield(seen)
@@ -262,29 +264,32 @@ class CallServer:
                 self._on_done()
         return reply
 
-    def _check_token(self, endpoint: Endpoint, meta: envelope.RequestMeta) -> bytes | None:
-        """None if the call may proceed, else the ``denied`` reply (counted and logged)."""
+    def _check_token(
+        self, endpoint: Endpoint, meta: envelope.RequestMeta
+    ) -> tuple[bytes | None, str]:
+        """(None, client id) if the call may proceed, else the ``denied`` reply (counted)."""
         assert self.verifier is not None
         if meta.token is None:
-            return self._deny("no_token", f"{endpoint.name} requires a token")
+            return self._deny("no_token", f"{endpoint.name} requires a token"), ""
         try:
             claims = self.verifier.verify(meta.token)
         except AuthenticationFailed as exc:
-            return self._deny("authentication_failed", str(exc))
+            return self._deny("authentication_failed", str(exc)), ""
         required = endpoint.capability.security_level
         if claims.level < required:
             return self._deny(
                 f"insufficient_level:{required}:{claims.level}",
                 f"{endpoint.name} requires clearance level {required};"
                 f" client {claims.client_id} holds {claims.level}",
-            )
+            ), ""
         attempt = (meta.call_id, meta.attempt)
         if attempt in self._attempts_seen:
-            return self._deny("replayed", f"call {meta.call_id} attempt {meta.attempt} replayed")
+            denied = self._deny("replayed", f"call {meta.call_id} attempt {meta.attempt} replayed")
+            return denied, ""
         self._attempts_seen[attempt] = None
         if len(self._attempts_seen) > 100_000:
             self._attempts_seen.popitem(last=False)
-        return None
+        return None, claims.client_id
 
     def _deny(self, code: str, description: str) -> bytes:
         self.denials += 1

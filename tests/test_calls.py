@@ -452,3 +452,16 @@ async def test_retries_prefer_an_instance_that_has_not_failed_this_call(
 
 def test_behaviour_defaults() -> None:
     assert Behaviour().calls == 0
+
+
+async def test_an_idempotency_key_is_scoped_to_its_capability(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    agent, b = make_agent(nats_server.url, "scoped-1", capability("one"), capability("two"))
+    async with agent:
+        await wait_routable(client, "two", 1)
+        first = await client.call("one", {"n": 1}, idempotency_key="k-1")
+        second = await client.call("two", {"n": 2}, idempotency_key="k-1")
+    assert first.value["echo"] == {"n": 1}
+    assert second.value["echo"] == {"n": 2}
+    assert b.calls == 2
