@@ -7,10 +7,10 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from reach import codec
-from reach.errors import ContractError
+from reach.errors import CodecError, ContractError
 from reach.models import format_validation_error
 
-__all__ = ["decode_model", "encode_model"]
+__all__ = ["decode_model", "decode_record", "encode_model"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,3 +30,12 @@ def decode_model(cls: type[M], data: bytes, limits: codec.Limits = codec.DEFAULT
         raise ContractError(
             f"invalid {cls.__name__}: " + "; ".join(lines), path=path, rule="schema"
         ) from None
+
+
+def decode_record(cls: type[M], data: bytes, what: str) -> M:
+    """Decode a stored record (KV value); CodecError if it is not a valid ``cls``."""
+    try:
+        return cls.model_validate(codec.decode(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]["msg"]
+        raise CodecError(f"{what} record is not a valid {cls.__name__}: {first}") from None

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.testing import NatsServer
 
+from .cli_helpers import run_reach
 from .conftest import manifest
-
-REACH = str(Path(sys.executable).parent / "reach")
-
-
-async def _reach(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        REACH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_reach_agents_lists_instances_with_health_load_version_and_age(
@@ -42,14 +30,14 @@ async def test_reach_agents_lists_instances_with_health_load_version_and_age(
 
     async with a, b:
         await client.routes.wait_for(lambda c: len(c.all()) == 2, timeout=5)
-        code, out, _ = await _reach("agents", "--servers", nats_server.url)
+        code, out, _ = await run_reach("agents", "--servers", nats_server.url)
         assert code == 0
         for expected in ("lister-1", "lister-2", "2.1.0", "web_search", "healthy", "0/64"):
             assert expected in out
-        code, out, _ = await _reach("agents", "--servers", nats_server.url, "--tag", "search")
+        code, out, _ = await run_reach("agents", "--servers", nats_server.url, "--tag", "search")
         assert "lister-1" in out
         assert "lister-2" not in out
-        code, out, _ = await _reach(
+        code, out, _ = await run_reach(
             "agents", "--servers", nats_server.url, "--capability", "make_report", "--json"
         )
         rows = [json.loads(line) for line in out.splitlines()]
@@ -58,13 +46,13 @@ async def test_reach_agents_lists_instances_with_health_load_version_and_age(
 
 
 async def test_reach_agents_without_nats_fails_with_one_line(tmp_path: Path) -> None:
-    code, _out, err = await _reach("agents", "--servers", "nats://127.0.0.1:1")
+    code, _out, err = await run_reach("agents", "--servers", "nats://127.0.0.1:1")
     assert code == 1
     assert err.strip().count("\n") == 0
     assert "cannot connect" in err
 
 
 async def test_reach_agents_without_registry_says_to_run_reach_up(nats_server: NatsServer) -> None:
-    code, _, err = await _reach("agents", "--servers", nats_server.url)
+    code, _, err = await run_reach("agents", "--servers", nats_server.url)
     assert code == 1
     assert "reach up" in err

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,17 +18,7 @@ from reach.embedded import free_port
 from reach.security.fabric import connect_as
 
 from .calls_helpers import capability, make_agent, wait_routable
-
-REACH = str(Path(sys.executable).parent / "reach")
-
-
-async def _reach(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        REACH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
+from .cli_helpers import REACH, run_reach
 
 
 @pytest.fixture
@@ -56,12 +45,12 @@ async def test_agents_log_in_and_cannot_read_each_others_calls(
     url, store = fabric
     dev = store / "dev.creds"
     for name in ("a", "b"):
-        code, out = await _reach(
+        code, out, err = await run_reach(
             "creds", "add", f"agent-{name}", "--level", "2", "--agent-id", f"{name}-1",
             "--cap", "echo", "--out", str(tmp_path / f"{name}.creds"),
             "--servers", url, "--creds", str(dev),
         )  # fmt: skip
-        assert code == 0, out
+        assert code == 0, out + err
     agent_b, b = make_agent(url, "b-1", capability("echo", level=2))
     agent_b.credentials = tmp_path / "b.creds"
     async with agent_b, ReachClient(servers=url, credentials=dev) as caller:

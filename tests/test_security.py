@@ -28,6 +28,7 @@ from reach.testing import NatsServer
 from reach.transport import Connection, connect
 
 from .calls_helpers import Behaviour, capability, make_agent, wait_routable
+from .cli_helpers import run_reach
 
 
 @dataclass
@@ -210,35 +211,21 @@ async def test_a_wrong_secret_is_refused(fabric: Fabric, tmp_path: Path) -> None
             pass
 
 
-REACH = str(Path(__import__("sys").executable).parent / "reach")
-
-
-async def _reach(*args: str) -> tuple[int, str, str]:
-    import asyncio
-
-    proc = await asyncio.create_subprocess_exec(
-        REACH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_creds_cli_adds_lists_and_revokes(fabric: Fabric, tmp_path: Path) -> None:
     out = tmp_path / "ops.creds"
-    code, text, _ = await _reach(
+    code, text, _ = await run_reach(
         "creds", "add", "ops", "--level", "2", "--out", str(out), "--servers", fabric.url
     )
     assert code == 0, text
     assert out.stat().st_mode & 0o777 == 0o600
     assert CredentialsFile.read(out).client_id == "ops"
-    code, text, _ = await _reach("creds", "list", "--json", "--servers", fabric.url)
+    code, text, _ = await run_reach("creds", "list", "--json", "--servers", fabric.url)
     rows = {json.loads(line)["client_id"]: json.loads(line) for line in text.splitlines()}
     assert rows["ops"]["level"] == 2
     assert "secret_hash" not in rows["ops"]
     async with ReachClient(servers=fabric.url, credentials=out):
         pass
-    code, _, _ = await _reach("creds", "revoke", "ops", "--servers", fabric.url)
+    code, _, _ = await run_reach("creds", "revoke", "ops", "--servers", fabric.url)
     assert code == 0
     with pytest.raises(AuthenticationFailed):
         async with ReachClient(servers=fabric.url, credentials=out):
@@ -270,7 +257,7 @@ async def test_key_rotation_while_calls_flow_fails_no_call(fabric: Fabric) -> No
                 await asyncio.sleep(0.005)
 
         runner = asyncio.create_task(load())
-        code, _text, err = await _reach(
+        code, _text, err = await run_reach(
             "keys", "rotate", "--servers", fabric.url, "--creds", str(admin)
         )
         assert code == 0, err
@@ -282,7 +269,7 @@ async def test_key_rotation_while_calls_flow_fails_no_call(fabric: Fabric) -> No
         await runner
     assert failures == []
     assert b.calls > 10
-    code, _, err = await _reach(
+    code, _, err = await run_reach(
         "keys", "rotate", "--servers", fabric.url, "--creds", str(fabric.creds["analyst"])
     )
     assert code == 1

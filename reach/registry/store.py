@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from reach import codec, subjects
 from reach.errors import CodecError
-from reach.messages import encode_model
+from reach.messages import decode_record, encode_model
 from reach.models import Instance, RegistrarRecord
 from reach.transport import Connection, KVBucket
 
@@ -18,12 +18,7 @@ __all__ = ["RecordChange", "RegistryStore", "decode_instance"]
 
 def decode_instance(data: bytes) -> Instance:
     """Decode a KV value; CodecError if it is not an Instance record."""
-    try:
-        return Instance.model_validate(codec.decode(data))
-    except ValidationError as exc:
-        raise CodecError(
-            f"registry record is not a valid Instance: {exc.errors()[0]['msg']}"
-        ) from None
+    return decode_record(Instance, data, "registry")
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,10 +31,10 @@ from typing import Annotated, Any, ClassVar, Final, cast
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from reach import codec, subjects
+from reach import subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError
-from reach.messages import encode_model
+from reach.messages import decode_record, encode_model
 from reach.models import SubjectToken, format_validation_error
 from reach.security.ratelimit import FailureLimiter
 from reach.transport import Connection, KVBucket, KVConflict, KVEntry
@@ -202,12 +202,7 @@ class ClientRecord(BaseModel):
 
 
 def _decode_record(data: bytes) -> ClientRecord:
-    try:
-        return ClientRecord.model_validate(codec.decode(data))
-    except ValidationError as exc:
-        raise CodecError(
-            f"credential record is not a valid ClientRecord: {exc.errors()[0]['msg']}"
-        ) from None
+    return decode_record(ClientRecord, data, "credential")
 
 
 # -- errors ------------------------------------------------------------------------------

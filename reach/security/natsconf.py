@@ -29,6 +29,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from reach.security.credentials import write_private_file
+
 __all__ = [
     "APP_ACCOUNT",
     "AUTH_ACCOUNT",
@@ -277,12 +279,6 @@ def write_config(
 ) -> Path:
     """Write the config (mode 0600: it holds the service passwords) and return its path."""
     file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
     text = render_config(setup, port=port, store_dir=store_dir, host=host)
-    tmp = file.with_name(file.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, file)
+    write_private_file(file, text.encode("utf-8"))
     return file
