@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -21,7 +22,14 @@ import nats.js.errors
 from nats.aio.client import Client as _NatsClient
 from nats.aio.msg import Msg as _NatsMsg
 from nats.aio.subscription import Subscription as _NatsSubscription
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    StorageType,
+    StreamConfig,
+)
 
 from reach.errors import (
     AuthenticationFailed,
@@ -39,6 +47,8 @@ __all__ = [
     "KVConflict",
     "KVEntry",
     "Message",
+    "Stream",
+    "StreamMessage",
     "Subscription",
     "connect",
     "translate_error",
@@ -51,6 +61,9 @@ _RECONNECT_BASE = 0.1
 _RECONNECT_CAP = 2.0
 _FIRST_CONNECT_ATTEMPTS = 3
 _FIRST_CONNECT_WAIT = 0.2
+#: reading a stream's history: wait for stragglers when none are pending, or for the next
+_HISTORY_QUIET = 0.3
+_HISTORY_STALL = 10.0
 
 
 class Message(Protocol):
@@ -297,6 +310,58 @@ class Connection:
             raise translate_error(exc, f"open KV bucket {bucket}") from exc
         return KVBucket(bucket, kv)
 
+    async def stream(
+        self,
+        name: str,
+        subjects: Sequence[str] = (),
+        *,
+        create: bool = False,
+        max_age: float = 0.0,
+        max_bytes: int = -1,
+        replicas: int = 1,
+        duplicate_window: float = 120.0,
+    ) -> Stream:
+        """A JetStream stream; with ``create``, made (or its limits updated) if needed.
+
+        Streams made here are file-backed and deny delete and purge: what they hold is
+        a record, and nobody edits a record.
+        """
+        if create:
+            config = StreamConfig(
+                name=name,
+                subjects=list(subjects),
+                storage=StorageType.FILE,
+                max_age=max_age or None,
+                max_bytes=max_bytes,
+                num_replicas=replicas,
+                duplicate_window=duplicate_window,
+                discard=DiscardPolicy.OLD,
+                deny_delete=True,
+                deny_purge=True,
+            )
+            try:
+                await self._js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                try:
+                    await self._js.add_stream(config)
+                except Exception as exc:
+                    raise translate_error(exc, f"create stream {name}") from exc
+            except Exception as exc:
+                raise translate_error(exc, f"open stream {name}") from exc
+            else:
+                try:
+                    await self._js.update_stream(config)
+                except Exception as exc:
+                    raise translate_error(exc, f"update stream {name}") from exc
+        else:
+            try:
+                await self._js.stream_info(name)
+            except nats.js.errors.NotFoundError:
+                raise ConfigurationError(f"stream {name} does not exist") from None
+            except Exception as exc:
+                raise translate_error(exc, f"open stream {name}") from exc
+        return Stream(name, self._js)
+
     async def close(self) -> None:
         if not self._nc.is_closed:
             with contextlib.suppress(Exception):
@@ -445,3 +510,89 @@ async def connect(
         raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
     return Connection(nc)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    subject: str
+    data: bytes
+    seq: int
+    #: when the server stored it, Unix seconds
+    time: float
+    #: messages after this one that match the reader's filter
+    pending: int
+
+
+class Stream:
+    """Idempotent publishing (message ids, acks) and ordered reads of one stream."""
+
+    def __init__(self, name: str, js: Any) -> None:
+        self.name = name
+        self._js = js
+
+    async def publish(self, subject: str, data: bytes, *, msg_id: str, timeout: float) -> int:
+        """Store ``data`` once: a resend with the same ``msg_id`` is not stored twice."""
+        try:
+            ack = await self._js.publish(
+                subject, data, timeout=timeout, stream=self.name, headers={"Nats-Msg-Id": msg_id}
+            )
+        except nats.js.errors.NoStreamResponseError as exc:
+            raise NoResponders(f"no stream answers on {subject} ({self.name})") from exc
+        except Exception as exc:
+            raise translate_error(exc, f"publish to {self.name}") from exc
+        return int(ack.seq)
+
+    async def read(
+        self,
+        subject: str = ">",
+        *,
+        since: float | None = None,
+        new_only: bool = False,
+        follow: bool = False,
+    ) -> AsyncIterator[StreamMessage]:
+        """Stored messages from ``since`` (Unix seconds; all when None, none with
+        ``new_only``) in order; then, with ``follow``, new ones as they arrive."""
+        if new_only:
+            policy, start = DeliverPolicy.NEW, None
+        elif since is not None:
+            policy = DeliverPolicy.BY_START_TIME
+            start = datetime.datetime.fromtimestamp(since, tz=datetime.UTC)
+        else:
+            policy, start = DeliverPolicy.ALL, None
+        try:
+            sub = await self._js.subscribe(
+                subject,
+                stream=self.name,
+                ordered_consumer=True,
+                deliver_policy=policy,
+                config=ConsumerConfig(opt_start_time=start) if start else None,
+            )
+        except Exception as exc:
+            raise translate_error(exc, f"read {self.name}") from exc
+        try:
+            if new_only and not follow:
+                return
+            # history only: stop at the last matching message (num_pending 0); if the
+            # server counts none pending, only messages already on the wire are left
+            quiet: float | None = None
+            if not follow:
+                info = await sub.consumer_info()
+                quiet = _HISTORY_QUIET if not info.num_pending else _HISTORY_STALL
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=quiet)
+                except nats.errors.TimeoutError:
+                    return
+                meta = msg.metadata
+                yield StreamMessage(
+                    msg.subject,
+                    bytes(msg.data),
+                    int(meta.sequence.stream),
+                    meta.timestamp.timestamp(),
+                    int(meta.num_pending),
+                )
+                if not follow and not meta.num_pending:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
