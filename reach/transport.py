@@ -316,6 +316,7 @@ class Connection:
         subjects: Sequence[str] = (),
         *,
         create: bool = False,
+        check: bool = True,
         max_age: float = 0.0,
         max_bytes: int = -1,
         replicas: int = 1,
@@ -324,7 +325,8 @@ class Connection:
         """A JetStream stream; with ``create``, made (or its limits updated) if needed.
 
         Streams made here are file-backed and deny delete and purge: what they hold is
-        a record, and nobody edits a record.
+        a record, and nobody edits a record. ``check=False`` skips asking the server
+        whether it exists (a publisher without JetStream API permissions).
         """
         if create:
             config = StreamConfig(
@@ -353,7 +355,7 @@ class Connection:
                     await self._js.update_stream(config)
                 except Exception as exc:
                     raise translate_error(exc, f"update stream {name}") from exc
-        else:
+        elif check:
             try:
                 await self._js.stream_info(name)
             except nats.js.errors.NotFoundError:
