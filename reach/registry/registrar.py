@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import logging
 import secrets
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -33,11 +32,11 @@ from reach.models import (
     Heartbeat,
     HeartbeatReply,
     Instance,
-    ProbeReply,
     Readiness,
     RegistrarRecord,
     Transition,
 )
+from reach.registry.probe import probe
 from reach.registry.store import RegistryStore
 from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR
 from reach.security.fabric import FabricSecurity
@@ -334,8 +333,7 @@ class Registrar:
         """Why the registered instance counts as live, or "" if it is dead and may be replaced."""
         if now - inst.registered_at < self.config.duplicate_grace_sec:
             return f"registered {now - inst.registered_at:.1f}s ago"
-        reply = await self._probe(inst)
-        if isinstance(reply, ProbeReply) and reply.instance_id == inst.instance_id:
+        if (await probe(self._conn, inst, limits=self._limits)).ok:
             return "it answered a probe just now"
         return ""
 
@@ -424,47 +422,27 @@ class Registrar:
             }
         )
 
-    async def _probe(self, inst: Instance) -> ProbeReply | str:
-        """Probe an instance: its reply, or a one-line reason why the probe failed."""
-        health = inst.manifest.health
-        request = envelope.pack_request(envelope.RequestMeta(call_id=uuid.uuid4().hex), b"")
-        try:
-            data = await self._conn.request(
-                subjects.probe(inst.agent_id), request, timeout=health.timeout_sec
-            )
-            reply = envelope.unpack_reply(data)
-            if not reply.ok:
-                return f"probe refused: {reply.kind}: {reply.description}"
-            probe = decode_model(ProbeReply, reply.body, self._limits)
-        except ReachError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if probe.instance_id != inst.instance_id:
-            return f"probe answered by another instance ({probe.instance_id})"
-        return probe
-
     async def _probe_and_record(self, inst: Instance) -> None:
         agent_id = inst.agent_id
         try:
             async with self._probe_slots:
-                started = self._clock.monotonic()
-                result = await self._probe(inst)
-                elapsed_ms = (self._clock.monotonic() - started) * 1000
+                result = await probe(self._conn, inst, limits=self._limits)
             now = self._clock.time()
 
             def apply(cur: Instance) -> Instance | None:
                 if cur.instance_id != inst.instance_id:
                     return None
-                if isinstance(result, ProbeReply):
-                    status, reason = self._status_from(result.readiness, "probe")
+                if result.reply is not None:
+                    status, reason = self._status_from(result.reply.readiness, "probe")
                     if cur.status == status and cur.consecutive_failures == 0:
                         return None  # nothing changed: no KV write
                     updated = cur.model_copy(
                         update={
                             "consecutive_failures": 0,
                             "last_probe_at": now,
-                            "last_probe_ms": elapsed_ms,
-                            "readiness": result.readiness,
-                            "in_flight": result.in_flight,
+                            "last_probe_ms": result.latency_ms,
+                            "readiness": result.reply.readiness,
+                            "in_flight": result.reply.in_flight,
                         }
                     )
                     return self._with_status(updated, status, reason, now)
@@ -473,7 +451,7 @@ class Registrar:
                     update={"consecutive_failures": failures, "last_probe_at": now}
                 )
                 if failures >= cur.manifest.health.failures_before_unhealthy:
-                    reason = f"{failures} consecutive probe failures, last: {result}"
+                    reason = f"{failures} consecutive probe failures, last: {result.reason}"
                     return self._with_status(updated, "unhealthy", reason, now)
                 return updated
 
