@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -13,7 +14,9 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from reach.errors import ConfigurationError, ReachError
+from reach.security.fabric import connect_as
 from reach.settings import resolve_credentials, resolve_servers
+from reach.transport import Connection
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -66,3 +69,20 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def fail(message: str, code: int = 1) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+@contextlib.asynccontextmanager
+async def connection(target: Target, name: str) -> AsyncIterator[Connection]:
+    """A plain NATS connection for an operator command (the credentials' identity)."""
+    conn, _ = await connect_as(target.servers, name=name, credentials=target.credentials)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+def colour_wanted() -> bool:
+    """Colour on a terminal, plain when piped (and never with NO_COLOR set)."""
+    import os
+
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import secrets
@@ -19,6 +20,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from reach import envelope, subjects
+from reach.audit.alerts import AlertRules, AlertWatcher
+from reach.audit.events import REGISTRY_CAPABILITY, denial_event
+from reach.audit.streams import StreamSettings, ensure_streams
+from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
 from reach.codec import Limits
 from reach.errors import AuthenticationFailed, AuthError, CodecError, ContractError, ReachError
@@ -49,8 +54,10 @@ __all__ = ["Registrar", "RegistrarConfig"]
 class _Denied(AuthError):
     """A control message without the right token: answered ``denied``, never applied."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, call_id: str = "", client_id: str = "") -> None:
         self.code = code
+        self.call_id = call_id
+        self.client_id = client_id
         super().__init__(message)
 
 
@@ -78,6 +85,10 @@ class RegistrarConfig:
     max_concurrent_probes: int = 512
     transitions_kept: int = 20
     job_retention_sec: float = JOB_RETENTION_SEC
+    #: retention and replicas of REACH_AUDIT / REACH_ALERTS (replicas follow ``replicas``)
+    streams: StreamSettings = field(default_factory=StreamSettings)
+    #: alert rules; None runs no alert watcher in this registrar
+    alerts: AlertRules | None = field(default_factory=AlertRules)
     clock: Clock = field(default=system_clock, repr=False)
 
 
@@ -103,6 +114,8 @@ class Registrar:
         self._started_at = 0.0
         self._stopping = False
         self._security = FabricSecurity()
+        self._audit: AuditWriter | None = None
+        self._alerts: AlertWatcher | None = None
         self.denials = 0
 
     @property
@@ -131,6 +144,15 @@ class Registrar:
             replicas=self.config.replicas,
             retention_sec=self.config.job_retention_sec,
         )
+        streams = self.config.streams
+        if streams.replicas != self.config.replicas:
+            streams = dataclasses.replace(streams, replicas=self.config.replicas)
+        await ensure_streams(self._conn, streams)
+        self._audit = AuditWriter(self._conn)
+        await self._audit.start()
+        if self.config.alerts is not None:
+            self._alerts = AlertWatcher(self._conn, self._store, self.config.alerts, self._clock)
+            await self._alerts.start()
         self._started_at = self._clock.time()
         self._loops.append(asyncio.create_task(self._watch_loop(), name="registrar-watch"))
         await asyncio.wait_for(self._synced.wait(), 30)
@@ -158,6 +180,10 @@ class Registrar:
         self._subs.clear()
         await cancel_and_wait([*self._loops, *self._tasks])
         self._loops.clear()
+        if self._alerts is not None:
+            await self._alerts.stop()
+        if self._audit is not None:
+            await self._audit.stop(timeout=2.0)
         await self._security.close()
         if self._store is not None and not self._conn.is_closed:
             with contextlib.suppress(ReachError):
@@ -203,6 +229,19 @@ class Registrar:
         if isinstance(exc, _Denied):
             self.denials += 1
             log.warning("denied %s: %s (%s)", msg.subject, exc, exc.code)
+            if self._audit is not None:
+                self._audit.record(
+                    denial_event(
+                        side="registrar",
+                        ts=self._clock.time(),
+                        capability=REGISTRY_CAPABILITY,
+                        callee=subjects.last_token(msg.subject),
+                        call_id=exc.call_id,
+                        code=exc.code,
+                        description=f"{msg.subject}: {exc}",
+                        caller=exc.client_id,
+                    )
+                )
             if msg.reply:
                 await self._conn.respond(
                     msg, envelope.pack_error("denied", exc.code, str(exc), self.registrar_id)
@@ -224,11 +263,13 @@ class Registrar:
     def _authorize(self, meta: envelope.RequestMeta, agent_id: str) -> None:
         assert self._security.verifier is not None
         if meta.token is None:
-            raise _Denied("no_token", f"a token is required to speak for {agent_id}")
+            raise _Denied(
+                "no_token", f"a token is required to speak for {agent_id}", call_id=meta.call_id
+            )
         try:
             claims = self._security.verifier.verify(meta.token)
         except AuthenticationFailed as exc:
-            raise _Denied("authentication_failed", str(exc)) from None
+            raise _Denied("authentication_failed", str(exc), call_id=meta.call_id) from None
         # operators and the local dev credential (admin) may speak for any agent
         if claims.agent_id != agent_id and not (
             claims.has_role(ROLE_REGISTRAR) or claims.has_role(ROLE_ADMIN)
@@ -237,6 +278,8 @@ class Registrar:
                 "wrong_agent",
                 f"client {claims.client_id} is bound to agent_id {claims.agent_id!r},"
                 f" not {agent_id!r}",
+                call_id=meta.call_id,
+                client_id=claims.client_id,
             )
 
     async def _on_announce(self, msg: Message) -> None:

@@ -77,6 +77,19 @@ class RegistryStore:
     async def delete_registrar(self, registrar_id: str) -> None:
         await self.bucket.delete(subjects.registrar_key(registrar_id))
 
+    async def snapshot(self) -> tuple[list[Instance], list[RegistrarRecord]]:
+        """Every instance and registrar record as of now (one watch, read to its end)."""
+        instances: list[Instance] = []
+        registrars: list[RegistrarRecord] = []
+        async for change in self.watch():
+            if change is None:
+                break
+            if change.instance is not None:
+                instances.append(change.instance)
+            elif change.registrar is not None:
+                registrars.append(change.registrar)
+        return instances, registrars
+
     async def watch(self) -> AsyncIterator[RecordChange | None]:
         """Every record, then ``None`` once caught up, then every change; bad records skipped."""
         async for entry in self.bucket.watch(">"):

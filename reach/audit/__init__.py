@@ -1,0 +1,24 @@
+"""Audit events and alerts: what the fabric did, and what an operator should look at."""
+
+from reach.audit.alerts import Alert, AlertEngine, AlertRules, AlertWatcher
+from reach.audit.events import AuditAttempt, AuditEvent, error_class
+from reach.audit.reader import AuditFilter, format_event, read_events
+from reach.audit.streams import StreamSettings, ensure_streams
+from reach.audit.writer import AuditWriter, WriterConfig
+
+__all__ = [
+    "Alert",
+    "AlertEngine",
+    "AlertRules",
+    "AlertWatcher",
+    "AuditAttempt",
+    "AuditEvent",
+    "AuditFilter",
+    "AuditWriter",
+    "StreamSettings",
+    "WriterConfig",
+    "ensure_streams",
+    "error_class",
+    "format_event",
+    "read_events",
+]

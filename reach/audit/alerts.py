@@ -1,0 +1,319 @@
+"""Alert rules over the audit stream and the registry, written to REACH_ALERTS.
+
+Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
+
+* ``retry_storm`` — one caller retried one callee more than 10 times within a minute
+  (a retry is counted against the instance whose failed attempt was retried);
+* ``unhealthy`` — an instance turned unhealthy (the registrar's reason included);
+* ``breaker_rejections`` — breaker rejections above 10 % of a capability's calls in a
+  minute (at least 20 calls): a warning while the success rate still looks fine;
+* ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe.
+
+The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the stream and
+the registry watch and publishes what it returns. Alerts carry a message id derived from
+the rule, its subject and the time bucket, so several watchers (one per registrar) store
+each alert once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reach import subjects
+from reach.audit.events import decode_raw
+from reach.clock import Clock, system_clock
+from reach.errors import ConfigurationError, ReachError
+from reach.models import Instance
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection, Stream
+
+if TYPE_CHECKING:
+    from reach.registry.store import RegistryStore
+
+__all__ = [
+    "RULES",
+    "Alert",
+    "AlertEngine",
+    "AlertRules",
+    "AlertWatcher",
+    "decode_alert",
+    "encode_alert",
+]
+
+log = logging.getLogger("reach.alerts")
+
+RuleName = Literal["retry_storm", "unhealthy", "breaker_rejections", "new_agent_probe_failed"]
+RULES: tuple[str, ...] = get_args(RuleName)
+
+
+class Alert(BaseModel):
+    """One alert (stream REACH_ALERTS, subject ``reach.v1.alert.<rule>``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    rule: RuleName
+    #: what it is about: ``caller→callee``, an agent id or a capability
+    key: str
+    ts: float = Field(description="when it fired, Unix seconds")
+    severity: Literal["warning", "critical"] = "warning"
+    summary: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    def msg_id(self, bucket_sec: float) -> str:
+        return f"{self.rule}.{self.key}.{int(self.ts // bucket_sec)}"
+
+
+def encode_alert(alert: Alert) -> bytes:
+    data: bytes = msgpack.packb(alert.model_dump(mode="json"), use_bin_type=True)
+    return data
+
+
+def decode_alert(data: bytes) -> Alert | None:
+    try:
+        return Alert.model_validate(msgpack.unpackb(data, raw=False))
+    except (ValidationError, ValueError, msgpack.UnpackException, TypeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRules:
+    #: more than this many retries by one caller against one callee in ``retry_window_sec``
+    retry_threshold: int = 10
+    retry_window_sec: float = 60.0
+    #: breaker rejections above this share of a capability's calls in ``breaker_window_sec``
+    breaker_share: float = 0.10
+    breaker_min_calls: int = 20
+    breaker_window_sec: float = 60.0
+    #: agents younger than this that fail a probe raise ``new_agent_probe_failed``
+    new_agent_sec: float = 24 * 3600.0
+    #: one alert per rule and subject within this time (then it may fire again)
+    repeat_after_sec: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.retry_threshold < 0 or not 0 < self.breaker_share <= 1:
+            raise ConfigurationError(
+                "alert rules: retry_threshold must be >= 0 and breaker_share in (0, 1]"
+            )
+
+
+@dataclass
+class _Window:
+    """Timestamps within a sliding window."""
+
+    span: float
+    times: deque[float] = field(default_factory=deque)
+
+    def add(self, now: float) -> int:
+        self.times.append(now)
+        return self.count(now)
+
+    def count(self, now: float) -> int:
+        while self.times and self.times[0] <= now - self.span:
+            self.times.popleft()
+        return len(self.times)
+
+
+class AlertEngine:
+    """Turns audit events and registry records into alerts (no I/O)."""
+
+    def __init__(self, rules: AlertRules | None = None, clock: Clock = system_clock) -> None:
+        self.rules = rules or AlertRules()
+        self._clock = clock
+        self._retries: dict[tuple[str, str], _Window] = {}
+        self._calls: dict[str, _Window] = {}
+        self._rejections: dict[str, _Window] = defaultdict(
+            lambda: _Window(self.rules.breaker_window_sec)
+        )
+        self._last_fired: dict[tuple[str, str], float] = {}
+        self._status: dict[str, tuple[str, int]] = {}
+
+    def _fire(self, rule: RuleName, key: str, now: float, **fields: Any) -> Alert | None:
+        last = self._last_fired.get((rule, key))
+        if last is not None and now - last < self.rules.repeat_after_sec:
+            return None
+        self._last_fired[(rule, key)] = now
+        return Alert(rule=rule, key=key, ts=now, **fields)
+
+    def observe(self, event: dict[str, Any]) -> list[Alert]:
+        """Alerts one audit event (a raw map, see ``AuditEvent``) raises; usually none."""
+        if event.get("side", "caller") != "caller":
+            return []
+        now = self._clock.time()
+        alerts: list[Alert] = []
+        capability = str(event.get("capability", ""))
+        caller = str(event.get("caller_agent") or event.get("caller") or "anonymous")
+        attempts = event.get("attempts")
+        # every attempt but the last failed and was retried
+        for attempt in attempts[:-1] if isinstance(attempts, list) else ():
+            agent_id = attempt.get("agent_id") if isinstance(attempt, dict) else None
+            callee = str(agent_id or capability)
+            window = self._retries.get((caller, callee))
+            if window is None:
+                window = self._retries[(caller, callee)] = _Window(self.rules.retry_window_sec)
+            count = window.add(now)
+            if count > self.rules.retry_threshold:
+                alert = self._fire(
+                    "retry_storm",
+                    f"{caller}→{callee}",
+                    now,
+                    summary=(
+                        f"{caller} retried {callee} {count} times in the last"
+                        f" {self.rules.retry_window_sec:.0f}s (capability {capability})"
+                    ),
+                    details={
+                        "caller": caller,
+                        "callee": callee,
+                        "capability": capability,
+                        "retries": count,
+                    },
+                )
+                if alert is not None:
+                    alerts.append(alert)
+        rejected_now = event.get("error") == "breaker"
+        calls = self._calls.get(capability)
+        if calls is None:
+            calls = self._calls[capability] = _Window(self.rules.breaker_window_sec)
+        total = calls.add(now)
+        rejections = self._rejections[capability]
+        rejected = rejections.add(now) if rejected_now else rejections.count(now)
+        if (
+            rejected_now
+            and total >= self.rules.breaker_min_calls
+            and rejected / total > self.rules.breaker_share
+        ):
+            alert = self._fire(
+                "breaker_rejections",
+                capability,
+                now,
+                summary=(
+                    f"{rejected} of {total} calls to {capability} rejected by open"
+                    f" breakers in the last {self.rules.breaker_window_sec:.0f}s"
+                    f" ({rejected / total:.0%})"
+                ),
+                details={"capability": capability, "rejected": rejected, "calls": total},
+            )
+            if alert is not None:
+                alerts.append(alert)
+        return alerts
+
+    def registry_change(self, inst: Instance) -> list[Alert]:
+        """Alerts a new version of an instance record raises."""
+        now = self._clock.time()
+        alerts: list[Alert] = []
+        before = self._status.get(inst.agent_id)
+        self._status[inst.agent_id] = (inst.status, inst.consecutive_failures)
+        if before is None:
+            return alerts  # first sight (also after a restart): no transition seen
+        status, failures = before
+        if inst.status == "unhealthy" and status != "unhealthy":
+            alert = self._fire(
+                "unhealthy",
+                inst.agent_id,
+                now,
+                severity="critical",
+                summary=f"{inst.agent_id} turned unhealthy: {inst.status_reason}",
+                details={"agent_id": inst.agent_id, "reason": inst.status_reason, "was": status},
+            )
+            if alert is not None:
+                alerts.append(alert)
+        if inst.consecutive_failures > failures and inst.age(now) < self.rules.new_agent_sec:
+            alert = self._fire(
+                "new_agent_probe_failed",
+                inst.agent_id,
+                now,
+                summary=(
+                    f"{inst.agent_id} (registered {inst.age(now) / 60:.0f} min ago) failed"
+                    f" {inst.consecutive_failures} probe(s) in a row"
+                ),
+                details={
+                    "agent_id": inst.agent_id,
+                    "failures": inst.consecutive_failures,
+                    "age_sec": round(inst.age(now), 1),
+                },
+            )
+            if alert is not None:
+                alerts.append(alert)
+        return alerts
+
+    def forget(self, agent_id: str) -> None:
+        self._status.pop(agent_id, None)
+
+
+class AlertWatcher:
+    """Runs the engine on live audit events and registry changes; publishes alerts."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        store: RegistryStore,
+        rules: AlertRules | None = None,
+        clock: Clock = system_clock,
+    ) -> None:
+        self._conn = conn
+        self._store = store
+        self.engine = AlertEngine(rules, clock)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._alerts: Stream | None = None
+        self.fired: list[Alert] = []
+
+    async def start(self) -> None:
+        self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)
+        audit = await self._conn.stream(subjects.AUDIT_STREAM)
+        self._tasks = [
+            asyncio.create_task(self._follow_audit(audit), name="alerts-audit"),
+            asyncio.create_task(self._follow_registry(self._store), name="alerts-registry"),
+        ]
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._tasks)
+        self._tasks = []
+
+    async def _publish(self, alerts: list[Alert]) -> None:
+        assert self._alerts is not None
+        for alert in alerts:
+            self.fired.append(alert)
+            log.warning("alert %s: %s", alert.rule, alert.summary)
+            try:
+                await self._alerts.publish(
+                    subjects.alert(alert.rule),
+                    encode_alert(alert),
+                    msg_id=alert.msg_id(self.engine.rules.repeat_after_sec),
+                    timeout=5.0,
+                )
+            except ReachError as exc:
+                log.warning("could not store alert %s: %s", alert.rule, exc)
+
+    async def _follow_audit(self, audit: Stream) -> None:
+        while True:
+            try:
+                async for msg in audit.read(subjects.audit("*"), new_only=True, follow=True):
+                    for event in decode_raw(msg.data):
+                        alerts = self.engine.observe(event)
+                        if alerts:
+                            await self._publish(alerts)
+            except ReachError as exc:
+                log.warning("alerts: audit stream read failed, resuming: %s", exc)
+                await asyncio.sleep(1.0)
+
+    async def _follow_registry(self, store: RegistryStore) -> None:
+        while True:
+            try:
+                async for change in store.watch():
+                    if change is None:
+                        continue
+                    if change.instance is not None:
+                        alerts = self.engine.registry_change(change.instance)
+                        if alerts:
+                            await self._publish(alerts)
+                    elif change.deleted:
+                        self.engine.forget(change.agent_id)
+            except ReachError as exc:
+                log.warning("alerts: registry watch failed, resuming: %s", exc)
+                await asyncio.sleep(1.0)

@@ -1,0 +1,62 @@
+"""``reach audit tail``: the audit stream, history and live, one line per call."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from reach.audit.reader import AuditFilter, format_event, parse_since, read_events
+from reach.cli.common import Target, colour_wanted, connection, connection_options, run
+
+
+async def _tail(
+    target: Target, flt: AuditFilter, since: str | None, follow: bool, as_json: bool
+) -> None:
+    start = parse_since(since, time.time()) if since else None
+    colour = colour_wanted() and not as_json
+    async with connection(target, "reach-audit-tail") as conn:
+        shown = 0
+        async for event in read_events(conn, flt, since=start, follow=follow):
+            shown += 1
+            if as_json:
+                click.echo(json.dumps(event.model_dump(mode="json"), sort_keys=True))
+            else:
+                click.echo(format_event(event, colour=colour))
+        if not follow and not shown and not as_json:
+            click.echo("no audit events" + (" matching the filter" if flt != AuditFilter() else ""))
+
+
+def register(main: click.Group) -> None:
+    @main.group("audit")
+    def audit() -> None:
+        """The audit stream REACH_AUDIT: one event per cross-agent call."""
+
+    @audit.command("tail")
+    @click.option("-f", "--follow", is_flag=True, help="keep printing new events as they come")
+    @click.option("--caller", default="", help="only calls by this client id or agent id")
+    @click.option("--callee", default="", help="only calls served (or tried) by this agent id")
+    @click.option("--capability", default="", help="only calls to this capability")
+    @click.option(
+        "--kind",
+        default="",
+        help="ok, error, fallback, denied, retry, or an error class:"
+        " connect, timeout, business, breaker, contract, unavailable, discovery, internal",
+    )
+    @click.option("--since", default=None, help="start this long ago (10m, 2h, 30s) or at a time")
+    @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
+    @connection_options
+    def tail(
+        target: Target,
+        follow: bool,
+        caller: str,
+        callee: str,
+        capability: str,
+        kind: str,
+        since: str | None,
+        as_json: bool,
+    ) -> None:
+        """Print audit events (all history, or --since), then with -f new ones live."""
+        flt = AuditFilter(caller=caller, callee=callee, capability=capability, kind=kind)
+        run(_tail(target, flt, since, follow, as_json))

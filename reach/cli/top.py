@@ -1,0 +1,128 @@
+"""``reach top``: a live view of instances and capabilities, refreshed every second.
+
+Instances come from the registry (a live route cache); calls/s, success rate, p99 and
+breaker states from the audit stream's last minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from reach.audit.reader import read_events
+from reach.audit.stats import CallStats, Tally
+from reach.cli.agents import _STATUS_STYLE
+from reach.cli.common import Target, connection, connection_options, run
+from reach.models import Instance
+from reach.registry.routecache import RouteCache
+from reach.registry.store import RegistryStore
+
+
+def _rate(tally: Tally | None) -> str:
+    if tally is None or tally.success_rate is None:
+        return "-"
+    return f"{tally.success_rate:.1%}"
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def render(instances: list[Instance], stats: CallStats, now: float) -> Group:
+    stats.trim(now)
+    per_inst = stats.by_instance()
+    open_breakers = stats.open_breakers(now)
+    window = stats.window_sec
+    head = Table.grid(padding=(0, 2))
+    head.add_row(
+        f"[bold]reach top[/]  {time.strftime('%H:%M:%S', time.localtime(now))}",
+        f"{len(instances)} instance(s)",
+        f"{stats.calls_per_sec(now):.1f} calls/s",
+        f"{len(stats.denials)} denial(s) in {window:.0f}s",
+    )
+    inst_table = Table(show_edge=False, header_style="bold", title_justify="left")
+    for column in ("agent", "capabilities", "health", "load", "calls", "ok", "p99 ms", "breaker"):
+        right = column in ("load", "calls", "ok", "p99 ms")
+        inst_table.add_column(column, justify="right" if right else "left")
+    for inst in sorted(instances, key=lambda i: i.agent_id):
+        tally = per_inst.get(inst.agent_id)
+        style = _STATUS_STYLE.get(inst.status, "")
+        breaker = "[red]OPEN[/]" if inst.agent_id in open_breakers else "closed"
+        inst_table.add_row(
+            inst.agent_id,
+            ", ".join(c.name for c in inst.manifest.capabilities),
+            f"[{style}]{inst.status}[/]" if style else inst.status,
+            f"{inst.in_flight}/{inst.max_concurrency}",
+            str(tally.calls if tally else 0),
+            _rate(tally),
+            _ms(tally.p(0.99) if tally else None),
+            breaker,
+        )
+    cap_table = Table(show_edge=False, header_style="bold")
+    for column in ("capability", "calls", "ok", "p50 ms", "p99 ms", "retries", "errors"):
+        cap_table.add_column(
+            column, justify="left" if column in ("capability", "errors") else "right"
+        )
+    for capability, tally in sorted(stats.by_capability().items()):
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(tally.errors.items())) or "-"
+        cap_table.add_row(
+            capability,
+            str(tally.calls),
+            _rate(tally),
+            _ms(tally.p(0.5)),
+            _ms(tally.p(0.99)),
+            str(tally.retries),
+            errors,
+        )
+    return Group(head, "", inst_table, "", cap_table)
+
+
+async def _top(target: Target, interval: float, window: float, once: bool) -> None:
+    stats = CallStats(window_sec=window)
+    async with connection(target, "reach-top") as conn:
+        routes = RouteCache(await RegistryStore.open(conn, create=False))
+        await routes.start()
+        try:
+            if once:
+                async for event in read_events(conn, since=time.time() - window):
+                    stats.add(event)
+                Console().print(render(routes.all(), stats, time.time()))
+                return
+
+            async def follow() -> None:
+                async for event in read_events(conn, since=time.time() - window, follow=True):
+                    stats.add(event)
+
+            reader = asyncio.create_task(follow())
+            try:
+                with Live(render(routes.all(), stats, time.time()), auto_refresh=False) as live:
+                    while not reader.done():
+                        await asyncio.sleep(interval)
+                        live.update(render(routes.all(), stats, time.time()), refresh=True)
+                reader.result()
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+        finally:
+            await routes.stop()
+
+
+def register(main: click.Group) -> None:
+    @main.command("top")
+    @click.option("--interval", type=float, default=1.0, help="seconds between refreshes")
+    @click.option("--window", type=float, default=60.0, help="seconds of calls to summarise")
+    @click.option("--once", is_flag=True, help="print one frame and exit (for scripts)")
+    @connection_options
+    def top(target: Target, interval: float, window: float, once: bool) -> None:
+        """A live view: instances with health, load, calls, success rate, p99 and breaker
+        state; capabilities with calls, p50/p99, retries and errors. Ctrl-C to quit."""
+        if interval <= 0 or window <= 0:
+            raise click.UsageError("--interval and --window must be > 0")
+        run(_top(target, interval, window, once))

@@ -1,0 +1,350 @@
+"""``reach doctor``: the troubleshooting order of DESIGN.md, walked step by step.
+
+1. registry — does the target exist, is it healthy, why was it marked down?
+2. route log — which instances did calls go to, with what score, any retries?
+3. connectivity — does each instance answer a probe now, and how fast?
+4. the agent — did requests arrive, did the handler fail or stall?
+5. dependencies — the agent's readiness report (pools, queues)
+6. the fabric — registrar alive, registry records fresh, breaker states
+
+Each step gives a verdict (ok / warn / fail / skip) with its evidence; the diagnosis
+ends with the layer most likely at fault. The logic is a pure function of what was
+gathered (:func:`conclude`), so every rule is testable without a fabric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from reach import subjects
+from reach.audit.events import AuditEvent
+from reach.audit.reader import AuditFilter, read_events
+from reach.audit.stats import CallStats
+from reach.errors import ConfigurationError, NoResponders, ReachError, ReachTimeout
+from reach.models import Instance, RegistrarRecord
+from reach.registry.probe import ProbeResult, probe
+from reach.registry.store import RegistryStore
+from reach.transport import Connection
+
+__all__ = ["LAYERS", "Diagnosis", "Evidence", "Step", "conclude", "diagnose"]
+
+Verdict = Literal["ok", "warn", "fail", "skip"]
+#: the layers a diagnosis can blame, in troubleshooting order
+LAYERS = ("registry", "routing", "connectivity", "agent", "dependencies", "fabric")
+Layer = Literal["registry", "routing", "connectivity", "agent", "dependencies", "fabric", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    number: int
+    name: str
+    verdict: Verdict
+    findings: list[str]
+
+
+@dataclass
+class Evidence:
+    """Everything the six steps look at, gathered once."""
+
+    target: str
+    now: float
+    instances: list[Instance] = field(default_factory=list)
+    #: the target is a capability (else an agent id, or unknown)
+    capability: str | None = None
+    #: audit events of the target in the window (caller side and denials)
+    events: list[AuditEvent] = field(default_factory=list)
+    audit_error: str = ""
+    probes: dict[str, ProbeResult] = field(default_factory=dict)
+    registrars: list[RegistrarRecord] = field(default_factory=list)
+    registrar_answered: bool = False
+    window_sec: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    target: str
+    steps: list[Step]
+    layer: Layer
+    conclusion: str
+
+
+async def diagnose(
+    conn: Connection, target: str, *, window_sec: float = 600.0, probe_timeout: float = 2.0
+) -> Diagnosis:
+    """Gather the evidence for ``target`` (a capability or an agent id) and conclude."""
+    return conclude(await gather(conn, target, window_sec=window_sec, probe_timeout=probe_timeout))
+
+
+async def gather(
+    conn: Connection, target: str, *, window_sec: float = 600.0, probe_timeout: float = 2.0
+) -> Evidence:
+    now = time.time()
+    ev = Evidence(target=target, now=now, window_sec=window_sec)
+    try:
+        store = await RegistryStore.open(conn, create=False)
+    except ConfigurationError:
+        return ev  # no registry at all: step 6 says so
+    everything, ev.registrars = await store.snapshot()
+    by_id = [i for i in everything if i.agent_id == target]
+    if by_id:
+        ev.instances = by_id
+    else:
+        ev.capability = target
+        ev.instances = [i for i in everything if i.manifest.capability(target) is not None]
+    flt = AuditFilter(capability=target) if ev.capability else AuditFilter(callee=target)
+    try:
+        ev.events = [e async for e in read_events(conn, flt, since=now - window_sec, follow=False)]
+    except ReachError as exc:
+        ev.audit_error = f"{type(exc).__name__}: {exc}"
+    results = await asyncio.gather(
+        *(probe(conn, inst, timeout=probe_timeout) for inst in ev.instances)
+    )
+    ev.probes = {inst.agent_id: r for inst, r in zip(ev.instances, results, strict=True)}
+    try:
+        await conn.request(subjects.REGISTRAR_PING, b"", timeout=probe_timeout)
+        ev.registrar_answered = True
+    except ReachError:
+        ev.registrar_answered = False
+    return ev
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def conclude(ev: Evidence) -> Diagnosis:
+    """The six verdicts and the layer most likely at fault."""
+    blame: list[tuple[Layer, str]] = []
+    steps = [
+        _registry_step(ev, blame),
+        _route_step(ev, blame),
+        _connectivity_step(ev, blame),
+        _agent_step(ev, blame),
+        _dependencies_step(ev, blame),
+        _fabric_step(ev, blame),
+    ]
+    if blame:
+        layer, why = blame[0]
+    else:
+        layer, why = "none", "every step passed: calls to it should succeed"
+    return Diagnosis(ev.target, steps, layer, why)
+
+
+def _registry_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+    findings: list[str] = []
+    if not ev.instances:
+        gone = sorted({e.callee for e in ev.events if e.callee})
+        what = "capability or agent id"
+        findings.append(f"no registered instance: no agent offers {ev.target!r} and no {what}")
+        if gone:
+            findings.append(f"calls went to {', '.join(gone)} earlier: evicted since")
+        blame.append(
+            (
+                "registry",
+                f"{ev.target} is not in the registry"
+                + (" (its instances were evicted)" if gone else " (unknown name?)"),
+            )
+        )
+        return Step(1, "registry", "fail", findings)
+    healthy = 0
+    for inst in ev.instances:
+        line = f"{inst.agent_id} v{inst.manifest.version}: {inst.status}"
+        if inst.status != "healthy":
+            line += f" — {inst.status_reason}"
+        else:
+            healthy += 1
+        findings.append(line)
+        for t in inst.transitions[-3:]:
+            findings.append(f"  {_ago(ev.now - t.at)}: → {t.status} ({t.reason})")
+    verdict: Verdict = "ok" if healthy == len(ev.instances) else "warn" if healthy else "fail"
+    return Step(1, "registry", verdict, findings)
+
+
+def _route_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+    if ev.audit_error:
+        return Step(2, "route log", "skip", [f"audit stream unreadable: {ev.audit_error}"])
+    stats = CallStats(window_sec=ev.window_sec)
+    for event in ev.events:
+        stats.add(event)
+    calls = stats.events
+    if not calls:
+        findings = [f"no calls in the last {ev.window_sec / 60:.0f} min"]
+        if stats.denials:
+            findings.append(f"{len(stats.denials)} call(s) denied by the callee (security)")
+            blame.append(("fabric", f"{len(stats.denials)} call(s) denied: check clearance"))
+            return Step(2, "route log", "warn", findings)
+        return Step(2, "route log", "ok", findings)
+    failed = [e for e in calls if e.outcome != "ok"]
+    retried = sum(e.retries for e in calls)
+    findings = [
+        f"{len(calls)} call(s) in the last {ev.window_sec / 60:.0f} min:"
+        f" {len(calls) - len(failed)} ok, {len(failed)} failed, {retried} retries"
+    ]
+    for agent_id, tally in sorted(stats.by_instance().items()):
+        p99 = tally.p(0.99)
+        findings.append(
+            f"  {agent_id}: {tally.calls} call(s), {tally.ok} ok"
+            + (f", p99 {p99:.1f} ms" if p99 is not None else "")
+            + (f", breaker skipped it {tally.breaker_skips}×" if tally.breaker_skips else "")
+            + (f", last error {tally.last_error}" if tally.last_error else "")
+        )
+    for event in calls[-3:]:
+        route = ", ".join(
+            f"{a.agent_id or 'queue'}"
+            + (f" (score {a.score:.3f})" if a.score is not None else "")
+            + f" → {a.outcome}"
+            for a in event.attempts
+        )
+        findings.append(
+            f"  {_ago(ev.now - event.ts)}: {event.outcome} via {route or 'no instance'}"
+        )
+    kinds = sorted({e.error for e in failed if e.error})
+    if failed and set(kinds) <= {"business", "contract"}:
+        blame.append(
+            ("agent", f"recent calls rejected by the handler or contract ({', '.join(kinds)})")
+        )
+    verdict: Verdict = "ok" if not failed else "warn" if len(failed) < len(calls) else "fail"
+    return Step(2, "route log", verdict, findings)
+
+
+def _connectivity_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+    if not ev.instances:
+        return Step(3, "connectivity", "skip", ["nothing to probe"])
+    findings: list[str] = []
+    answered = 0
+    for inst in ev.instances:
+        result = ev.probes.get(inst.agent_id)
+        if result is None:
+            continue
+        if result.ok:
+            answered += 1
+            findings.append(f"{inst.agent_id}: answered a probe in {result.latency_ms:.1f} ms")
+            continue
+        findings.append(f"{inst.agent_id}: no answer: {result.reason}")
+        if isinstance(result.error, NoResponders):
+            blame.append(
+                (
+                    "connectivity",
+                    f"{inst.agent_id} is gone: nothing subscribes to its probe subject"
+                    " (process dead or disconnected)",
+                )
+            )
+        elif isinstance(result.error, ReachTimeout):
+            blame.append(
+                (
+                    "agent",
+                    f"{inst.agent_id} is hung: connected (NATS delivers to it) but it does not"
+                    f" answer within {result.latency_ms / 1000:.1f}s",
+                )
+            )
+        else:
+            blame.append(("connectivity", f"{inst.agent_id}: {result.reason}"))
+    verdict: Verdict = "ok" if answered == len(ev.instances) else "warn" if answered else "fail"
+    return Step(3, "connectivity", verdict, findings)
+
+
+def _agent_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+    if not ev.instances:
+        return Step(4, "agent", "skip", ["no instance"])
+    findings: list[str] = []
+    verdict: Verdict = "ok"
+    for inst in ev.instances:
+        result = ev.probes.get(inst.agent_id)
+        in_flight = result.reply.in_flight if result and result.reply else inst.in_flight
+        last = result.reply.last_completion_at if result and result.reply else None
+        last = last or inst.last_completion_at
+        done = f"last completion {_ago(ev.now - last)}" if last else "no completion yet"
+        findings.append(
+            f"{inst.agent_id}: {in_flight}/{inst.max_concurrency} in flight,"
+            f" {inst.completed} completed, {done};"
+            f" last heartbeat {_ago(ev.now - inst.last_heartbeat_at)}"
+        )
+        sla = max((c.latency_sla_ms for c in inst.manifest.capabilities), default=1000.0)
+        stalled_for = ev.now - (last or inst.registered_at)
+        if in_flight > 0 and stalled_for > max(30.0, 3 * sla / 1000):
+            verdict = "fail"
+            blame.append(
+                (
+                    "agent",
+                    f"{inst.agent_id} has {in_flight} call(s) in flight and completed nothing"
+                    f" for {stalled_for:.0f}s: its handler stalls",
+                )
+            )
+    return Step(4, "agent", verdict, findings)
+
+
+def _dependencies_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+    if not ev.instances:
+        return Step(5, "dependencies", "skip", ["no instance"])
+    findings: list[str] = []
+    verdict: Verdict = "ok"
+    for inst in ev.instances:
+        result = ev.probes.get(inst.agent_id)
+        readiness = result.reply.readiness if result and result.reply else inst.readiness
+        source = "now" if result and result.reply else "last reported"
+        details = ", ".join(f"{k}={v}" for k, v in sorted(readiness.details.items()))
+        state = "ready" if readiness.ready else f"NOT READY: {readiness.reason}"
+        findings.append(
+            f"{inst.agent_id} ({source}): {state}" + (f" [{details}]" if details else "")
+        )
+        if not readiness.ready:
+            verdict = "fail"
+            blame.append(
+                (
+                    "dependencies",
+                    f"{inst.agent_id} reports itself not ready: {readiness.reason}"
+                    + (f" [{details}]" if details else ""),
+                )
+            )
+    return Step(5, "dependencies", verdict, findings)
+
+
+def _fabric_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+    findings: list[str] = []
+    verdict: Verdict = "ok"
+    live = [r for r in ev.registrars if ev.now - r.seen_at < 3 * r.interval_sec]
+    if ev.registrar_answered or live:
+        ids = ", ".join(r.registrar_id for r in live) or "(answered a ping)"
+        findings.append(f"registrar alive: {ids}")
+    else:
+        verdict = "fail"
+        findings.append("no registrar answers and none refreshed its record: health is unkept")
+        blame.append(("fabric", "no registrar is running: nothing probes or evicts instances"))
+    for inst in ev.instances:
+        interval = inst.manifest.health.interval_sec
+        age = ev.now - inst.last_heartbeat_at
+        fresh = "fresh" if age <= 2 * interval else "STALE"
+        findings.append(
+            f"{inst.agent_id}: registry record {fresh} (heartbeat {age:.1f}s ago,"
+            f" every {interval:g}s)"
+        )
+    stats = CallStats(window_sec=ev.window_sec)
+    for event in ev.events:
+        stats.add(event)
+    open_now = stats.open_breakers(ev.now, within_sec=60.0)
+    rejected = [e for e in stats.events if e.error == "breaker" and ev.now - e.ts < 60.0]
+    for agent_id, seen in sorted(open_now.items()):
+        findings.append(f"breaker OPEN for {agent_id} at a caller (seen {_ago(ev.now - seen)})")
+    if rejected:
+        findings.append(f"{len(rejected)} call(s) rejected by open breakers in the last minute")
+    if open_now or rejected:
+        verdict = "fail" if verdict == "ok" else verdict
+        who = ", ".join(sorted(open_now)) or ev.target
+        blame.append(
+            (
+                "fabric",
+                f"circuit breaker open for {who}: callers skip it until a half-open trial succeeds",
+            )
+        )
+    elif not ev.events:
+        findings.append("no recent calls: breaker states unknown (all closed as far as seen)")
+    else:
+        findings.append("no breaker open in recent calls")
+    return Step(6, "fabric", verdict, findings)

@@ -1,0 +1,167 @@
+"""The audit writer and the record streams, against a real nats-server with JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from reach import subjects
+from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
+from reach.audit.events import AuditEvent, decode_batch
+from reach.errors import ReachError
+from reach.testing import NatsServer
+from reach.transport import Connection, connect
+
+
+def event(n: int, capability: str = "echo", **fields: Any) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "side": "caller",
+        "ts": time.time(),
+        "capability": capability,
+        "call_id": f"c-{n}",
+        "trace_id": "",
+        "caller": "tester",
+        "caller_agent": None,
+        "callee": "echo-1",
+        "outcome": "ok",
+        "error": None,
+        "code": "",
+        "description": "",
+        "latency_ms": 1.0,
+        "candidates": ["echo-1"],
+        "n_candidates": 1,
+        "skipped": [],
+        "attempts": [{"agent_id": "echo-1", "score": 0.9, "outcome": "ok", "latency_ms": 1.0}],
+        "fallback": None,
+        "fallback_reason": "",
+        **fields,
+    }
+
+
+async def count_events(conn: Connection, flt: AuditFilter | None = None) -> list[AuditEvent]:
+    return [e async for e in read_events(conn, flt)]
+
+
+async def test_streams_are_file_backed_and_refuse_delete_and_purge(conn: Connection) -> None:
+    audit, _ = await ensure_streams(conn)
+    await audit.publish(subjects.audit("echo"), b"\x90", msg_id="m1", timeout=2)
+    # the JetStream API answers both with an error: a record is never edited
+    for api in (f"$JS.API.STREAM.PURGE.{subjects.AUDIT_STREAM}",):
+        reply = await conn.request(api, b"", timeout=2)
+        assert b"error" in reply
+    reply = await conn.request(
+        f"$JS.API.STREAM.MSG.DELETE.{subjects.AUDIT_STREAM}", b'{"seq":1}', timeout=2
+    )
+    assert b"error" in reply
+    info = await conn.request(f"$JS.API.STREAM.INFO.{subjects.AUDIT_STREAM}", b"", timeout=2)
+    assert b'"storage":"file"' in info
+    assert b'"deny_delete":true' in info
+    assert b'"deny_purge":true' in info
+
+
+async def test_a_resent_batch_is_stored_once(conn: Connection) -> None:
+    audit, _ = await ensure_streams(conn)
+    first = await audit.publish(subjects.audit("echo"), b"\x90", msg_id="same", timeout=2)
+    again = await audit.publish(subjects.audit("echo"), b"\x90", msg_id="same", timeout=2)
+    assert first == again
+    assert len([m async for m in audit.read()]) == 1
+
+
+async def test_events_are_batched_per_capability_and_read_back_with_filters(
+    conn: Connection,
+) -> None:
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.02, batch_max=50))
+    await writer.start()
+    for n in range(120):
+        writer.record(event(n, "echo" if n % 3 else "report"))
+    await asyncio.wait_for(writer.flush(), 10)
+    assert writer.written == 120
+    assert writer.pending == 0
+    assert writer.dropped == 0
+    everything = await count_events(conn)
+    assert sorted(e.call_id for e in everything) == sorted(f"c-{n}" for n in range(120))
+    reports = await count_events(conn, AuditFilter(capability="report"))
+    assert len(reports) == 40
+    assert all(e.capability == "report" for e in reports)
+    # batches hold many events: far fewer stream messages than events
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    messages = [m async for m in stream.read()]
+    assert len(messages) < 20
+    assert sum(len(decode_batch(m.data)[0]) for m in messages) == 120
+    await writer.stop()
+
+
+async def test_events_survive_a_nats_restart_and_none_is_written_twice(
+    nats_server: NatsServer,
+) -> None:
+    conn = await connect([nats_server.url], name="writer")
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.02, retry_max=0.2))
+    await writer.start()
+    try:
+        for n in range(100):
+            writer.record(event(n))
+        await asyncio.wait_for(writer.flush(), 10)
+        await asyncio.to_thread(nats_server.stop_now)
+        # recorded while NATS is away: held, not lost (the call path never waits)
+        for n in range(100, 400):
+            writer.record(event(n))
+        await asyncio.sleep(0.5)
+        assert writer.pending >= 300
+        await asyncio.to_thread(nats_server.start_now)
+        await asyncio.wait_for(writer.flush(), 30)
+        assert writer.dropped == 0
+        ids = [e.call_id for e in await count_events(conn)]
+        assert sorted(ids) == sorted(f"c-{n}" for n in range(400))  # each exactly once
+    finally:
+        await writer.stop()
+        await conn.close()
+
+
+async def test_a_full_buffer_drops_new_events_and_counts_them(conn: Connection) -> None:
+    # no stream yet: nothing can be written, so the buffer fills
+    writer = AuditWriter(conn, WriterConfig(max_buffer=50, flush_interval=0.01, retry_max=0.05))
+    await writer.start()
+    for n in range(80):
+        writer.record(event(n))
+    assert writer.dropped == 30
+    assert writer.pending == 50
+    # once the stream exists the held events are written, in order, and nothing more lost
+    await ensure_streams(conn)
+    await asyncio.wait_for(writer.flush(), 10)
+    ids = [e.call_id for e in await count_events(conn)]
+    assert ids == [f"c-{n}" for n in range(50)]
+    await writer.stop()
+
+
+async def test_reading_a_stream_that_does_not_exist_is_a_clear_error(conn: Connection) -> None:
+    with pytest.raises(ReachError, match="REACH_AUDIT does not exist"):
+        await count_events(conn)
+
+
+async def test_follow_yields_live_events(conn: Connection) -> None:
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    writer.record(event(0))
+    await writer.flush()
+    seen: list[str] = []
+
+    async def tail() -> None:
+        async for e in read_events(conn, follow=True):
+            seen.append(e.call_id)
+            if len(seen) == 3:
+                return
+
+    task = asyncio.create_task(tail())
+    await asyncio.sleep(0.2)
+    writer.record(event(1))
+    writer.record(event(2))
+    await asyncio.wait_for(task, 10)
+    assert seen == ["c-0", "c-1", "c-2"]
+    await writer.stop()
