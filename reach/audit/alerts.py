@@ -147,13 +147,16 @@ class AlertEngine:
             return []
         now = self._clock.time()
         alerts: list[Alert] = []
-        capability = str(event.get("capability", ""))
+        capability = event.get("capability")
+        if not isinstance(capability, str) or not capability:
+            return []  # not an event any writer of ours makes
         caller = str(event.get("caller_agent") or event.get("caller") or "anonymous")
         attempts = event.get("attempts")
         # every attempt but the last failed and was retried
         for attempt in attempts[:-1] if isinstance(attempts, list) else ():
-            agent_id = attempt.get("agent_id") if isinstance(attempt, dict) else None
-            callee = str(agent_id or capability)
+            if not isinstance(attempt, dict):
+                continue
+            callee = str(attempt.get("agent_id") or capability)
             window = self._retries.get((caller, callee))
             if window is None:
                 window = self._retries[(caller, callee)] = _Window(self.rules.retry_window_sec)

@@ -193,6 +193,7 @@ def permissions_for(
         subjects.TOKEN,  # exchange client id + secret for a token (request/reply)
         subjects.REGISTRAR_PING,  # registrar liveness (tools, clients)
         f"{subjects.PREFIX}.cap.>",  # call any capability: clearance is checked by the callee
+        subjects.audit("*"),  # audit events of its calls (and of the calls it denies)
         *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
         *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
     ]
@@ -211,7 +212,6 @@ def permissions_for(
         subjects.announce(agent_id),  # announce only itself
         subjects.heartbeat(agent_id),  # heartbeat only itself
         subjects.bye(agent_id),  # deregister only itself
-        *(subjects.audit(cap) for cap in caps),  # audit events of its own capabilities
     ]
     if async_jobs:
         pub += [

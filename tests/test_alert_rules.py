@@ -1,0 +1,155 @@
+"""Alert rules on their own (the engine is pure; time is a manual clock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reach.audit.alerts import AlertEngine, AlertRules, decode_alert, encode_alert
+from reach.clock import ManualClock
+from reach.errors import ConfigurationError
+from reach.models import Instance
+from tests.test_routing import instance
+
+
+def retried_call(
+    caller: str = "sched", failed: str = "dq-1", served: str = "dq-2"
+) -> dict[str, Any]:
+    """A call whose first attempt (on ``failed``) failed and was retried on ``served``."""
+    return {
+        "side": "caller",
+        "capability": "query",
+        "caller": caller,
+        "caller_agent": None,
+        "outcome": "ok",
+        "error": None,
+        "attempts": [
+            {"agent_id": failed, "outcome": "timeout"},
+            {"agent_id": served, "outcome": "ok"},
+        ],
+    }
+
+
+def test_the_retry_alert_fires_at_eleven_retries_within_a_minute_not_at_ten() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    for _ in range(10):
+        assert engine.observe(retried_call()) == []
+        clock.advance(5.0)  # 10 retries over 50 s
+    (alert,) = engine.observe(retried_call())
+    assert alert.rule == "retry_storm"
+    assert alert.key == "sched→dq-1"
+    assert alert.details["retries"] == 11
+    assert "sched retried dq-1 11 times" in alert.summary
+
+
+def test_retries_older_than_the_window_do_not_count() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    for _ in range(30):
+        assert engine.observe(retried_call()) == []
+        clock.advance(6.1)  # never more than 10 within 60 s
+
+
+def test_retries_count_per_caller_and_callee() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    for n in range(11):
+        assert engine.observe(retried_call(caller=f"caller-{n % 2}")) == []
+        assert engine.observe(retried_call(failed=f"dq-{n % 3}")) == []
+
+
+def test_a_storm_alerts_once_per_repeat_interval() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(AlertRules(repeat_after_sec=60), clock=clock)
+    fired = []
+    for _ in range(40):
+        fired += engine.observe(retried_call())
+        clock.advance(1.0)
+    assert len(fired) == 1
+    clock.advance(60)
+    for _ in range(11):
+        fired += engine.observe(retried_call())
+    assert len(fired) == 2
+
+
+def test_a_failed_call_counts_the_retries_it_made() -> None:
+    engine = AlertEngine(AlertRules(retry_threshold=2), clock=ManualClock())
+    event = {
+        "capability": "query",
+        "caller": "sched",
+        "outcome": "error",
+        "error": "timeout",
+        "attempts": [{"agent_id": "dq-1", "outcome": "timeout"}] * 4,
+    }
+    (alert,) = engine.observe(event)  # 3 retries of dq-1 (the 4th attempt was the last)
+    assert alert.details["retries"] == 3
+
+
+def test_breaker_rejections_above_the_share_alert() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    ok = {"capability": "query", "caller": "c", "outcome": "ok", "attempts": [{}]}
+    rejected = {
+        "capability": "query",
+        "caller": "c",
+        "outcome": "error",
+        "error": "breaker",
+        "attempts": [],
+    }
+    for _ in range(18):
+        assert engine.observe(ok) == []
+    assert engine.observe(rejected) == []  # 1 of 19: under 20 calls and 10 %
+    assert engine.observe(rejected) == []  # 2 of 20 = 10 %: not above
+    (alert,) = engine.observe(rejected)  # 3 of 21
+    assert alert.rule == "breaker_rejections"
+    assert alert.details == {"capability": "query", "rejected": 3, "calls": 21}
+
+
+def test_an_instance_turning_unhealthy_alerts_once() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    healthy = instance("dq-1")
+    assert engine.registry_change(healthy) == []
+    down = healthy.model_copy(
+        update={"status": "unhealthy", "status_reason": "missed 2 heartbeats"}
+    )
+    (alert,) = engine.registry_change(down)
+    assert alert.rule == "unhealthy"
+    assert alert.severity == "critical"
+    assert "missed 2 heartbeats" in alert.summary
+    assert engine.registry_change(down) == []
+
+
+def test_a_new_agent_failing_a_probe_alerts_and_an_old_one_does_not() -> None:
+    clock = ManualClock(wall=1_700_000_000.0)
+    engine = AlertEngine(clock=clock)
+
+    def aged(agent_id: str, age: float, failures: int) -> Instance:
+        return instance(agent_id).model_copy(
+            update={"registered_at": clock.time() - age, "consecutive_failures": failures}
+        )
+
+    engine.registry_change(aged("young", 3600, 0))
+    engine.registry_change(aged("old", 3 * 86400, 0))
+    (alert,) = engine.registry_change(aged("young", 3600, 1))
+    assert alert.rule == "new_agent_probe_failed"
+    assert alert.key == "young"
+    assert engine.registry_change(aged("old", 3 * 86400, 1)) == []
+
+
+def test_alerts_survive_the_wire_and_garbage_is_ignored() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(AlertRules(retry_threshold=0), clock=clock)
+    (alert,) = engine.observe(retried_call())
+    assert decode_alert(encode_alert(alert)) == alert
+    assert decode_alert(b"\xc1garbage") is None
+    assert engine.observe({"attempts": "nonsense"}) == []
+    assert engine.observe({"attempts": [1, 2, 3]}) == []
+    assert engine.observe({"capability": "q", "attempts": [1, 2, 3]}) == []
+
+
+def test_bad_rules_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="breaker_share"):
+        AlertRules(breaker_share=0)
