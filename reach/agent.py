@@ -235,10 +235,12 @@ class Agent:
             for name, endpoint in self._endpoints.items():
                 handler = self._call_handler(endpoint)
                 self._cap_subs.append(
-                    await self._conn.subscribe(subjects.capability(name), handler, queue=name)
+                    await self._conn.subscribe_inline(
+                        subjects.capability(name), handler, queue=name
+                    )
                 )
                 self._cap_subs.append(
-                    await self._conn.subscribe(
+                    await self._conn.subscribe_inline(
                         subjects.capability_instance(name, self.agent_id), handler
                     )
                 )
@@ -401,7 +403,7 @@ class Agent:
 
     # -- calls -----------------------------------------------------------------------
 
-    def _call_handler(self, endpoint: Endpoint) -> Callable[[Message], Awaitable[None]]:
+    def _call_handler(self, endpoint: Endpoint) -> Callable[[Message], None]:
         server = self._server
         conn = self.connection
         tasks = self._tasks
@@ -414,9 +416,10 @@ class Agent:
             task.add_done_callback(tasks.discard)
             server.watch_task(task, deadline)
 
-        async def on_call(msg: Message) -> None:
-            # A call runs right here until it has to wait; only then does it get a task
-            # of its own, so a handler that waits never holds up the next message.
+        def on_call(msg: Message) -> None:
+            # A call runs right here, as its message is read, until it has to wait; only
+            # then does it get a task of its own, so a handler that waits never holds up
+            # the next message.
             if self._accepting:
                 run_eagerly(serve(msg), on_task=continued)
                 set_current(None)

@@ -25,12 +25,32 @@ class CallContext:
     traceparent: str | None = None
 
 
-_current: ContextVar[CallContext | None] = ContextVar("reach_current_call", default=None)
+class _Pending:
+    """A call's fields, made into a CallContext only when someone asks for it: most
+    handlers never do, and building a frozen dataclass costs about a µs per call."""
+
+    __slots__ = ("_ctx", "args")
+
+    def __init__(self, args: tuple[str, str, str, int | None, int, str | None, str | None]):
+        self.args = args
+        self._ctx: CallContext | None = None
+
+    def get(self) -> CallContext:
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = CallContext(*self.args)
+        return ctx
+
+
+_current: ContextVar[CallContext | _Pending | None] = ContextVar("reach_current_call", default=None)
 
 
 def current_call() -> CallContext | None:
     """The call this task is serving, if any."""
-    return _current.get()
+    ctx = _current.get()
+    if ctx is None or type(ctx) is CallContext:
+        return ctx
+    return ctx.get()  # type: ignore[union-attr]
 
 
 def remaining_seconds(deadline_ms: int | None, now: float | None = None) -> float | None:
@@ -43,3 +63,18 @@ def set_current(ctx: CallContext | None) -> None:
     # set, never reset by token: a call's first step may run eagerly in one context and
     # finish in a task with a copy of it, where the token would not be valid
     _current.set(ctx)
+
+
+def enter_call(
+    call_id: str,
+    capability: str,
+    agent_id: str,
+    deadline_ms: int | None,
+    attempt: int,
+    caller: str | None,
+    traceparent: str | None,
+) -> None:
+    """``set_current`` for the call path: the CallContext is built on first use."""
+    _current.set(
+        _Pending((call_id, capability, agent_id, deadline_ms, attempt, caller, traceparent))
+    )

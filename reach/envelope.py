@@ -13,7 +13,7 @@ Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?}`` or
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -47,8 +47,9 @@ class RequestMeta:
     caller: str | None = None
 
 
-@dataclass(slots=True, frozen=True)
-class Reply:
+class Reply(NamedTuple):
+    """A decoded reply (a named tuple: built on every call, so cheap to build)."""
+
     ok: bool
     body: bytes = b""
     kind: str = ""

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from reach import codec, envelope
 from reach.clock import Clock
-from reach.context import CallContext, set_current
+from reach.context import enter_call, set_current
 from reach.contract import Validator, compile_schema
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError, RemoteError
 from reach.jobs import JobRecord, JobStore
@@ -245,12 +245,23 @@ class CallServer:
                 f"{endpoint.name} at {self.agent_id} is over its declared"
                 f" {endpoint.capability.qps} qps",
             )
-        self._cache.start(key)
+        cache = self._cache
+        cache.start(key)
         self.in_flight += 1
         reply = b""
         remember = True
         try:
-            reply, remember = await self._run(endpoint, meta, body)
+            arg = _decode_input(endpoint, body)
+            if isinstance(arg, _Failure):
+                reply, remember = self._fail(*arg)
+            elif self.jobs is not None:
+                reply = await self._accept_job(endpoint, meta, arg)
+            else:
+                outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms)
+                if isinstance(outcome, _Failure):
+                    reply, remember = self._fail(*outcome)
+                else:
+                    reply = envelope.pack_ok(outcome[0], self.agent_id)
         except asyncio.CancelledError:
             remember = False
             reply = self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
@@ -258,8 +269,8 @@ class CallServer:
         finally:
             self.in_flight -= 1
             self.completed += 1
-            self.last_completion_at = self._clock.time()
-            self._cache.finish(key, reply, self.last_completion_at, remember=remember)
+            self.last_completion_at = done_at = self._clock.time()
+            cache.finish(key, reply, done_at, remember=remember)
             if self._on_done is not None:
                 self._on_done()
         return reply
@@ -313,39 +324,26 @@ class CallServer:
         # a timed-out or refused attempt may be retried with the same call id: not remembered
         return self._error(kind, code, description), kind not in _RETRYABLE_KINDS
 
-    async def _run(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta, body: bytes
-    ) -> tuple[bytes, bool]:
-        """The reply, and whether a repeat of this call may be answered with it."""
-        arg = _decode_input(endpoint, body)
-        if isinstance(arg, _Failure):
-            return self._fail(*arg)
-        if self.jobs is not None:
-            return await self._accept_job(endpoint, meta, arg), True
-        outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms)
-        if isinstance(outcome, _Failure):
-            return self._fail(*outcome)
-        return envelope.pack_ok(outcome[0], self.agent_id), True
-
     async def _invoke(
         self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, deadline_ms: int | None
     ) -> tuple[bytes, Any] | _Failure:
         """Run the handler under the deadline: the encoded and plain result, or a failure."""
-        ctx = CallContext(
-            call_id=meta.call_id,
-            capability=endpoint.name,
-            agent_id=self.agent_id,
-            deadline_ms=deadline_ms,
-            attempt=meta.attempt,
-            caller=meta.caller,
-            traceparent=meta.traceparent,
+        enter_call(
+            meta.call_id,
+            endpoint.name,
+            self.agent_id,
+            deadline_ms,
+            meta.attempt,
+            meta.caller,
+            meta.traceparent,
         )
-        set_current(ctx)
         try:
             if deadline_ms is not None:
-                self.watch_deadline(
-                    asyncio.get_running_loop().time() + (deadline_ms / 1000.0 - time.time())
-                )
+                when = asyncio.get_running_loop().time() + (deadline_ms / 1000.0 - time.time())
+                if EAGER.get():
+                    PENDING_DEADLINE.set(when)  # run_eagerly hands it over with its task
+                else:
+                    self.watch_deadline(when)
             result = await endpoint.handler(arg)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
