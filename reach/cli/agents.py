@@ -9,9 +9,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from reach.audit.reader import read_events
+from reach.audit.stats import CallStats
 from reach.cli.common import Target, connection_options, run
 from reach.client import ReachClient
+from reach.errors import ConfigurationError
 from reach.models import Instance
+from reach.transport import Connection
 
 _STATUS_STYLE = {"healthy": "green", "degraded": "yellow", "unhealthy": "red"}
 
@@ -26,10 +30,40 @@ def _age(seconds: float) -> str:
     return f"{seconds / 86400:.0f}d"
 
 
-def render_table(instances: list[Instance], now: float) -> Table:
+#: observed p99 comes from the audit stream: at most this recent, at most this many calls
+P99_WINDOW_SEC = 300.0
+P99_MAX_EVENTS = 20_000
+
+
+async def observed_p99(conn: Connection, now: float) -> dict[str, float]:
+    """Per agent id: p99 latency of successful calls seen in the audit stream."""
+    stats = CallStats(window_sec=P99_WINDOW_SEC)
+    seen = 0
+    try:
+        async for event in read_events(conn, since=now - P99_WINDOW_SEC):
+            stats.add(event)
+            seen += 1
+            if seen >= P99_MAX_EVENTS:
+                break
+    except ConfigurationError:
+        return {}  # no audit stream on this fabric
+    out: dict[str, float] = {}
+    for agent_id, tally in stats.by_instance().items():
+        p99 = tally.p(0.99)
+        if p99 is not None:
+            out[agent_id] = p99
+    return out
+
+
+def render_table(
+    instances: list[Instance], now: float, p99: dict[str, float] | None = None
+) -> Table:
+    p99 = p99 or {}
     table = Table(show_edge=False, header_style="bold")
-    for column in ("agent", "version", "capabilities", "health", "load", "probe", "age"):
-        table.add_column(column, justify="right" if column in ("load", "probe", "age") else "left")
+    columns = ("agent", "version", "capabilities", "health", "load", "p99", "probe", "age")
+    for column in columns:
+        right = column in ("load", "p99", "probe", "age")
+        table.add_column(column, justify="right" if right else "left")
     for inst in instances:
         style = _STATUS_STYLE.get(inst.status, "")
         health = f"[{style}]{inst.status}[/]" if style else inst.status
@@ -42,6 +76,7 @@ def render_table(instances: list[Instance], now: float) -> Table:
             ", ".join(c.name for c in inst.manifest.capabilities),
             health,
             f"{inst.in_flight}/{inst.max_concurrency}",
+            f"{p99[inst.agent_id]:.1f}ms" if inst.agent_id in p99 else "-",
             probe,
             _age(inst.age(now)),
         )
@@ -53,15 +88,18 @@ async def _agents(
 ) -> None:
     async with ReachClient(servers=target.servers, credentials=target.credentials) as client:
         instances = await client.discover(capability=capability, tags=tag, include_unhealthy=True)
-    now = time.time()
+        now = time.time()
+        p99 = await observed_p99(client.connection, now) if instances else {}
     if as_json:
         for inst in instances:
-            click.echo(json.dumps(inst.model_dump(mode="json"), sort_keys=True))
+            record = inst.model_dump(mode="json")
+            record["observed_p99_ms"] = p99.get(inst.agent_id)
+            click.echo(json.dumps(record, sort_keys=True))
         return
     if not instances:
         click.echo("no agents registered" + (" matching the filter" if tag or capability else ""))
         return
-    Console().print(render_table(instances, now))
+    Console().print(render_table(instances, now, p99))
 
 
 def register(main: click.Group) -> None:
