@@ -12,17 +12,24 @@ from reach.audit.events import AuditEvent, decode_batch
 from reach.errors import ConfigurationError
 from reach.transport import Connection
 
-__all__ = ["AuditFilter", "format_event", "parse_since", "read_events"]
+__all__ = ["AuditFilter", "format_event", "parse_duration", "parse_since", "read_events"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+def parse_duration(text: str) -> float:
+    """``500ms``, ``30s``, ``10m``, ``2h``, ``7d`` (a bare number is seconds) → seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigurationError(f"{text!r}: expected a duration like 30s, 10m, 2h or 7d")
+    return float(match.group(1)) * _UNIT[match.group(2) or "s"]
+
+
 def parse_since(text: str, now: float) -> float:
     """``10m``, ``2h``, ``30s``, ``1d`` (ago) or an ISO time → Unix seconds."""
-    match = _DURATION.match(text)
-    if match:
-        return now - float(match.group(1)) * _UNIT[match.group(2) or "s"]
+    if _DURATION.match(text):
+        return now - parse_duration(text)
     try:
         when = datetime.datetime.fromisoformat(text)
     except ValueError:

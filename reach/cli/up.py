@@ -19,9 +19,11 @@ from pathlib import Path
 
 import click
 
+from reach.audit.reader import parse_duration
+from reach.audit.streams import StreamSettings
 from reach.cli.common import Target, connection_options, fail, run
 from reach.embedded import EmbeddedServer
-from reach.errors import Disconnected
+from reach.errors import ConfigurationError, Disconnected
 from reach.registry import Registrar, RegistrarConfig
 from reach.security import natsconf
 from reach.security.gate import LoginGate
@@ -46,6 +48,8 @@ class UpOptions:
     replicas: int
     #: None: start an embedded nats-server; otherwise run only the registrar against these
     servers: list[str] | None
+    #: how long REACH_AUDIT keeps events, seconds
+    audit_max_age: float = 7 * 24 * 3600.0
 
 
 def register(main: click.Group) -> None:
@@ -74,8 +78,14 @@ def register(main: click.Group) -> None:
     show_default=True,
     help="KV replicas (3 on a NATS cluster; needs --servers)",
 )
+@click.option(
+    "--audit-max-age",
+    default="7d",
+    show_default=True,
+    help="how long the audit stream keeps events (30m, 12h, 7d)",
+)
 @connection_options
-def up(target: Target, port: int, store: Path, replicas: int) -> None:
+def up(target: Target, port: int, store: Path, replicas: int, audit_max_age: str) -> None:
     """Start NATS with JetStream and a registrar, and run until interrupted."""
     # An explicit --servers or REACH_URL means "use that NATS"; the default means "start one".
     explicit = click.get_current_context().params.get("servers") is not None or bool(
@@ -83,8 +93,16 @@ def up(target: Target, port: int, store: Path, replicas: int) -> None:
     )
     if not explicit and replicas > 1:
         fail(f"--replicas {replicas} needs a NATS cluster: pass its URL with --servers", code=2)
+    try:
+        max_age = parse_duration(audit_max_age)
+    except ConfigurationError as exc:
+        fail(f"--audit-max-age: {exc}", code=2)
     options = UpOptions(
-        port=port, store=store, replicas=replicas, servers=target.servers if explicit else None
+        port=port,
+        store=store,
+        replicas=replicas,
+        servers=target.servers if explicit else None,
+        audit_max_age=max_age,
     )
     error = run(_up(options))
     if error:
@@ -152,7 +170,13 @@ async def _up(options: UpOptions) -> str | None:
             assert issuer.credentials is not None
             gate = LoginGate(setup, issuer.credentials)
             await gate.start(servers)
-        registrar = Registrar(conn, RegistrarConfig(replicas=options.replicas))
+        registrar = Registrar(
+            conn,
+            RegistrarConfig(
+                replicas=options.replicas,
+                streams=StreamSettings(audit_max_age=options.audit_max_age),
+            ),
+        )
         await registrar.start()
         where = f"store {options.store}" if server is not None else "external NATS"
         click.echo(
