@@ -75,14 +75,16 @@ async def read_events(
     follow: bool = False,
     new_only: bool = False,
 ) -> AsyncIterator[AuditEvent]:
-    """Events in stream order from ``since`` (all history when None); then, with
-    ``follow``, live ones. Malformed messages are skipped (and logged by the caller)."""
+    """Events of calls started since ``since`` (all history when None); then, with
+    ``follow``, live ones. Events are in call order per capability (a stream message
+    holds a batch of one capability's events). Malformed entries are skipped."""
     flt = flt or AuditFilter()
     stream = await conn.stream(subjects.AUDIT_STREAM)
     async for msg in stream.read(flt.subject(), since=since, follow=follow, new_only=new_only):
         events, _bad = decode_batch(msg.data)
         for event in events:
-            if flt.matches(event):
+            # the stream's time bounds when an event was written; ``since`` is about the call
+            if flt.matches(event) and (since is None or event.ts >= since):
                 yield event
 
 
