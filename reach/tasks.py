@@ -137,6 +137,8 @@ def run_eagerly(
     coroutine that continues, with the deadline its first step registered (if any).
     """
     eager = EAGER.set(True)
+    if PENDING_DEADLINE.get() is not None:
+        PENDING_DEADLINE.set(None)  # left by an earlier step that finished: not this call's
     try:
         yielded = coro.send(None)
     except StopIteration:
