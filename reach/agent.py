@@ -30,6 +30,8 @@ from typing import Any, TypeVar, cast
 import yaml
 
 from reach import envelope, subjects
+from reach.audit.events import denial_event
+from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
 from reach.context import set_current
 from reach.errors import (
@@ -57,6 +59,7 @@ from reach.security.fabric import FabricSecurity, connect_as
 from reach.serving import CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait, run_eagerly
+from reach.telemetry import Telemetry, trace_id_of
 from reach.transport import Connection, Message, Subscription
 
 __all__ = ["Agent", "ReadinessCheck", "load_manifest"]
@@ -105,6 +108,8 @@ class Agent:
         announce_timeout: float = 10.0,
         drain_timeout: float = 10.0,
         verify_tokens: bool = True,
+        audit: bool = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.manifest = manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)
         self.servers = resolve_servers(servers)
@@ -134,6 +139,12 @@ class Agent:
         )
         self._readiness = Readiness()
         self._security = FabricSecurity()
+        #: denials of calls are written to REACH_AUDIT by this side (the side that denied)
+        self._audit_enabled = audit
+        self.audit: AuditWriter | None = None
+        self.telemetry = telemetry or Telemetry()
+        if self.telemetry.metrics_on or self.telemetry.tracing_on:
+            self._server.telemetry = self.telemetry
         self._readiness_at = 0.0
         self._refresh: asyncio.Task[Readiness] | None = None
 
@@ -221,6 +232,10 @@ class Agent:
                 self._conn, creds, verify=self._verify_tokens, clock=self._clock
             )
             self._server.verifier = self._security.verifier
+            if self._audit_enabled:
+                self.audit = AuditWriter(self._conn)
+                await self.audit.start()
+                self._server.on_denied = self._audit_denial
             if self.manifest.mode == "async":
                 try:
                     self._server.jobs = await JobStore.open(self._conn)
@@ -249,6 +264,9 @@ class Agent:
             )
             await self._conn.flush()
         except BaseException:
+            if self.audit is not None:
+                await self.audit.stop(timeout=1.0)
+                self.audit = None
             await self._security.close()
             await self._conn.close()
             self._conn = None
@@ -282,6 +300,9 @@ class Agent:
             )
         if self._probe_sub is not None:
             await self._probe_sub.unsubscribe()
+        if self.audit is not None:
+            await self.audit.stop()
+            self.audit = None
         await self._security.close()
         await conn.close()
         self._conn = None
@@ -402,6 +423,25 @@ class Agent:
         await self.connection.respond(msg, envelope.pack_ok(encode_model(reply), self.agent_id))
 
     # -- calls -----------------------------------------------------------------------
+
+    def _audit_denial(
+        self, capability: str, meta: envelope.RequestMeta, code: str, description: str, client: str
+    ) -> None:
+        if self.audit is not None:
+            self.audit.record(
+                denial_event(
+                    side="callee",
+                    ts=self._clock.time(),
+                    capability=capability,
+                    callee=self.agent_id,
+                    call_id=meta.call_id,
+                    code=code,
+                    description=description,
+                    caller=client,
+                    caller_agent=meta.caller,
+                    trace_id=trace_id_of(meta.traceparent),
+                )
+            )
 
     def _call_handler(self, endpoint: Endpoint) -> Callable[[Message], None]:
         server = self._server

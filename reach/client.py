@@ -23,6 +23,8 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from reach import codec, envelope, subjects
+from reach.audit.events import EVENT_VERSION, error_class
+from reach.audit.writer import AuditWriter, WriterConfig
 from reach.clock import Clock, system_clock
 from reach.context import current_call
 from reach.contract import Validator, compile_schema
@@ -59,6 +61,7 @@ from reach.resilience import (
 from reach.routing import LatencyTracker, rank
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
+from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
 from reach.transport import Connection, Message, translate_error
 
 __all__ = ["CallResult", "ReachClient"]
@@ -126,13 +129,29 @@ class _Attempt:
         "capability",
         "deadline",
         "failed",
+        "instances",
         "last_target",
         "retry_timeouts",
+        "route",
+        "score",
+        "skipped",
+        "span",
+        "started_at",
     )
 
-    def __init__(self, capability: str, deadline: float, attempt_timeout: float) -> None:
+    def __init__(
+        self,
+        capability: str,
+        deadline: float,
+        attempt_timeout: float,
+        started_at: float,
+        instances: Iterable[Instance],
+    ) -> None:
         self.capability = capability
         self.deadline = deadline
+        #: wall time the call started (audit) and the candidates it was routed among
+        self.started_at = started_at
+        self.instances = instances
         #: one attempt waits at most 1.5 × SLA, so a slow instance leaves time for another
         self.attempt_timeout = attempt_timeout
         self.attempts = 0
@@ -140,6 +159,13 @@ class _Attempt:
         self.last_target = ""
         #: a timed-out attempt may be retried: the capability is idempotent or keyed
         self.retry_timeouts = False
+        #: routing score of the instance chosen last (None: the only candidate, not ranked)
+        self.score: float | None = None
+        #: per attempt: (agent id, score, "ok" or error class, latency ms) — for the audit
+        self.route: list[tuple[str, float | None, str, float]] = []
+        #: instances passed over because their breaker was open
+        self.skipped: list[str] = []
+        self.span: Span | None = None
 
 
 class ReachClient:
@@ -158,6 +184,9 @@ class ReachClient:
         max_retries: int = 3,
         clock: Clock = system_clock,
         sync_timeout: float = 10.0,
+        audit: bool = True,
+        audit_config: WriterConfig | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if max_retries < 0:
             raise ConfigurationError("max_retries must be >= 0")
@@ -182,6 +211,12 @@ class ReachClient:
         self._security = FabricSecurity()
         self._call_prefix = secrets.token_hex(8) + "-"
         self._call_seq = 0
+        #: every call leaves an audit event in REACH_AUDIT (written in the background)
+        self.audit_enabled = audit
+        self._audit_config = audit_config
+        self.audit: AuditWriter | None = None
+        self.telemetry = telemetry or Telemetry()
+        self._client_id = ""
 
     async def __aenter__(self) -> ReachClient:
         await self.connect()
@@ -205,14 +240,23 @@ class ReachClient:
             self._security = await FabricSecurity.join(
                 self._conn, creds, verify=False, clock=self._clock
             )
+            self._client_id = creds.client_id if creds is not None else ""
             self._routes = RouteCache(store)
             await self._routes.start(self._sync_timeout)
+            if self.audit_enabled:
+                self.audit = AuditWriter(self._conn, self._audit_config)
+                await self.audit.start()
+            self.telemetry.watch_breakers(self.breakers.open_count, self.name)
         except BaseException:
             await self._conn.close()
             self._conn = None
             raise
 
     async def close(self) -> None:
+        if self.audit is not None:
+            # what was recorded is written before the connection goes
+            await self.audit.stop()
+            self.audit = None
         if self._routes is not None:
             await self._routes.stop()
             self._routes = None
@@ -289,6 +333,8 @@ class ReachClient:
         if isinstance(payload, BaseModel):
             payload = payload.model_dump(mode="json")
         started = time.perf_counter()
+        state: _Attempt | None = None
+        meta: envelope.RequestMeta | None = None
         try:
             state, instances, meta, body = self._prepare(
                 capability, payload, timeout, tuple(tags), idempotency_key
@@ -300,8 +346,14 @@ class ReachClient:
                 value = await self._retry(exc, state, instances, meta, body)
         except ReachError as exc:
             if fb is None or not _falls_back(exc):
+                self._record(capability, state, meta, started, exc)
                 raise
-            return await self._fall_back(capability, payload, fb, exc, timeout, started)
+            result = await self._fall_back(capability, payload, fb, exc, timeout, started)
+            self._record(capability, state, meta, started, exc, result.fallback)
+            return result
+        latency_ms = (time.perf_counter() - started) * 1000
+        if self.audit is not None or self.telemetry.metrics_on or state.span is not None:
+            self._record(capability, state, meta, started, None, latency_ms=latency_ms)
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},
@@ -309,7 +361,7 @@ class ReachClient:
                 call_id=meta.call_id,
                 agent_id=state.last_target,
                 attempts=state.attempts,
-                latency_ms=(time.perf_counter() - started) * 1000,
+                latency_ms=latency_ms,
                 job=value,
             )
         if fb is not None and fb.cache_max_age_sec is not None:
@@ -320,8 +372,66 @@ class ReachClient:
             call_id=meta.call_id,
             agent_id=state.last_target,
             attempts=state.attempts,
-            latency_ms=(time.perf_counter() - started) * 1000,
+            latency_ms=latency_ms,
         )
+
+    def _record(
+        self,
+        capability: str,
+        state: _Attempt | None,
+        meta: envelope.RequestMeta | None,
+        started: float,
+        exc: ReachError | None,
+        fallback: FallbackInfo | None = None,
+        latency_ms: float | None = None,
+    ) -> None:
+        """The call's audit event (queued, never waited for), metrics and span end."""
+        if latency_ms is None:
+            latency_ms = (time.perf_counter() - started) * 1000
+        error = error_class(exc) if exc is not None else None
+        if state is not None:
+            end_span(state.span, error)
+        if self.audit is None and not self.telemetry.metrics_on:
+            return
+        parent = current_call()
+        if state is not None:
+            candidates = [inst.agent_id for inst in state.instances]
+            route = state.route
+            callee = state.last_target
+            started_at = state.started_at
+            skipped = state.skipped
+        else:
+            candidates, route, callee, skipped = [], [], "", []
+            started_at = self._clock.time() - latency_ms / 1000
+        event: dict[str, Any] = {
+            "v": EVENT_VERSION,
+            "side": "caller",
+            "ts": started_at,
+            "capability": capability,
+            "call_id": meta.call_id if meta is not None else "",
+            "trace_id": trace_id_of(meta.traceparent) if meta is not None else "",
+            "caller": self._client_id,
+            "caller_agent": parent.agent_id if parent is not None else None,
+            "callee": callee,
+            "outcome": "ok" if exc is None else "error" if fallback is None else "fallback",
+            "error": error,
+            "code": getattr(exc, "code", "") if exc is not None else "",
+            "description": str(exc) if exc is not None else "",
+            "latency_ms": latency_ms,
+            "candidates": candidates[:16],
+            "n_candidates": len(candidates),
+            "skipped": skipped,
+            "attempts": [
+                {"agent_id": a, "score": sc, "outcome": o, "latency_ms": ms}
+                for a, sc, o, ms in route
+            ],
+            "fallback": fallback.source if fallback is not None else None,
+            "fallback_reason": fallback.reason if fallback is not None else "",
+        }
+        if self.audit is not None:
+            self.audit.record(event)
+        if self.telemetry.metrics_on:
+            self.telemetry.record_call(event)
 
     def _spec(self, capability: str, instances: Iterable[Instance]) -> Capability | None:
         for inst in instances:
@@ -360,15 +470,22 @@ class ReachClient:
         # the callee checks depth, element count and key types when it decodes; here only
         # the size limit (and that the value can be encoded at all) is checked
         body = codec.encode(payload, checked=False)
-        state = _Attempt(capability, deadline, attempt_timeout)
+        state = _Attempt(capability, deadline, attempt_timeout, now, instances)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
+        # W3C trace context: the caller's span is the callee's parent, even without an SDK
+        traceparent = parent.traceparent if parent is not None else None
+        if self.telemetry.tracing_on:
+            state.span = self.telemetry.start_client_span(capability, traceparent)
+        traceparent = (
+            traceparent_of(state.span) if state.span is not None else new_traceparent(traceparent)
+        )
         meta = envelope.RequestMeta(
             call_id=self._next_call_id(),
             token=self._security.token(),
             deadline_ms=int(deadline * 1000),
             idempotency_key=idempotency_key,
             caller=parent.agent_id if parent is not None else None,
-            traceparent=parent.traceparent if parent is not None else None,
+            traceparent=traceparent,
         )
         self.retry_budget.record_call()
         return state, instances, meta, body
@@ -446,6 +563,7 @@ class ReachClient:
             # one candidate: nothing to rank
             (only,) = instances
             if only.status != "unhealthy" and self.breakers.get(only.agent_id).allow():
+                state.score = None
                 return only
         ranked = rank(
             instances,
@@ -464,9 +582,12 @@ class ReachClient:
                 return None  # nothing known: the capability's queue subject decides
             why = ", ".join(f"{i.agent_id} {i.status} ({i.status_reason})" for i in known[:5])
             raise NoHealthyInstance(f"no healthy instance of {state.capability}: {why}")
-        for _, inst in ranked:
+        for score, inst in ranked:
             if self.breakers.get(inst.agent_id).allow():
+                state.score = score
                 return inst
+            if inst.agent_id not in state.skipped:
+                state.skipped.append(inst.agent_id)
         targets = [inst.agent_id for _, inst in ranked]
         retry_at = self.breakers.earliest_retry_at(targets)
         retry_in = max(0.0, retry_at - self.breakers.clock.monotonic())
@@ -511,16 +632,23 @@ class ReachClient:
             reply = envelope.unpack_reply(msg.data)
         except NoResponders as exc:
             self._failed(state, target, breaker)
+            state.route.append(
+                (target, state.score, "connect", (time.perf_counter() - started) * 1000)
+            )
             if target:
                 raise
             raise NotFound(f"no instance offers {state.capability}") from exc
-        except ReachError:
+        except ReachError as exc:
             self._failed(state, target, breaker)
+            state.route.append(
+                (target, state.score, error_class(exc), (time.perf_counter() - started) * 1000)
+            )
             raise
         finally:
             self._outstanding[target] -= 1
         elapsed_ms = (time.perf_counter() - started) * 1000
         if reply.ok:
+            state.route.append((reply.by or target, state.score, "ok", elapsed_ms))
             if breaker is not None:
                 breaker.record_success()
                 self.latency.observe(target, elapsed_ms)
@@ -531,6 +659,7 @@ class ReachClient:
             # msgpack's own limits bound the reply; the callee's values need no second walk
             return codec.decode(reply.body, checked=False)
         error = _remote_error(reply, target)
+        state.route.append((reply.by or target, state.score, error_class(error), elapsed_ms))
         if error.retryable:
             self._failed(state, target, breaker)
         elif breaker is not None:

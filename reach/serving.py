@@ -36,6 +36,7 @@ from reach.jobs import JobRecord, JobStore
 from reach.models import Capability, format_validation_error
 from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
+from reach.telemetry import Telemetry, end_span, traceparent_of
 
 __all__ = ["CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
 
@@ -198,6 +199,11 @@ class CallServer:
         #: set when the fabric issues tokens: every call must carry a valid one
         self.verifier: TokenVerifier | None = None
         self.denials = 0
+        #: told of every denial (capability, request meta, code, description, client id):
+        #: the agent writes it to the audit stream
+        self.on_denied: Callable[[str, envelope.RequestMeta, str, str, str], None] | None = None
+        #: set when an OpenTelemetry SDK is configured: SERVER spans and served-call counts
+        self.telemetry: Telemetry | None = None
         # (call id, attempt) pairs seen: a byte-for-byte replay is refused, a retry is not
         self._attempts_seen: OrderedDict[tuple[str, int], None] = OrderedDict()
 
@@ -250,15 +256,30 @@ class CallServer:
         self.in_flight += 1
         reply = b""
         remember = True
+        kind = "ok"
+        tel = self.telemetry
+        span = (
+            tel.start_server_span(endpoint.name, self.agent_id, meta.traceparent)
+            if tel is not None
+            else None
+        )
         try:
             arg = _decode_input(endpoint, body)
             if isinstance(arg, _Failure):
+                kind = arg.kind
                 reply, remember = self._fail(*arg)
             elif self.jobs is not None:
                 reply = await self._accept_job(endpoint, meta, arg)
             else:
-                outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms)
+                outcome = await self._invoke(
+                    endpoint,
+                    meta,
+                    arg,
+                    meta.deadline_ms,
+                    meta.traceparent if span is None else traceparent_of(span),
+                )
                 if isinstance(outcome, _Failure):
+                    kind = outcome.kind
                     reply, remember = self._fail(*outcome)
                 else:
                     reply = envelope.pack_ok(outcome[0], self.agent_id)
@@ -273,6 +294,9 @@ class CallServer:
             cache.finish(key, reply, done_at, remember=remember)
             if self._on_done is not None:
                 self._on_done()
+            if tel is not None:
+                tel.record_served(endpoint.name, kind)
+                end_span(span, None if kind == "ok" else kind)
         return reply
 
     def _check_token(
@@ -281,30 +305,48 @@ class CallServer:
         """(None, client id) if the call may proceed, else the ``denied`` reply (counted)."""
         assert self.verifier is not None
         if meta.token is None:
-            return self._deny("no_token", f"{endpoint.name} requires a token"), ""
+            return self._deny(endpoint, meta, "no_token", f"{endpoint.name} requires a token"), ""
         try:
             claims = self.verifier.verify(meta.token)
         except AuthenticationFailed as exc:
-            return self._deny("authentication_failed", str(exc)), ""
+            return self._deny(endpoint, meta, "authentication_failed", str(exc)), ""
         required = endpoint.capability.security_level
         if claims.level < required:
             return self._deny(
+                endpoint,
+                meta,
                 f"insufficient_level:{required}:{claims.level}",
                 f"{endpoint.name} requires clearance level {required};"
                 f" client {claims.client_id} holds {claims.level}",
+                claims.client_id,
             ), ""
         attempt = (meta.call_id, meta.attempt)
         if attempt in self._attempts_seen:
-            denied = self._deny("replayed", f"call {meta.call_id} attempt {meta.attempt} replayed")
+            denied = self._deny(
+                endpoint,
+                meta,
+                "replayed",
+                f"call {meta.call_id} attempt {meta.attempt} replayed",
+                claims.client_id,
+            )
             return denied, ""
         self._attempts_seen[attempt] = None
         if len(self._attempts_seen) > 100_000:
             self._attempts_seen.popitem(last=False)
         return None, claims.client_id
 
-    def _deny(self, code: str, description: str) -> bytes:
+    def _deny(
+        self,
+        endpoint: Endpoint,
+        meta: envelope.RequestMeta,
+        code: str,
+        description: str,
+        client: str = "",
+    ) -> bytes:
         self.denials += 1
         log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
+        if self.on_denied is not None:
+            self.on_denied(endpoint.name, meta, code, description, client)
         return self._error("denied", code, description)
 
     def watch_deadline(self, when: float) -> None:
@@ -325,9 +367,15 @@ class CallServer:
         return self._error(kind, code, description), kind not in _RETRYABLE_KINDS
 
     async def _invoke(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, deadline_ms: int | None
+        self,
+        endpoint: Endpoint,
+        meta: envelope.RequestMeta,
+        arg: Any,
+        deadline_ms: int | None,
+        traceparent: str | None = None,
     ) -> tuple[bytes, Any] | _Failure:
-        """Run the handler under the deadline: the encoded and plain result, or a failure."""
+        """Run the handler under the deadline: the encoded and plain result, or a failure.
+        ``traceparent`` is what calls made by the handler continue (its SERVER span)."""
         enter_call(
             meta.call_id,
             endpoint.name,
@@ -335,7 +383,7 @@ class CallServer:
             deadline_ms,
             meta.attempt,
             meta.caller,
-            meta.traceparent,
+            traceparent or meta.traceparent,
         )
         try:
             if deadline_ms is not None:

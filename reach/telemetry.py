@@ -28,7 +28,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["Telemetry", "end_span", "new_traceparent", "trace_id_of", "traceparent_of"]
+__all__ = ["Span", "Telemetry", "end_span", "new_traceparent", "trace_id_of", "traceparent_of"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _rand = random.Random()

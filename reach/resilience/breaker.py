@@ -375,6 +375,10 @@ class BreakerBoard:
     def snapshot(self) -> dict[str, BreakerSnapshot]:
         return {target: b.snapshot() for target, b in self._breakers.items()}
 
+    def open_count(self) -> int:
+        """Breakers not closed (open or half-open) right now."""
+        return sum(1 for b in self._breakers.values() if b.snapshot().state != "closed")
+
     def earliest_retry_at(self, targets: Iterable[str]) -> float:
         """The earliest monotonic time at which one of ``targets`` lets a call through: now if
         one does already (a target without a breaker is closed), and now for no targets
