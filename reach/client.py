@@ -416,7 +416,9 @@ class ReachClient:
             "outcome": "ok" if exc is None else "error" if fallback is None else "fallback",
             "error": error,
             "code": getattr(exc, "code", "") if exc is not None else "",
-            "description": str(exc) if exc is not None else "",
+            "description": (
+                exc.description if isinstance(exc, RemoteError) else str(exc) if exc else ""
+            ),
             "latency_ms": latency_ms,
             "candidates": candidates[:16],
             "n_candidates": len(candidates),

@@ -11,15 +11,22 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from reach.agent import Agent
 from reach.client import ReachClient
 from reach.registry import Registrar, RegistrarConfig
+from reach.security.credentials import CredentialsFile
+from reach.security.issuer import TokenService
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+
+if TYPE_CHECKING:
+    from tests.calls_helpers import Behaviour
 
 HERE = Path(__file__).parent
 
@@ -73,6 +80,52 @@ async def registrar(nats_server: NatsServer) -> AsyncIterator[Registrar]:
 async def client(nats_server: NatsServer, registrar: Registrar) -> AsyncIterator[ReachClient]:
     async with ReachClient(servers=nats_server.url) as c:
         yield c
+
+
+@dataclass
+class Fabric:
+    """A secured fabric: a token issuer, a registrar, and credentials of four clients."""
+
+    url: str
+    conn: Connection
+    issuer: TokenService
+    creds: dict[str, Path]
+
+
+@pytest.fixture
+async def fabric(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Fabric]:
+    conn = await connect([nats_server.url], name="fabric")
+    issuer = TokenService(conn, key_file=tmp_path / "signing.key")
+    await issuer.start()
+    assert issuer.credentials is not None
+    creds = {}
+    for client_id, level, agent_id in (
+        ("vault", 3, "vault-1"),
+        ("analyst", 2, None),
+        ("auditor", 3, None),
+        ("intruder", 1, "intruder-1"),
+    ):
+        _, secret = await issuer.credentials.add(client_id, level, agent_id=agent_id)
+        path = tmp_path / f"{client_id}.creds"
+        CredentialsFile(nats_server.url, client_id, secret).write(path)
+        creds[client_id] = path
+    registrar = Registrar(conn)
+    await registrar.start()
+    yield Fabric(nats_server.url, conn, issuer, creds)
+    await registrar.stop()
+    await issuer.stop()
+    await conn.close()
+
+
+def vault_agent(fabric: Fabric, behaviour: Behaviour) -> Agent:
+    """vault-1 serving customer_orders at level 3, with the vault's credentials."""
+    from tests.calls_helpers import capability, make_agent
+
+    agent, _ = make_agent(
+        fabric.url, "vault-1", capability("customer_orders", level=3), behaviour=behaviour
+    )
+    agent.credentials = fabric.creds["vault"]
+    return agent
 
 
 class AgentProcess:

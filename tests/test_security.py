@@ -8,8 +8,6 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ import jwt
 import pytest
 
 from reach import envelope, subjects
-from reach.agent import Agent
 from reach.client import ReachClient
 from reach.errors import AuthenticationFailed, NotAuthorized, RegistrationRefused
 from reach.registry import Registrar
@@ -25,51 +22,11 @@ from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenService
 from reach.security.tokens import KeyRing, TokenIssuer
 from reach.testing import NatsServer
-from reach.transport import Connection, connect
+from reach.transport import connect
 
 from .calls_helpers import Behaviour, capability, make_agent, wait_routable
 from .cli_helpers import run_reach
-
-
-@dataclass
-class Fabric:
-    url: str
-    conn: Connection
-    issuer: TokenService
-    creds: dict[str, Path]
-
-
-@pytest.fixture
-async def fabric(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Fabric]:
-    conn = await connect([nats_server.url], name="fabric")
-    issuer = TokenService(conn, key_file=tmp_path / "signing.key")
-    await issuer.start()
-    assert issuer.credentials is not None
-    creds = {}
-    for client_id, level, agent_id in (
-        ("vault", 3, "vault-1"),
-        ("analyst", 2, None),
-        ("auditor", 3, None),
-        ("intruder", 1, "intruder-1"),
-    ):
-        _, secret = await issuer.credentials.add(client_id, level, agent_id=agent_id)
-        path = tmp_path / f"{client_id}.creds"
-        CredentialsFile(nats_server.url, client_id, secret).write(path)
-        creds[client_id] = path
-    registrar = Registrar(conn)
-    await registrar.start()
-    yield Fabric(nats_server.url, conn, issuer, creds)
-    await registrar.stop()
-    await issuer.stop()
-    await conn.close()
-
-
-def vault_agent(fabric: Fabric, behaviour: Behaviour) -> Agent:
-    agent, _ = make_agent(
-        fabric.url, "vault-1", capability("customer_orders", level=3), behaviour=behaviour
-    )
-    agent.credentials = fabric.creds["vault"]
-    return agent
+from .conftest import Fabric, vault_agent
 
 
 async def test_cleared_caller_gets_through_and_a_lower_level_is_refused_before_the_handler(
