@@ -62,12 +62,19 @@ def _configured(provider: object) -> bool:
 class Telemetry:
     """One participant's instruments; ``metrics_on``/``tracing_on`` say what is recorded."""
 
-    def __init__(self, *, enabled: bool | None = None) -> None:
-        meter_provider = metrics.get_meter_provider()
-        tracer_provider = trace.get_tracer_provider()
-        self.metrics_on = _configured(meter_provider) if enabled is None else enabled
-        self.tracing_on = _configured(tracer_provider) if enabled is None else enabled
-        meter = metrics.get_meter("reach")
+    def __init__(
+        self,
+        *,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        """Use the given providers, else the global ones (``set_meter_provider`` etc.)."""
+        mp = meter_provider or metrics.get_meter_provider()
+        tp = tracer_provider or trace.get_tracer_provider()
+        self.metrics_on = _configured(mp)
+        self.tracing_on = _configured(tp)
+        meter = mp.get_meter("reach")
+        self._meter = meter
         self._calls = meter.create_counter(
             "reach.calls", unit="{call}", description="calls by capability, callee and outcome"
         )
@@ -80,7 +87,7 @@ class Telemetry:
         self._served = meter.create_counter(
             "reach.served", unit="{call}", description="calls handled, by capability and outcome"
         )
-        self._tracer = trace.get_tracer("reach")
+        self._tracer = tp.get_tracer("reach")
 
     def watch_breakers(self, open_count: Callable[[], int], caller: str) -> None:
         """Report how many breakers of this caller are open (an observable gauge)."""
@@ -90,7 +97,7 @@ class Telemetry:
         def observe(_options: Any) -> Iterable[metrics.Observation]:
             return [metrics.Observation(open_count(), {"caller": caller})]
 
-        metrics.get_meter("reach").create_observable_gauge(
+        self._meter.create_observable_gauge(
             "reach.breakers.open",
             callbacks=[observe],
             unit="{breaker}",

@@ -10,6 +10,7 @@ from typing import Any
 from reach.agent import Agent, ReadinessCheck
 from reach.client import ReachClient
 from reach.errors import BusinessError
+from reach.telemetry import Telemetry
 
 
 @dataclass
@@ -57,6 +58,7 @@ def make_agent(
     max_concurrency: int = 64,
     readiness: ReadinessCheck | None = None,
     handler: Callable[[Any], Awaitable[Any]] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> tuple[Agent, Behaviour]:
     b = behaviour or Behaviour()
     manifest = {
@@ -67,7 +69,7 @@ def make_agent(
         "capabilities": list(caps) or [capability()],
         "health": {"interval_sec": 0.5, "timeout_sec": 0.3, "failures_before_unhealthy": 2},
     }
-    agent = Agent(manifest, servers=url, readiness=readiness)
+    agent = Agent(manifest, servers=url, readiness=readiness, telemetry=telemetry)
 
     async def default(req: Any) -> Any:
         b.calls += 1
