@@ -141,6 +141,32 @@ def summarize(result: CallpathResult, baseline: str = BASELINE) -> dict[str, Any
     return summary
 
 
+#: full Agent-Reach, and the prefix of the stacks that turn one of its features off
+FULL_STACK = "reach"
+_WITHOUT = "reach-no"
+
+
+def feature_costs(result: CallpathResult) -> dict[str, dict[str, Spread]]:
+    """What each feature costs: per ``reach-no<feature>`` stack run alongside ``reach``, the
+    paired per-repetition ratio reach ÷ reach-no<feature> of calls/s at each concurrency
+    (1 − that ratio is the share of calls/s the feature costs)."""
+    points = {name: _stack_points(runs) for name, runs in result.runs.items()}
+    full = points.get(FULL_STACK)
+    costs: dict[str, dict[str, Spread]] = {}
+    if full is None:
+        return costs
+    for name, mine in points.items():
+        if not name.startswith(_WITHOUT):
+            continue
+        feature = name[len(_WITHOUT) :]
+        costs[feature] = {
+            key.removeprefix("calls_per_sec_"): _ratios(full[key], mine[key])
+            for key in mine
+            if key.startswith("calls_per_sec_") and key in full
+        }
+    return costs
+
+
 # -- machine and document ----------------------------------------------------------------
 
 
@@ -222,6 +248,7 @@ def build_document(result: CallpathResult, argv: Sequence[str]) -> dict[str, Any
         "baseline": BASELINE,
         "stacks": {s.name: s.description for s in result.stacks},
         "summary": summarize(result),
+        "feature_cost": feature_costs(result),
         "samples": samples,
     }
 
@@ -317,6 +344,25 @@ def format_tables(doc: dict[str, Any]) -> str:
                 " callee's idle overhead is included)",
                 ["stack", "caller", "responder", "nats-server", "total"],
                 cpu_rows,
+            )
+        )
+    costs: dict[str, Any] = doc.get("feature_cost", {})
+    if costs:
+        cost_rows = []
+        for feature, by_conc in costs.items():
+            row = [feature]
+            for c in concurrency:
+                ratio = by_conc.get(c)
+                median = ratio.get("median") if ratio else None
+                cost = None if median is None else 1 - median
+                row.append(f"{_num(cost * 100 if cost is not None else None, 1)} %")
+            cost_rows.append(row)
+        blocks.append(
+            _table(
+                f"\nWhat each feature costs: 1 − calls/s of {FULL_STACK} ÷ calls/s without it"
+                " (paired per repetition, median)",
+                ["feature", *(f"@{c}" for c in concurrency)],
+                cost_rows,
             )
         )
     errors = [

@@ -176,12 +176,14 @@ def _reach_responder(
     return responder
 
 
-def _reach_caller(*, validate: bool) -> Callable[[Context], AbstractAsyncContextManager[Call]]:
+def _reach_caller(
+    *, validate: bool, audit: bool = True
+) -> Callable[[Context], AbstractAsyncContextManager[Call]]:
     @asynccontextmanager
     async def caller(ctx: Context) -> AsyncIterator[Call]:
         capability = ctx.capability
         async with ReachClient(
-            servers=ctx.url, name=f"bench-caller-{ctx.stack}", validate=validate
+            servers=ctx.url, name=f"bench-caller-{ctx.stack}", validate=validate, audit=audit
         ) as client:
 
             def routable(cache: RouteCache) -> bool:
@@ -201,7 +203,7 @@ register(
     Stack(
         "reach",
         "Agent-Reach, everything on: token check, caller and callee validate input/output"
-        " schemas, scored routing, breaker, retry budget, deadline",
+        " schemas, scored routing, breaker, retry budget, deadline, audit events",
         _reach_responder(schemas=True),
         _reach_caller(validate=True),
         needs_registry=True,
@@ -224,6 +226,16 @@ register(
         "Agent-Reach without contracts: ReachClient(validate=False), empty schemas on the agent",
         _reach_responder(schemas=False),
         _reach_caller(validate=False),
+        needs_registry=True,
+    )
+)
+
+register(
+    Stack(
+        "reach-noaudit",
+        "Agent-Reach without audit events: ReachClient(audit=False)",
+        _reach_responder(schemas=True),
+        _reach_caller(validate=True, audit=False),
         needs_registry=True,
     )
 )
