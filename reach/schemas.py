@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
+from reach.audit.alerts import Alert
+from reach.audit.events import AuditAttempt, AuditEvent
 from reach.jobs import JobRecord
 from reach.models import (
     AnnounceReply,
@@ -226,6 +228,14 @@ WIRE_SCHEMAS: tuple[WireSchema, ...] = (
         " agent_id it is bound to.",
     ),
     WireSchema("job-record", JobRecord),
+    WireSchema(
+        "audit-event",
+        AuditEvent,
+        "One audit event. A message on reach.v1.audit.<capability> (stream REACH_AUDIT)"
+        " is a msgpack array of these, all of one capability.",
+    ),
+    WireSchema("audit-attempt", AuditAttempt),
+    WireSchema("alert", Alert),
 )
 
 
