@@ -142,3 +142,22 @@ async def test_call_prints_the_result_or_the_typed_error_and_its_layer(
     code, out, err = await run_reach("call", "echo_cli", "{not json", *url)
     assert code == 2
     assert "JSON payload" in err
+
+
+async def test_top_once_shows_instances_and_capabilities(
+    nats_server: NatsServer, registrar: Registrar, spawn_agent: Callable[..., Any]
+) -> None:
+    await spawn_agent(manifest("top-1", "top_cap"))
+    url = ("--servers", nats_server.url)
+    for n in range(3):
+        code, _, err = await run_reach("call", "top_cap", json.dumps({"n": n}), *url)
+        assert code == 0, err
+    code, out, err = await run_reach("top", "--once", *url)
+    assert code == 0, err
+    assert "1 instance(s)" in out
+    (inst_line,) = [line for line in out.splitlines() if line.lstrip().startswith("top-1")]
+    assert "healthy" in inst_line
+    assert "100.0%" in inst_line
+    assert "closed" in inst_line
+    (cap_line,) = [line for line in out.splitlines() if line.lstrip().startswith("top_cap")]
+    assert " 3 " in cap_line
