@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sized
+from collections.abc import Awaitable, Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from reach import codec, envelope, subjects
-from reach.audit.events import EVENT_VERSION, error_class
+from reach.audit.events import error_class
 from reach.audit.writer import AuditWriter, WriterConfig
 from reach.clock import Clock, system_clock
 from reach.context import current_call
@@ -396,40 +396,35 @@ class ReachClient:
         parent = current_call()
         if state is not None:
             candidates = [inst.agent_id for inst in state.instances]
-            route = state.route
+            route: Sequence[tuple[str, float | None, str, float]] = state.route
             callee = state.last_target
             started_at = state.started_at
-            skipped = state.skipped
+            skipped: Sequence[str] = state.skipped
         else:
-            candidates, route, callee, skipped = [], [], "", []
+            candidates, route, callee, skipped = [], (), "", ()
             started_at = self._clock.time() - latency_ms / 1000
-        event: dict[str, Any] = {
-            "v": EVENT_VERSION,
-            "side": "caller",
-            "ts": started_at,
-            "capability": capability,
-            "call_id": meta.call_id if meta is not None else "",
-            "trace_id": trace_id_of(meta.traceparent) if meta is not None else "",
-            "caller": self._client_id,
-            "caller_agent": parent.agent_id if parent is not None else None,
-            "callee": callee,
-            "outcome": "ok" if exc is None else "error" if fallback is None else "fallback",
-            "error": error,
-            "code": getattr(exc, "code", "") if exc is not None else "",
-            "description": (
-                exc.description if isinstance(exc, RemoteError) else str(exc) if exc else ""
-            ),
-            "latency_ms": latency_ms,
-            "candidates": candidates[:16],
-            "n_candidates": len(candidates),
-            "skipped": skipped,
-            "attempts": [
-                {"agent_id": a, "score": sc, "outcome": o, "latency_ms": ms}
-                for a, sc, o, ms in route
-            ],
-            "fallback": fallback.source if fallback is not None else None,
-            "fallback_reason": fallback.reason if fallback is not None else "",
-        }
+        # a row in EVENT_FIELDS order (reach.audit.events): cheap to build and to pack
+        event = (
+            "caller",
+            started_at,
+            capability,
+            meta.call_id if meta is not None else "",
+            trace_id_of(meta.traceparent) if meta is not None else "",
+            self._client_id,
+            parent.agent_id if parent is not None else None,
+            callee,
+            "ok" if exc is None else "error" if fallback is None else "fallback",
+            error,
+            (getattr(exc, "code", "") or "") if exc is not None else "",
+            (exc.description if isinstance(exc, RemoteError) else str(exc)) if exc else "",
+            latency_ms,
+            candidates[:16],
+            len(candidates),
+            skipped,
+            route,
+            fallback.source if fallback is not None else None,
+            fallback.reason if fallback is not None else "",
+        )
         if self.audit is not None:
             self.audit.record(event)
         if self.telemetry.metrics_on:

@@ -21,7 +21,7 @@ from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
 from reach.audit.alerts import Alert
-from reach.audit.events import AuditAttempt, AuditEvent
+from reach.audit.events import AuditAttempt, AuditBatch, AuditEvent
 from reach.jobs import JobRecord
 from reach.models import (
     AnnounceReply,
@@ -228,11 +228,12 @@ WIRE_SCHEMAS: tuple[WireSchema, ...] = (
         " agent_id it is bound to.",
     ),
     WireSchema("job-record", JobRecord),
+    WireSchema("audit-batch", AuditBatch),
     WireSchema(
         "audit-event",
         AuditEvent,
-        "One audit event. A message on reach.v1.audit.<capability> (stream REACH_AUDIT)"
-        " is a msgpack array of these, all of one capability.",
+        "One audit event, as readers see it: in a batch (audit-batch) it is a row whose"
+        " columns the batch's `fields` name.",
     ),
     WireSchema("audit-attempt", AuditAttempt),
     WireSchema("alert", Alert),

@@ -106,21 +106,17 @@ class Telemetry:
 
     # -- caller ------------------------------------------------------------------------
 
-    def record_call(self, event: dict[str, Any]) -> None:
-        """Metrics of one finished call, from its audit event."""
-        attrs = {
-            "capability": event["capability"],
-            "callee": event["callee"],
-            "outcome": event["outcome"],
-            "error": event["error"] or "",
-        }
-        self._calls.add(1, attrs)
-        self._duration.record(event["latency_ms"], {"capability": event["capability"]})
-        retries = len(event["attempts"]) - 1
+    def record_call(self, event: tuple[Any, ...]) -> None:
+        """Metrics of one finished call, from its audit event row (``EVENT_FIELDS`` order)."""
+        capability, callee, outcome, error = event[2], event[7], event[8], event[9]
+        self._calls.add(
+            1,
+            {"capability": capability, "callee": callee, "outcome": outcome, "error": error or ""},
+        )
+        self._duration.record(event[12], {"capability": capability})
+        retries = len(event[16]) - 1
         if retries > 0:
-            self._retries.add(
-                retries, {"capability": event["capability"], "callee": event["callee"]}
-            )
+            self._retries.add(retries, {"capability": capability, "callee": callee})
 
     def start_client_span(self, capability: str, traceparent: str | None) -> Span | None:
         if not self.tracing_on:

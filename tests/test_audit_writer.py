@@ -6,40 +6,38 @@ import asyncio
 import time
 from typing import Any
 
+import msgpack
 import pytest
 
 from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
-from reach.audit.events import AuditEvent, decode_batch
+from reach.audit.events import (
+    EVENT_FIELDS,
+    AuditEvent,
+    EventRow,
+    decode_batch,
+    encode_batch,
+    make_event,
+)
 from reach.errors import ReachError
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 
 
-def event(n: int, capability: str = "echo", **fields: Any) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "side": "caller",
+def event(n: int, capability: str = "echo", **fields: Any) -> EventRow:
+    values: dict[str, Any] = {
         "ts": time.time(),
         "capability": capability,
         "call_id": f"c-{n}",
-        "trace_id": "",
         "caller": "tester",
-        "caller_agent": None,
         "callee": "echo-1",
         "outcome": "ok",
-        "error": None,
-        "code": "",
-        "description": "",
         "latency_ms": 1.0,
         "candidates": ["echo-1"],
         "n_candidates": 1,
-        "skipped": [],
         "attempts": [{"agent_id": "echo-1", "score": 0.9, "outcome": "ok", "latency_ms": 1.0}],
-        "fallback": None,
-        "fallback_reason": "",
-        **fields,
     }
+    return make_event(**{**values, **fields})
 
 
 async def count_events(conn: Connection, flt: AuditFilter | None = None) -> list[AuditEvent]:
@@ -165,3 +163,28 @@ async def test_follow_yields_live_events(conn: Connection) -> None:
     await asyncio.wait_for(task, 10)
     assert seen == ["c-0", "c-1", "c-2"]
     await writer.stop()
+
+
+def test_batches_decode_robustly() -> None:
+    good = event(1)
+    data = encode_batch([good, event(2, capability="echo")])
+    events, bad = decode_batch(data)
+    assert [e.call_id for e in events] == ["c-1", "c-2"]
+    assert bad == 0
+    assert events[0].attempts[0].score == 0.9
+    assert decode_batch(b"\xc1 not msgpack") == ([], 1)
+    assert decode_batch(msgpack.packb([1, 2, 3])) == ([], 1)
+    short = msgpack.packb(
+        {"v": 1, "fields": list(EVENT_FIELDS), "attempt_fields": [], "events": [[1, 2], list(good)]}
+    )
+    events, bad = decode_batch(short)
+    assert [e.call_id for e in events] == ["c-1"]
+    assert bad == 1
+    wrong_types = list(good)
+    wrong_types[EVENT_FIELDS.index("ts")] = "yesterday"
+    packed = msgpack.packb(
+        {"v": 1, "fields": list(EVENT_FIELDS), "attempt_fields": [], "events": [wrong_types]}
+    )
+    assert decode_batch(packed) == ([], 1)
+    with pytest.raises(ValueError, match="unknown"):
+        make_event(ts=1.0, capability="x", outcome="ok", colour="red")

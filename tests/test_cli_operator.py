@@ -11,6 +11,7 @@ from typing import Any
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig
 from reach.audit.alerts import Alert, encode_alert
+from reach.audit.events import EventRow
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection
@@ -19,7 +20,7 @@ from tests.conftest import manifest
 from tests.test_audit_writer import event
 
 
-async def write(conn: Connection, *events: dict[str, Any]) -> None:
+async def write(conn: Connection, *events: EventRow) -> None:
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
     for e in events:
@@ -27,7 +28,7 @@ async def write(conn: Connection, *events: dict[str, Any]) -> None:
     await writer.stop()
 
 
-def failed(n: int, kind: str, **fields: Any) -> dict[str, Any]:
+def failed(n: int, kind: str, **fields: Any) -> EventRow:
     return event(n, outcome="error", error=kind, code="x", description=f"{kind} happened", **fields)
 
 

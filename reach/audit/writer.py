@@ -17,10 +17,9 @@ import logging
 import secrets
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from reach import subjects
-from reach.audit.events import encode_batch
+from reach.audit.events import CAPABILITY_INDEX, EventRow, encode_batch
 from reach.errors import NoResponders, ReachError
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
@@ -59,7 +58,7 @@ class AuditWriter:
     def __init__(self, conn: Connection, config: WriterConfig | None = None) -> None:
         self._conn = conn
         self.config = config or WriterConfig()
-        self._events: deque[dict[str, Any]] = deque()
+        self._events: deque[EventRow] = deque()
         self._batches: deque[_Batch] = deque()
         self._held = 0  # events in unsent batches
         self._wake = asyncio.Event()
@@ -77,8 +76,8 @@ class AuditWriter:
         """Events recorded but not yet acked by the stream."""
         return len(self._events) + self._held
 
-    def record(self, event: dict[str, Any]) -> None:
-        """Queue one event; never blocks, never raises."""
+    def record(self, event: EventRow) -> None:
+        """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
         if len(self._events) + self._held >= self.config.max_buffer:
             self.dropped += 1
             return
@@ -141,19 +140,20 @@ class AuditWriter:
 
     def _pack(self) -> None:
         """Move buffered events into batches of one capability each."""
-        groups: dict[str, list[dict[str, Any]]] = {}
+        groups: dict[str, list[EventRow]] = {}
         while self._events:
             event = self._events.popleft()
-            group = groups.setdefault(str(event.get("capability", "")), [])
+            capability = event[CAPABILITY_INDEX]
+            group = groups.setdefault(capability, [])
             group.append(event)
             if len(group) == self.config.batch_max:
-                self._add_batch(groups.pop(str(event.get("capability", ""))))
+                self._add_batch(groups.pop(capability))
         for group in groups.values():
             self._add_batch(group)
 
-    def _add_batch(self, events: list[dict[str, Any]]) -> None:
+    def _add_batch(self, events: list[EventRow]) -> None:
         self._batch_seq += 1
-        capability = str(events[0].get("capability", "")) or "_"
+        capability = str(events[0][CAPABILITY_INDEX]) or "_"
         batch = _Batch(
             subject=subjects.audit(capability),
             msg_id=f"{self._writer_id}.{self._batch_seq}",
