@@ -153,3 +153,28 @@ def test_alerts_survive_the_wire_and_garbage_is_ignored() -> None:
 def test_bad_rules_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="breaker_share"):
         AlertRules(breaker_share=0)
+
+
+def test_batches_from_the_stream_count_like_single_events() -> None:
+    from reach.audit.events import encode_batch, make_event
+
+    def row(retried: bool, error: str | None = None) -> tuple[Any, ...]:
+        attempts = [{"agent_id": "dq-1", "outcome": "timeout"}] if retried else []
+        return make_event(
+            ts=0.0,
+            capability="query",
+            caller="sched",
+            outcome="ok" if error is None else "error",
+            error=error,
+            attempts=[*attempts, {"agent_id": "dq-2", "outcome": "ok"}],
+        )
+
+    engine = AlertEngine(clock=ManualClock())
+    assert engine.observe_batch(encode_batch([row(True)] * 10 + [row(False)] * 50)) == []
+    (storm,) = engine.observe_batch(encode_batch([row(True)]))
+    assert storm.details["retries"] == 11
+    # 62 calls so far; 7 breaker rejections are above 10 %
+    alerts = engine.observe_batch(encode_batch([row(False, "breaker")] * 7))
+    assert [a.rule for a in alerts] == ["breaker_rejections"]
+    assert engine.observe_batch(b"\xc1") == []
+    assert engine.observe_batch(encode_batch([("short",)])) == []

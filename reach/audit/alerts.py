@@ -27,7 +27,6 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
-from reach.audit.events import decode_raw
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
@@ -120,6 +119,29 @@ class _Window:
         return len(self.times)
 
 
+@dataclass
+class _Counts:
+    """How many within a sliding window, counted in one-second buckets (cheap per add)."""
+
+    span: float
+    buckets: deque[list[float]] = field(default_factory=deque)
+    total: int = 0
+
+    def add(self, now: float, n: int = 1) -> int:
+        second = float(int(now))
+        if self.buckets and self.buckets[-1][0] == second:
+            self.buckets[-1][1] += n
+        else:
+            self.buckets.append([second, n])
+        self.total += n
+        return self.count(now)
+
+    def count(self, now: float) -> int:
+        while self.buckets and self.buckets[0][0] <= now - self.span:
+            self.total -= int(self.buckets.popleft()[1])
+        return self.total
+
+
 class AlertEngine:
     """Turns audit events and registry records into alerts (no I/O)."""
 
@@ -127,7 +149,7 @@ class AlertEngine:
         self.rules = rules or AlertRules()
         self._clock = clock
         self._retries: dict[tuple[str, str], _Window] = {}
-        self._calls: dict[str, _Window] = {}
+        self._calls: dict[str, _Counts] = {}
         self._rejections: dict[str, _Window] = defaultdict(
             lambda: _Window(self.rules.breaker_window_sec)
         )
@@ -142,21 +164,74 @@ class AlertEngine:
         return Alert(rule=rule, key=key, ts=now, **fields)
 
     def observe(self, event: dict[str, Any]) -> list[Alert]:
-        """Alerts one audit event (a raw map, see ``AuditEvent``) raises; usually none."""
+        """Alerts one audit event (a map, see ``AuditEvent``) raises; usually none."""
         if event.get("side", "caller") != "caller":
             return []
-        now = self._clock.time()
-        alerts: list[Alert] = []
         capability = event.get("capability")
         if not isinstance(capability, str) or not capability:
             return []  # not an event any writer of ours makes
-        caller = str(event.get("caller_agent") or event.get("caller") or "anonymous")
+        self._count_calls(capability, 1)
         attempts = event.get("attempts")
-        # every attempt but the last failed and was retried
-        for attempt in attempts[:-1] if isinstance(attempts, list) else ():
-            if not isinstance(attempt, dict):
+        tried = [
+            a.get("agent_id")
+            for a in (attempts if isinstance(attempts, list) else ())
+            if isinstance(a, dict)
+        ]
+        caller = event.get("caller_agent") or event.get("caller") or "anonymous"
+        return self._observe_call(capability, str(caller), tried, event.get("error"))
+
+    def observe_batch(self, data: bytes) -> list[Alert]:
+        """Alerts one stream message (a batch of event rows) raises. Only rows with retries
+        or breaker rejections need a closer look; the rest are only counted."""
+        try:
+            batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            fields = batch["fields"]
+            rows = batch["events"]
+            i_side, i_cap = fields.index("side"), fields.index("capability")
+            i_caller, i_agent = fields.index("caller"), fields.index("caller_agent")
+            i_error, i_attempts = fields.index("error"), fields.index("attempts")
+            agent_col = batch["attempt_fields"].index("agent_id")
+        except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException):
+            return []
+        if not isinstance(rows, list):
+            return []
+        alerts: list[Alert] = []
+        counted: dict[str, int] = {}
+        special = []
+        width = len(fields)
+        for row in rows:
+            if not isinstance(row, list) or len(row) != width or row[i_side] != "caller":
                 continue
-            callee = str(attempt.get("agent_id") or capability)
+            capability = row[i_cap]
+            if not isinstance(capability, str) or not capability:
+                continue
+            counted[capability] = counted.get(capability, 0) + 1
+            attempts = row[i_attempts]
+            if (isinstance(attempts, list) and len(attempts) > 1) or row[i_error] == "breaker":
+                special.append(row)
+        for capability, n in counted.items():
+            self._count_calls(capability, n)
+        for row in special:
+            attempts = row[i_attempts] if isinstance(row[i_attempts], list) else []
+            tried = [a[agent_col] for a in attempts if isinstance(a, list) and len(a) > agent_col]
+            caller = str(row[i_agent] or row[i_caller] or "anonymous")
+            alerts += self._observe_call(row[i_cap], caller, tried, row[i_error])
+        return alerts
+
+    def _count_calls(self, capability: str, n: int) -> None:
+        calls = self._calls.get(capability)
+        if calls is None:
+            calls = self._calls[capability] = _Counts(self.rules.breaker_window_sec)
+        calls.add(self._clock.time(), n)
+
+    def _observe_call(
+        self, capability: str, caller: str, tried: list[Any], error: Any
+    ) -> list[Alert]:
+        now = self._clock.time()
+        alerts: list[Alert] = []
+        # every attempt but the last failed and was retried
+        for agent_id in tried[:-1]:
+            callee = str(agent_id or capability)
             window = self._retries.get((caller, callee))
             if window is None:
                 window = self._retries[(caller, callee)] = _Window(self.rules.retry_window_sec)
@@ -179,18 +254,12 @@ class AlertEngine:
                 )
                 if alert is not None:
                     alerts.append(alert)
-        rejected_now = event.get("error") == "breaker"
+        if error != "breaker":
+            return alerts
         calls = self._calls.get(capability)
-        if calls is None:
-            calls = self._calls[capability] = _Window(self.rules.breaker_window_sec)
-        total = calls.add(now)
-        rejections = self._rejections[capability]
-        rejected = rejections.add(now) if rejected_now else rejections.count(now)
-        if (
-            rejected_now
-            and total >= self.rules.breaker_min_calls
-            and rejected / total > self.rules.breaker_share
-        ):
+        total = calls.count(now) if calls is not None else 0
+        rejected = self._rejections[capability].add(now)
+        if total >= self.rules.breaker_min_calls and rejected / total > self.rules.breaker_share:
             alert = self._fire(
                 "breaker_rejections",
                 capability,
@@ -297,10 +366,9 @@ class AlertWatcher:
         while True:
             try:
                 async for msg in audit.read(subjects.audit("*"), new_only=True, follow=True):
-                    for event in decode_raw(msg.data):
-                        alerts = self.engine.observe(event)
-                        if alerts:
-                            await self._publish(alerts)
+                    alerts = self.engine.observe_batch(msg.data)
+                    if alerts:
+                        await self._publish(alerts)
             except ReachError as exc:
                 log.warning("alerts: audit stream read failed, resuming: %s", exc)
                 await asyncio.sleep(1.0)
