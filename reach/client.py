@@ -240,7 +240,8 @@ class ReachClient:
             self._security = await FabricSecurity.join(
                 self._conn, creds, verify=False, clock=self._clock
             )
-            self._client_id = creds.client_id if creds is not None else ""
+            # the audit's caller: the authenticated client id (on an open fabric, the name)
+            self._client_id = creds.client_id if creds is not None else self.name
             self._routes = RouteCache(store)
             await self._routes.start(self._sync_timeout)
             if self.audit_enabled:

@@ -60,7 +60,7 @@ async def test_the_retry_alert_fires_at_the_eleventh_retry_in_a_minute(
     (storm,) = storms
     assert storm.details["retries"] == 11
     assert storm.details["callee"] == "flaky-1"
-    assert storm.key == "anonymous→flaky-1"
+    assert storm.key == "reach-client→flaky-1"  # open fabric: the client's name
 
 
 async def test_an_instance_turning_unhealthy_raises_an_alert(

@@ -62,7 +62,7 @@ async def test_a_successful_call(
     assert attempt.agent_id == "work-1"
     assert attempt.outcome == "ok"
     assert event.retries == 0
-    assert event.caller == ""  # an open fabric has no client ids
+    assert event.caller == "reach-client"  # an open fabric has no client ids: the name
     assert event.caller_agent is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,4 +36,8 @@ def test_demo_moves_traffic_off_the_saturated_and_killed_instances_with_no_faile
     assert "degraded (not ready: connection pool 85% used)" in out
     assert "data-query-3" in out
     assert "data-query-2: removed from the registry" in out or "data-query-2: unhealthy" in out
+    assert "alert unhealthy: data-query-2 turned unhealthy" in out
+    assert "audit events" in out
+    # the last audit events are shown, one line per call
+    assert re.search(r"ok +\S+ → (generate_industry_report|query_industry_data)@", out)
     assert _leftovers() == []

@@ -105,8 +105,8 @@ def format_event(event: AuditEvent, *, colour: bool = False) -> str:
     parts = [when, label, f"{who} → {where}", f"{event.latency_ms:.1f}ms"]
     if event.attempts:
         last = event.attempts[-1]
-        score = f" score {last.score:.3f}" if last.score is not None else ""
-        parts.append(f"attempt {len(event.attempts)}/{event.n_candidates} cand{score}")
+        score = f"score {last.score:.3f}, " if last.score is not None else ""
+        parts.append(f"({score}{event.n_candidates} candidate{'s' * (event.n_candidates != 1)})")
     if event.retries:
         tried = ",".join(f"{a.agent_id or 'queue'}:{a.outcome}" for a in event.attempts)
         parts.append(f"retries {event.retries} [{tried}]")

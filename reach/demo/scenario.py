@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -25,13 +26,18 @@ from typing import Any
 
 import click
 
+from reach import subjects
 from reach.agent import Agent
+from reach.audit.alerts import Alert, decode_alert
+from reach.audit.events import AuditEvent
+from reach.audit.reader import format_event, read_events
 from reach.client import ReachClient
 from reach.embedded import EmbeddedServer, die_with_parent
 from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry import Registrar, RegistrarConfig
-from reach.transport import connect
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection, connect
 
 __all__ = ["run_demo"]
 
@@ -156,6 +162,8 @@ async def fabric(workdir: Path) -> AsyncIterator[tuple[str, Registrar]]:
 
 async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
     """Run the scenario; returns the number of failed calls (0 is the goal)."""
+    # the demo prints the alerts itself (from REACH_ALERTS), not as log lines
+    logging.getLogger("reach.alerts").setLevel(logging.ERROR)
     workdir = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     data_queries: list[DataQueryProcess] = []
     try:
@@ -197,11 +205,17 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
                 )
                 say("industry-report-1 running; the scheduler starts calling it")
                 log = TransitionLog(report_client)
-                tally = await _drive(
-                    scheduler, report_client, data_queries, url, workdir, duration, rate
-                )
+                alerts: list[Alert] = []
+                watching = asyncio.create_task(_follow_alerts(scheduler.connection, alerts))
+                try:
+                    tally = await _drive(
+                        scheduler, report_client, data_queries, url, workdir, duration, rate
+                    )
+                finally:
+                    await cancel_and_wait([watching])
                 transitions = log.ordered()
-            _summary(tally, transitions)
+                audit = await _audit_trail(scheduler, report_client)
+            _summary(tally, transitions, alerts, audit)
             return tally.failed
     finally:
         for dq in data_queries:
@@ -317,7 +331,27 @@ class TransitionLog:
         ]
 
 
-def _summary(tally: Tally, transitions: list[str]) -> None:
+async def _follow_alerts(conn: Connection, seen: list[Alert]) -> None:
+    """Print alerts as the registrar's rules raise them (stream REACH_ALERTS)."""
+    stream = await conn.stream(subjects.ALERTS_STREAM)
+    async for msg in stream.read(subjects.alert("*"), new_only=True, follow=True):
+        alert = decode_alert(msg.data)
+        if alert is not None:
+            seen.append(alert)
+            say(f"alert {alert.rule}: {alert.summary}", style="yellow")
+
+
+async def _audit_trail(*clients: ReachClient) -> list[AuditEvent]:
+    """Every audit event of the run, once the clients' writers have written them."""
+    for client in clients:
+        if client.audit is not None:
+            await asyncio.wait_for(client.audit.flush(), 10)
+    return [event async for event in read_events(clients[0].connection)]
+
+
+def _summary(
+    tally: Tally, transitions: list[str], alerts: list[Alert], audit: list[AuditEvent]
+) -> None:
     click.echo()
     click.secho("Summary", bold=True)
     click.echo(f"  calls made        {tally.made}")
@@ -338,3 +372,16 @@ def _summary(tally: Tally, transitions: list[str]) -> None:
     click.echo("  health transitions seen by the registrar:")
     for line in transitions:
         click.echo(f"    {line}")
+    click.echo(f"  alerts            {len(alerts)}")
+    for alert in alerts:
+        click.echo(f"    {alert.rule}: {alert.summary}")
+    calls = [e for e in audit if e.side == "caller"]
+    by_capability = Counter(e.capability for e in calls)
+    click.echo(
+        f"  audit events      {len(audit)} in REACH_AUDIT ("
+        + ", ".join(f"{cap}: {n}" for cap, n in sorted(by_capability.items()))
+        + ") — `reach audit tail` shows them"
+    )
+    click.echo("  last audit events:")
+    for event in audit[-5:]:
+        click.echo(f"    {format_event(event)}")
