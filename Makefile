@@ -10,8 +10,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# with the bench extras: `make bench` needs them, and the benchmark's smoke test (part of
+# `make test`) measures every stack, FastStream's included (small pure-Python wheels)
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
 lint: $(STAMP)

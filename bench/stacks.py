@@ -18,6 +18,9 @@ Adding a stack is one ``register(Stack(...))`` with those two hooks::
 
 Stacks that announce agents set ``needs_registry=True``: the bench then runs a
 registrar in a process of its own, as ``reach up`` would.
+
+A stack whose framework is an optional install (``pip install -e '.[bench]'``) is
+registered only when that framework imports; otherwise :data:`UNAVAILABLE` says why.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ from typing import Any
 
 import msgpack
 import nats
+from nats.micro import add_service
+from nats.micro.request import Request
 
 from bench.payload import PAYLOAD_SCHEMA
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.registry import RouteCache
 
-__all__ = ["STACKS", "Call", "Context", "Stack", "register"]
+__all__ = ["STACKS", "UNAVAILABLE", "Call", "Context", "Stack", "register"]
 
 #: one call of the stack under test: payload in, decoded reply out
 Call = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -81,6 +86,9 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {}
+
+#: optional stacks left out because their framework does not import: name -> why
+UNAVAILABLE: dict[str, str] = {}
 
 
 def register(stack: Stack) -> Stack:
@@ -239,3 +247,96 @@ register(
         needs_registry=True,
     )
 )
+
+
+# -- frameworks users would otherwise pick ---------------------------------------------
+
+
+@asynccontextmanager
+async def _micro_responder(ctx: Context) -> AsyncIterator[None]:
+    nc = await nats.connect(ctx.url, name=f"bench-responder-{ctx.stack}")
+
+    async def echo(req: Request) -> None:
+        await req.respond(msgpack.packb(msgpack.unpackb(req.data), use_bin_type=True))
+
+    service = await add_service(nc, name=f"bench_{ctx.token}", version="1.0.0")
+    await service.add_endpoint(name="echo", subject=ctx.subject, handler=echo)
+    # add_endpoint does not flush: make the subscription known to the server before READY
+    await nc.flush()
+    try:
+        yield
+    finally:
+        await service.stop()
+        await nc.close()
+
+
+register(
+    Stack(
+        "micro",
+        "nats-py micro service (nats.micro add_service, one endpoint in the default queue"
+        " group, per-request stats) answering req.respond (msgpack echo); caller as raw",
+        _micro_responder,
+        # the caller side of micro is plain request/reply: the very same code as raw's
+        _raw_caller,
+    )
+)
+
+
+try:
+    from faststream.nats import NatsBroker, NatsMessage
+except ImportError as exc:
+    UNAVAILABLE["faststream"] = (
+        f"FastStream does not import ({exc}); pip install -e '.[bench]' (make bench does)"
+    )
+else:
+
+    async def _msgpack_body(msg: NatsMessage) -> Any:
+        return msgpack.unpackb(msg.body)
+
+    def _faststream_broker(ctx: Context, role: str) -> NatsBroker:
+        # same connection options as raw (nats-py defaults) but for the name; logger=None:
+        # no log line per message, as raw and Agent-Reach write none
+        return NatsBroker(ctx.url, name=f"bench-{role}-{ctx.stack}", logger=None)
+
+    @asynccontextmanager
+    async def _faststream_responder(ctx: Context) -> AsyncIterator[None]:
+        broker = _faststream_broker(ctx, "responder")
+
+        @broker.subscriber(ctx.subject, decoder=_msgpack_body)
+        async def echo(body: dict[str, Any]) -> bytes:
+            return msgpack.packb(body, use_bin_type=True)
+
+        await broker.start()
+        # the broker does not flush its subscriptions: make them known before READY
+        await (await broker.connect()).flush()
+        try:
+            yield
+        finally:
+            await broker.stop()
+
+    @asynccontextmanager
+    async def _faststream_caller(ctx: Context) -> AsyncIterator[Call]:
+        broker = _faststream_broker(ctx, "caller")
+        await broker.start()
+        subject = ctx.subject
+
+        async def call(payload: dict[str, Any]) -> Any:
+            packed = msgpack.packb(payload, use_bin_type=True)
+            reply = await broker.request(packed, subject, timeout=5.0)
+            return msgpack.unpackb(reply.body)
+
+        try:
+            yield call
+        finally:
+            await broker.stop()
+
+    register(
+        Stack(
+            "faststream",
+            "FastStream NatsBroker: broker.request to a @broker.subscriber (msgpack decoder,"
+            " handler args checked by FastDepends/pydantic as by default, bytes reply);"
+            " no per-message log lines",
+            _faststream_responder,
+            _faststream_caller,
+        )
+    )

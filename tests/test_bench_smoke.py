@@ -1,6 +1,8 @@
 """The benchmark runs end to end with tiny counts, so that its scripts never rot.
 
-No timing assertions: only that every stack was measured and the numbers are sane.
+No timing assertions: only that every stack was measured and the numbers are sane. A stack
+whose framework is an optional install is measured when it imports, and skipped (with the
+reason) when it does not.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from bench.report import percentile, spread
-from bench.stacks import STACKS
+from bench.stacks import STACKS, UNAVAILABLE
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: stacks of frameworks installed by the `bench` extra, not by the project itself
+OPTIONAL_STACKS = ("faststream",)
 
 
 def test_bench_measures_every_stack_and_writes_the_json(tmp_path: Path) -> None:
@@ -51,6 +56,14 @@ def test_bench_measures_every_stack_and_writes_the_json(tmp_path: Path) -> None:
     assert doc["charts"] or doc["charts_note"]
     for stack in STACKS:
         assert stack in proc.stdout
+
+
+@pytest.mark.parametrize("stack", OPTIONAL_STACKS)
+def test_an_optional_stack_is_measured_when_its_framework_imports(stack: str) -> None:
+    if stack in UNAVAILABLE:
+        pytest.skip(f"stack {stack!r} not measured: {UNAVAILABLE[stack]}")
+    # registered stacks are the ones the run above measures
+    assert stack in STACKS
 
 
 def test_percentiles_interpolate_between_ranks() -> None:
