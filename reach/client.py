@@ -394,7 +394,6 @@ class ReachClient:
             end_span(state.span, error)
         if self.audit is None and not self.telemetry.metrics_on:
             return
-        parent = current_call()
         if state is not None:
             candidates = [inst.agent_id for inst in state.instances]
             route: Sequence[tuple[str, float | None, str, float]] = state.route
@@ -404,6 +403,11 @@ class ReachClient:
         else:
             candidates, route, callee, skipped = [], (), "", ()
             started_at = self._clock.time() - latency_ms / 1000
+        if meta is not None:
+            caller_agent = meta.caller  # the agent whose handler made this call, if any
+        else:
+            parent = current_call()
+            caller_agent = parent.agent_id if parent is not None else None
         # a row in EVENT_FIELDS order (reach.audit.events): cheap to build and to pack
         event = (
             "caller",
@@ -412,7 +416,7 @@ class ReachClient:
             meta.call_id if meta is not None else "",
             trace_id_of(meta.traceparent) if meta is not None else "",
             self._client_id,
-            parent.agent_id if parent is not None else None,
+            caller_agent,
             callee,
             "ok" if exc is None else "error" if fallback is None else "fallback",
             error,

@@ -216,3 +216,23 @@ async def test_the_registrar_audits_an_announce_as_another_agent(fabric: Fabric)
     assert denial.code == "wrong_agent"
     assert denial.caller == "intruder"
     assert denial.callee == "vault-1"
+
+
+async def test_a_nested_call_names_the_agent_that_made_it_and_shares_the_trace(
+    nats_server: NatsServer, client: ReachClient, conn: Connection
+) -> None:
+    async def outer(req: Any) -> Any:
+        return (await client.call("inner", req)).value
+
+    a, _ = make_agent(nats_server.url, "outer-1", capability("outer"), handler=outer)
+    b, _ = make_agent(nats_server.url, "inner-1", capability("inner"))
+    async with a, b:
+        await wait_routable(client, "outer", 1)
+        await wait_routable(client, "inner", 1)
+        result = await client.call("outer", {"x": 1})
+    events = await audit_of(conn, client)
+    (top,) = [e for e in events if e.call_id == result.call_id]
+    (nested,) = [e for e in events if e.capability == "inner"]
+    assert top.caller_agent is None
+    assert nested.caller_agent == "outer-1"
+    assert nested.trace_id == top.trace_id
