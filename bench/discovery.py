@@ -1,0 +1,1237 @@
+"""``python -m bench.discovery [--quick] [--servers URL] [--out FILE]``: the discovery
+benchmark. Three parts, each against a real nats-server (one started per part, or the
+one given by ``--servers``):
+
+1. **Route choice** — µs per lookup in a :class:`RouteCache` holding 10, 1,000 and 10,000
+   instance records, written to REACH_REGISTRY through :class:`RegistryStore` and fed to
+   the cache by its KV watch, as a caller's cache is. Two layouts: instances spread over
+   capabilities (10 instances each) and all instances in one capability. Lookups: by
+   capability (``for_capability``, ``find``), by tag (``find`` with tags), and the full
+   choice a :class:`ReachClient` makes on every call (candidates, ``rank()``, breaker).
+2. **Announce → visible** — wall time from sending an announce (this process, through a
+   registrar in its own process) to the record's arrival in the route cache of a third
+   process; p50/p99 over sequential announces.
+3. **Registrar load** — a registrar process with 1,000 and 10,000 simulated instances
+   heartbeating every 5 s (one light process announces them all, sends properly
+   enveloped heartbeats with a token and answers the registrar's probes): registrar CPU
+   from /proc and KV writes/s from the REACH_REGISTRY stream's sequence, over a window.
+
+Child roles (started by the bench, not by hand)::
+
+    python -m bench.discovery child watch URL PREFIX
+    python -m bench.discovery child hbsim URL CREDS PREFIX COUNT INTERVAL [--bye]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import gc
+import heapq
+import importlib
+import json
+import os
+import random
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence, Sized
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from bench.callpath import server_version
+from bench.procs import Child, cpu_seconds, log_dir
+from bench.report import machine_info, percentile, write_json
+
+__all__ = ["DEFAULT", "QUICK", "Settings", "main", "run_discovery"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+_DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "discovery.json"
+_START_TIMEOUT = 60.0
+#: registry streams are named after the bucket (JetStream KV convention)
+_KV_STREAM = "KV_REACH_REGISTRY"
+#: targets of the benchmark issue
+TARGET_CHOICE_US = 20.0
+TARGET_VISIBLE_P99_MS = 100.0
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: instances in the route cache (part 1)
+    scales: tuple[int, ...] = (10, 1_000, 10_000)
+    #: instances per capability in the "spread" layout
+    per_capability: int = 10
+    #: lookups per operation and scale, at most (fewer if the time budget runs out)
+    lookups: int = 2_000
+    lookup_budget_sec: float = 2.0
+    #: sequential announces (part 2)
+    announces: int = 200
+    #: simulated heartbeating instances (part 3)
+    load_scales: tuple[int, ...] = (1_000, 10_000)
+    hb_interval_sec: float = 5.0
+    #: after the last announce, before the window: probes and heartbeats reach steady state
+    #: (at least one interval: an instance's first heartbeat comes one interval after it
+    #: announced)
+    settle_sec: float = 5.0
+    window_sec: float = 25.0
+
+
+DEFAULT = Settings()
+QUICK = Settings(
+    scales=(10, 100),
+    lookups=200,
+    lookup_budget_sec=0.3,
+    announces=20,
+    load_scales=(10, 100),
+    hb_interval_sec=1.0,
+    settle_sec=1.0,
+    window_sec=3.0,
+)
+
+
+# -- shared: servers, children, numbers ------------------------------------------------
+
+
+@asynccontextmanager
+async def _server(
+    servers: str | None, logs: Path, name: str
+) -> AsyncIterator[tuple[str, int | None]]:
+    """A fresh nats-server for one part (its URL and pid), or the given one (pid None)."""
+    if servers is not None:
+        yield servers, None
+        return
+    from reach.testing import NatsServer
+
+    server = NatsServer(store_dir=logs / f"nats-{name}")
+    await server.start()
+    try:
+        yield server.url, server.pid
+    finally:
+        await server.stop()
+
+
+def _pythonpath() -> str:
+    existing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([str(_ROOT), *existing])
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")
+
+
+async def _spawn(name: str, args: Sequence[str], logs: Path) -> Child:
+    """A child of this module (``child ROLE ...``) that has said READY."""
+    log = logs / f"{name}.log"
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    with _open_log(log) as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.discovery",
+            "child",
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+            env=env,
+        )
+    child = Child(name, proc, log)
+    try:
+        await child.expect("READY", _START_TIMEOUT)
+    except BaseException:
+        await child.stop()
+        raise
+    return child
+
+
+async def _registrar(url: str, logs: Path) -> Child:
+    """The registrar and token issuer in their own process (``bench.procs registrar``)."""
+    workdir = logs / f"registrar-{secrets.token_hex(2)}"
+    workdir.mkdir()
+    return await Child.start(workdir.name, ["registrar", url, str(workdir)], logs)
+
+
+def _creds_of(registrar_workdir: Path) -> Path | None:
+    path = registrar_workdir / "bench.creds"
+    return path if path.exists() else None
+
+
+async def _line(child: Child, word: str, timeout: float) -> str:
+    """The rest of the next line of ``child`` that starts with ``word``."""
+    assert child.proc.stdout is not None
+    async with asyncio.timeout(timeout):
+        while True:
+            raw = await child.proc.stdout.readline()
+            if not raw:
+                raise RuntimeError(f"{child.name} exited; its log:\n{child.tail()}")
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(word):
+                return line[len(word) :].strip()
+
+
+def _stats(values: Sequence[float], digits: int = 2) -> dict[str, Any]:
+    if not values:
+        return {"count": 0, "median": None, "p99": None, "mean": None, "max": None}
+    return {
+        "count": len(values),
+        "median": round(percentile(values, 0.5), digits),
+        "p99": round(percentile(values, 0.99), digits),
+        "mean": round(sum(values) / len(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+# -- part 1: route choice from the cache -----------------------------------------------
+
+#: what the records look like: a capability with a small input schema and two tags
+_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+_REGIONS = 4
+_LOOKUPS = (
+    ("for_capability", "list(cache.for_capability(cap))"),
+    ("find_capability", "cache.find(cap)"),
+    ("find_capability_tag", "cache.find(cap, tags=[region])"),
+    ("find_tag", "cache.find(tags=[team]): tag only, no capability"),
+    ("choose", "client choice: for_capability + rank() + breaker, as ReachClient._choose"),
+    ("choose_tag", "client choice with a tag: candidates filtered by tag as ReachClient does"),
+)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    name: str
+    prefix: str
+    per_capability: int | None  # None: every instance in one capability
+
+    def capability(self, i: int) -> str:
+        if self.per_capability is None:
+            return f"{self.prefix}-cap"
+        return f"{self.prefix}-cap{i // self.per_capability}"
+
+    def team(self, i: int) -> str:
+        return f"team-{0 if self.per_capability is None else i // self.per_capability}"
+
+    def capabilities(self, count: int) -> list[str]:
+        return sorted({self.capability(i) for i in range(count)})
+
+
+def _record(layout: _Layout, i: int, now: float) -> Any:
+    """A registry record like the registrar writes; a realistic mix of states and loads."""
+    from reach.models import Instance, Manifest, Transition
+
+    version = "1.3.0-rc.1" if i % 10 == 9 else "1.2.3"
+    manifest = Manifest.model_validate(
+        {
+            "agent_id": f"{layout.prefix}-{i}",
+            "agent_name": layout.prefix,
+            "version": version,
+            "max_concurrency": 16,
+            "capabilities": [
+                {
+                    "name": layout.capability(i),
+                    "description": "a capability of the discovery benchmark",
+                    "input_schema": _SCHEMA,
+                    "tags": [f"region-{i % _REGIONS}", layout.team(i)],
+                    "latency_sla_ms": 200,
+                    "security_level": 2,
+                }
+            ],
+            # long: a registrar on a shared server (--servers) leaves these alone for an hour
+            "health": {"interval_sec": 3600, "timeout_sec": 3, "failures_before_unhealthy": 2},
+        }
+    )
+    status = "unhealthy" if i % 97 == 96 else "degraded" if i % 50 == 49 else "healthy"
+    return Instance(
+        manifest=manifest,
+        instance_id=secrets.token_hex(8),
+        status=status,
+        status_reason="heartbeat ok" if status == "healthy" else "bench",
+        registered_at=now,
+        last_heartbeat_at=now,
+        in_flight=i % 5,
+        max_concurrency=16,
+        completed=i * 3,
+        memory_bytes=80_000_000,
+        registrar_id="reg-bench",
+        transitions=[Transition(at=now, status="healthy", reason="announced")],
+    )
+
+
+async def _write_records(store: Any, layout: _Layout, first: int, last: int) -> None:
+    now = time.time()
+    batch = 256
+    for start in range(first, last, batch):
+        records = [_record(layout, i, now) for i in range(start, min(last, start + batch))]
+        await asyncio.gather(*(store.create(r) for r in records))
+
+
+async def _delete_records(store: Any, layout: _Layout, count: int) -> None:
+    batch = 256
+    for start in range(0, count, batch):
+        ids = [f"{layout.prefix}-{i}" for i in range(start, min(count, start + batch))]
+        await asyncio.gather(*(store.delete(a) for a in ids), return_exceptions=True)
+
+
+class _Chooser:
+    """The caller's side of a route choice, as ``ReachClient._prepare`` + ``_choose``."""
+
+    def __init__(self, cache: Any) -> None:
+        from reach.resilience.breaker import BreakerBoard
+        from reach.routing import LatencyTracker
+
+        self.cache = cache
+        self.latency = LatencyTracker()
+        self.breakers = BreakerBoard()
+        self.outstanding: dict[str, int] = {}
+
+    def warm(self) -> None:
+        """Latency seen for half of the instances, breakers for all: a caller in use."""
+        for n, inst in enumerate(self.cache.all()):
+            if n % 2 == 0:
+                self.latency.observe(inst.agent_id, 5.0 + n % 40)
+            self.breakers.get(inst.agent_id)
+
+    def choose(self, capability: str, tags: Sequence[str] = ()) -> Any:
+        from reach.routing import rank
+
+        instances: Iterable[Any] = self.cache.for_capability(capability)
+        if tags:
+            wanted = set(tags)
+            instances = [
+                i
+                for i in instances
+                if wanted.issubset((i.manifest.capability(capability) or _NoCap).tags)
+            ]
+        for inst in instances:  # ReachClient._spec: the capability's contract
+            if inst.manifest.capability(capability) is not None:
+                break
+        if isinstance(instances, Sized) and len(instances) == 1:
+            (only,) = instances
+            if only.status != "unhealthy" and self.breakers.get(only.agent_id).allow():
+                return only
+        ranked = rank(instances, capability, latency=self.latency, outstanding=self.outstanding)
+        for _, inst in ranked:
+            if self.breakers.get(inst.agent_id).allow():
+                return inst
+        return None
+
+
+class _NoCap:
+    tags: tuple[str, ...] = ()
+
+
+def _time_lookups(
+    lookup: Callable[[int], object], count: int, budget_sec: float
+) -> tuple[list[float], int]:
+    """µs per call of ``lookup(k)`` for k = 0, 1, ...; stops early when over budget."""
+    gc.collect()
+    clock = time.perf_counter_ns
+    samples: list[float] = []
+    size = 0
+    give_up = clock() + int(budget_sec * 1e9)
+    for k in range(count):
+        started = clock()
+        found = lookup(k)
+        ended = clock()
+        samples.append((ended - started) / 1000)
+        if k == 0:
+            size = len(found) if isinstance(found, Sized) else int(found is not None)
+        if k >= 30 and ended > give_up:
+            break
+    return samples, size
+
+
+def _measure_cache(
+    cache: Any, layout: _Layout, count: int, settings: Settings
+) -> dict[str, dict[str, Any]]:
+    caps = layout.capabilities(count)
+    chooser = _Chooser(cache)
+    chooser.warm()
+
+    def cap(k: int) -> str:
+        return caps[k % len(caps)]
+
+    def cap_index(k: int) -> int:
+        return (k % len(caps)) * (layout.per_capability or 0)
+
+    lookups: dict[str, Callable[[int], object]] = {
+        "for_capability": lambda k: list(cache.for_capability(cap(k))),
+        "find_capability": lambda k: cache.find(cap(k)),
+        "find_capability_tag": lambda k: cache.find(cap(k), tags=[f"region-{k % _REGIONS}"]),
+        "find_tag": lambda k: cache.find(tags=[layout.team(cap_index(k))]),
+        "choose": lambda k: chooser.choose(cap(k)),
+        "choose_tag": lambda k: chooser.choose(cap(k), [f"region-{k % _REGIONS}"]),
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for name, lookup in lookups.items():
+        lookup(0)  # warm: first-use costs (breakers, interned strings) out of the samples
+        samples, size = _time_lookups(lookup, settings.lookups, settings.lookup_budget_sec)
+        out[name] = {**_stats(samples), "unit": "us", "result_size": size}
+    return out
+
+
+def _changes_at_least(target: int) -> Callable[[Any], bool]:
+    def reached(cache: Any) -> bool:
+        return bool(cache.changes >= target)
+
+    return reached
+
+
+async def _route_choice_layout(
+    url: str, layout: _Layout, settings: Settings, progress: Progress
+) -> list[dict[str, Any]]:
+    from reach.registry.routecache import RouteCache
+    from reach.registry.store import RegistryStore
+    from reach.transport import connect
+
+    rows: list[dict[str, Any]] = []
+    writer = await connect([url], name="bench-discovery-writer")
+    reader = await connect([url], name="bench-discovery-cache")
+    try:
+        store = await RegistryStore.open(writer)
+        watched = await RegistryStore.open(reader, create=False)
+        cache = RouteCache(watched)
+        await cache.start()
+        base = cache.changes
+        have = 0
+        try:
+            for count in settings.scales:
+                started = time.perf_counter()
+                await _write_records(store, layout, have, count)
+                written = time.perf_counter() - started
+                # the cache follows the watch; only records are created, so one change each
+                await cache.wait_for(_changes_at_least(base + count), timeout=300)
+                visible = time.perf_counter() - started
+                have = count
+                cold = RouteCache(watched)  # a caller starting now: its initial sync
+                started = time.perf_counter()
+                await cold.start(timeout=300)
+                cold_sync = time.perf_counter() - started
+                await cold.stop()
+                lookups = _measure_cache(cache, layout, count, settings)
+                rows.append(
+                    {
+                        "layout": layout.name,
+                        "instances": count,
+                        "capabilities": len(layout.capabilities(count)),
+                        "populate_sec": round(written, 3),
+                        "populate_visible_sec": round(visible, 3),
+                        "cold_sync_ms": round(cold_sync * 1000, 1),
+                        "lookups": lookups,
+                    }
+                )
+                progress(
+                    f"route choice {layout.name} {count:>6}: choose median"
+                    f" {lookups['choose']['median']} µs, p99 {lookups['choose']['p99']} µs"
+                    f" (populated in {written:.1f}s, cold sync {cold_sync * 1000:.0f} ms)"
+                )
+        finally:
+            await cache.stop()
+            await _delete_records(store, layout, have)
+    finally:
+        await reader.close()
+        await writer.close()
+    return rows
+
+
+async def route_choice(
+    servers: str | None, logs: Path, settings: Settings, progress: Progress
+) -> list[dict[str, Any]]:
+    run = secrets.token_hex(2)
+    layouts = [
+        _Layout("spread", f"rc{run}s", settings.per_capability),
+        _Layout("one_capability", f"rc{run}o", None),
+    ]
+    rows: list[dict[str, Any]] = []
+    for layout in layouts:
+        async with _server(servers, logs, f"route-{layout.name}") as (url, _pid):
+            rows += await _route_choice_layout(url, layout, settings, progress)
+    return rows
+
+
+# -- part 2: announce → visible in another process's route cache -----------------------
+
+
+def _sim_manifest(agent_id: str, interval: float) -> Any:
+    from reach.models import Manifest
+
+    return Manifest.model_validate(
+        {
+            "agent_id": agent_id,
+            "agent_name": agent_id.rsplit("-", 1)[0],
+            "version": "1.0.0",
+            "max_concurrency": 16,
+            "capabilities": [
+                {
+                    "name": "bench-sim",
+                    "input_schema": _SCHEMA,
+                    "tags": ["bench", f"shard-{hash(agent_id) % 8}"],
+                    "latency_sla_ms": 200,
+                    "security_level": 1,
+                }
+            ],
+            "health": {"interval_sec": interval, "timeout_sec": 2, "failures_before_unhealthy": 2},
+        }
+    )
+
+
+class _Control:
+    """Enveloped control messages (announce, heartbeat, bye) with this process's token."""
+
+    def __init__(self, conn: Any, security: Any) -> None:
+        self.conn = conn
+        self.security = security
+
+    def request(self, agent_id: str, model: Any) -> bytes:
+        from reach import envelope
+        from reach.messages import encode_model
+
+        meta = envelope.RequestMeta(
+            call_id=secrets.token_hex(8), caller=agent_id, token=self.security.token()
+        )
+        return envelope.pack_request(meta, encode_model(model))
+
+    async def announce(self, agent_id: str, instance_id: str, interval: float) -> bool:
+        from reach import envelope, subjects
+        from reach.messages import decode_model
+        from reach.models import AnnounceReply, AnnounceRequest
+
+        request = AnnounceRequest(
+            manifest=_sim_manifest(agent_id, interval),
+            instance_id=instance_id,
+            started_at=time.time(),
+        )
+        raw = await self.conn.request(
+            subjects.announce(agent_id), self.request(agent_id, request), timeout=30.0
+        )
+        reply = envelope.unpack_reply(raw)
+        if not reply.ok:
+            raise RuntimeError(f"announce of {agent_id} refused: {reply.description}")
+        return decode_model(AnnounceReply, reply.body).accepted
+
+    async def bye(self, agent_id: str, instance_id: str) -> None:
+        from reach import subjects
+        from reach.models import Bye
+
+        bye = Bye(agent_id=agent_id, instance_id=instance_id, reason="bench done")
+        with contextlib.suppress(Exception):
+            await self.conn.request(subjects.bye(agent_id), self.request(agent_id, bye), 5.0)
+
+    @classmethod
+    async def open(cls, url: str, creds: Path | None, name: str) -> _Control:
+        from reach.security.credentials import CredentialsFile
+        from reach.security.fabric import FabricSecurity
+        from reach.transport import connect
+
+        conn = await connect([url], name=name)
+        credentials = CredentialsFile.read(creds) if creds is not None else None
+        security = await FabricSecurity.join(
+            conn, credentials, verify=False, need_token=credentials is not None
+        )
+        return cls(conn, security)
+
+    async def close(self) -> None:
+        await self.security.close()
+        await self.conn.close()
+
+
+async def visibility(
+    servers: str | None, logs: Path, settings: Settings, progress: Progress
+) -> dict[str, Any]:
+    prefix = f"vis{secrets.token_hex(2)}"
+    async with _server(servers, logs, "visibility") as (url, _pid):
+        registrar = await _registrar(url, logs)
+        try:
+            creds = _creds_of(logs / registrar.name)
+            watcher = await _spawn("watcher", ["watch", url, prefix], logs)
+            try:
+                result = await _announce_and_watch(watcher, url, creds, prefix, settings, progress)
+                result["server_version"] = await asyncio.to_thread(server_version, url)
+                return result
+            finally:
+                await watcher.stop()
+        finally:
+            await registrar.stop()
+
+
+async def _announce_and_watch(
+    watcher: Child,
+    url: str,
+    creds: Path | None,
+    prefix: str,
+    settings: Settings,
+    progress: Progress,
+) -> dict[str, Any]:
+    seen: dict[str, asyncio.Future[float]] = {}
+    loop = asyncio.get_running_loop()
+
+    async def read_seen() -> None:
+        while True:
+            rest = await _line(watcher, "SEEN", 3600)
+            agent_id, at = rest.split()
+            fut = seen.setdefault(agent_id, loop.create_future())
+            if not fut.done():
+                fut.set_result(float(at))
+
+    reader = asyncio.create_task(read_seen())
+    control = await _Control.open(url, creds, "bench-announcer")
+    visible_ms: list[float] = []
+    reply_ms: list[float] = []
+    missed = 0
+    announced: list[tuple[str, str]] = []
+    try:
+        for n in range(settings.announces):
+            agent_id, instance_id = f"{prefix}-{n}", secrets.token_hex(8)
+            fut = seen.setdefault(agent_id, loop.create_future())
+            sent = time.time()
+            accepted = await control.announce(agent_id, instance_id, 60.0)
+            replied = time.time()
+            if not accepted:
+                raise RuntimeError(f"the registrar did not accept {agent_id}")
+            announced.append((agent_id, instance_id))
+            reply_ms.append((replied - sent) * 1000)
+            try:
+                at = await asyncio.wait_for(asyncio.shield(fut), 5.0)
+            except TimeoutError:
+                missed += 1
+                continue
+            visible_ms.append((at - sent) * 1000)
+            # calls are not back to back: each announce meets an idle fabric
+            await asyncio.sleep(random.uniform(0.005, 0.02))
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+            await reader
+        await asyncio.gather(*(control.bye(a, i) for a, i in announced))
+        await control.close()
+    result: dict[str, Any] = {
+        "announces": settings.announces,
+        "not_seen_within_5s": missed,
+        "visible_ms": _stats(visible_ms),
+        "announce_reply_ms": _stats(reply_ms),
+        "samples_visible_ms": [round(v, 3) for v in visible_ms],
+    }
+    progress(
+        f"announce → visible: p50 {result['visible_ms']['median']} ms,"
+        f" p99 {result['visible_ms']['p99']} ms ({missed} not seen)"
+    )
+    return result
+
+
+async def _child_watch(url: str, prefix: str) -> None:
+    """Print ``SEEN agent_id unix_time`` when a record of ``prefix`` arrives in the cache."""
+    from reach.registry.routecache import RouteCache
+    from reach.registry.store import RegistryStore
+    from reach.transport import connect
+
+    conn = await connect([url], name="bench-watcher")
+    cache = RouteCache(await RegistryStore.open(conn))
+    out = sys.stdout
+
+    def on_change(agent_id: str, inst: object) -> None:
+        if inst is not None and agent_id.startswith(prefix):
+            out.write(f"SEEN {agent_id} {time.time():.6f}\n")
+            out.flush()
+
+    cache.on_change(on_change)
+    await cache.start()
+    print("READY", flush=True)
+    try:
+        await _until_stdin_closes({})
+    finally:
+        await cache.stop()
+        await conn.close()
+
+
+# -- part 3: registrar CPU and KV writes under heartbeats ------------------------------
+
+
+async def _stream_state(js: Any) -> tuple[int, int]:
+    """(last sequence, messages) of the registry's stream: writes so far and live keys."""
+    info = await js.stream_info(_KV_STREAM)
+    return int(info.state.last_seq), int(info.state.messages)
+
+
+async def registrar_load(
+    servers: str | None, logs: Path, settings: Settings, progress: Progress
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for count in settings.load_scales:
+        async with _server(servers, logs, f"load-{count}") as (url, server_pid):
+            rows.append(await _load_case(url, server_pid, count, servers, logs, settings, progress))
+    return rows
+
+
+async def _load_case(
+    url: str,
+    server_pid: int | None,
+    count: int,
+    servers: str | None,
+    logs: Path,
+    settings: Settings,
+    progress: Progress,
+) -> dict[str, Any]:
+    import nats
+
+    prefix = f"sim{secrets.token_hex(2)}"
+    registrar = await _registrar(url, logs)
+    nc = await nats.connect(url, name="bench-stream-info")
+    sim: Child | None = None
+    try:
+        creds = _creds_of(logs / registrar.name)
+        args = ["hbsim", url, str(creds or "-"), prefix, str(count), str(settings.hb_interval_sec)]
+        if servers is not None:
+            args.append("--bye")  # a shared server keeps no records of ours
+        started = time.perf_counter()
+        sim = await _spawn(f"hbsim-{count}", args, logs)
+        announce = json.loads(await _line(sim, "ANNOUNCED", 600))
+        progress(
+            f"registrar load {count:>6}: announced in {time.perf_counter() - started:.1f}s"
+            f" ({announce['refused']} refused); settling {settings.settle_sec:.0f}s"
+        )
+        await asyncio.sleep(max(settings.settle_sec, settings.hb_interval_sec))
+        js = nc.jetstream()
+        await _ask_stats(sim)  # resets the window counters
+        seq0, _ = await _stream_state(js)
+        cpu0 = (registrar.cpu_seconds(), cpu_seconds(server_pid), sim.cpu_seconds())
+        t0 = time.perf_counter()
+        await asyncio.sleep(settings.window_sec)
+        seq1, keys = await _stream_state(js)
+        cpu1 = (registrar.cpu_seconds(), cpu_seconds(server_pid), sim.cpu_seconds())
+        seconds = time.perf_counter() - t0
+        stats = await _ask_stats(sim)
+    finally:
+        if sim is not None:
+            await sim.stop()
+        await nc.close()
+        await registrar.stop()
+
+    def pct(i: int) -> float | None:
+        used = _delta(cpu0[i], cpu1[i])
+        return None if used is None else round(100 * used / seconds, 1)
+
+    row = {
+        "instances": count,
+        "interval_sec": settings.hb_interval_sec,
+        "window_sec": round(seconds, 2),
+        "announce_sec": announce["seconds"],
+        "announce_refused": announce["refused"],
+        "registrar_cpu_pct": pct(0),
+        "server_cpu_pct": pct(1),
+        "simulator_cpu_pct": pct(2),
+        "kv_writes_per_sec": round((seq1 - seq0) / seconds, 1),
+        "expected_heartbeats_per_sec": round(count / (0.95 * settings.hb_interval_sec), 1),
+        "heartbeats_per_sec": round(stats["hb_sent"] / seconds, 1),
+        "heartbeat_replies_ok": stats["hb_ok"],
+        "heartbeat_replies_missing": max(0, stats["hb_sent"] - stats["hb_replies"]),
+        "heartbeat_reannounce": stats["hb_reannounce"],
+        "heartbeat_reply_ms": stats["hb_reply_ms"],
+        "probes_per_sec": round(stats["probes"] / seconds, 1),
+        "registry_keys": keys,
+        "registrar_cpu_ms_per_heartbeat": None,
+    }
+    used = _delta(cpu0[0], cpu1[0])
+    if used is not None and stats["hb_sent"]:
+        row["registrar_cpu_ms_per_heartbeat"] = round(1000 * used / stats["hb_sent"], 3)
+    progress(
+        f"registrar load {count:>6}: registrar {row['registrar_cpu_pct']}% CPU,"
+        f" {row['kv_writes_per_sec']} KV writes/s, {row['heartbeats_per_sec']} heartbeats/s,"
+        f" {row['probes_per_sec']} probes/s, heartbeat reply p99"
+        f" {row['heartbeat_reply_ms']['p99']} ms"
+    )
+    return row
+
+
+async def _ask_stats(sim: Child) -> dict[str, Any]:
+    assert sim.proc.stdin is not None
+    sim.proc.stdin.write(b"STATS\n")
+    await sim.proc.stdin.drain()
+    stats: dict[str, Any] = json.loads(await _line(sim, "STATS", 30))
+    return stats
+
+
+class _Simulator:
+    """Many instances in one process: announce, heartbeat every interval, answer probes."""
+
+    def __init__(
+        self, control: _Control, prefix: str, count: int, interval: float, run: str
+    ) -> None:
+        self.control = control
+        self.interval = interval
+        self.ids = [f"{prefix}-{n}" for n in range(count)]
+        self.instance_ids = [f"{run}-{n}" for n in range(count)]
+        self.index = {agent_id: n for n, agent_id in enumerate(self.ids)}
+        self.seq = [0] * count
+        self.sent_at = [0.0] * count
+        self.due: list[tuple[float, int]] = []
+        self.inbox = control.conn.new_inbox()
+        self.probe_replies: dict[str, bytes] = {}
+        self.refused = 0
+        self.window: dict[str, Any] = {}
+        self.reset()
+
+    def reset(self) -> dict[str, Any]:
+        old = self.window
+        self.window = {
+            "hb_sent": 0,
+            "hb_replies": 0,
+            "hb_ok": 0,
+            "hb_reannounce": 0,
+            "probes": 0,
+            "latencies": [],
+        }
+        return old
+
+    async def start(self) -> None:
+        from reach import subjects
+
+        conn = self.control.conn
+        # one answer per probe whichever process gets it: the instance id is known to all
+        await conn.subscribe(subjects.probe("*"), self.on_probe)
+        await conn.subscribe(f"{self.inbox}.*", self.on_reply)
+        await conn.flush()
+
+    async def announce_all(self, batch: int = 200) -> float:
+        started = time.perf_counter()
+        for first in range(0, len(self.ids), batch):
+            indexes = range(first, min(len(self.ids), first + batch))
+            results = await asyncio.gather(
+                *(self.announce(n) for n in indexes), return_exceptions=True
+            )
+            self.refused += sum(1 for r in results if r is not True)
+        return time.perf_counter() - started
+
+    async def announce(self, n: int) -> bool:
+        ok = await self.control.announce(self.ids[n], self.instance_ids[n], self.interval)
+        # the first heartbeat one interval later, as Agent._heartbeat_loop sleeps first
+        heapq.heappush(self.due, (time.monotonic() + self._period(), n))
+        return ok
+
+    def _period(self) -> float:
+        return self.interval * random.uniform(0.9, 1.0)
+
+    async def heartbeat_loop(self) -> None:
+        from reach import subjects
+        from reach.models import Heartbeat
+
+        while True:
+            now = time.monotonic()
+            while self.due and self.due[0][0] <= now:
+                _, n = heapq.heappop(self.due)
+                self.seq[n] += 1
+                hb = Heartbeat(
+                    agent_id=self.ids[n],
+                    instance_id=self.instance_ids[n],
+                    seq=self.seq[n],
+                    sent_at=time.time(),
+                    in_flight=n % 3,
+                    max_concurrency=16,
+                    completed=self.seq[n] * 7,
+                    last_completion_at=time.time(),
+                    memory_bytes=80_000_000,
+                )
+                self.sent_at[n] = time.perf_counter()
+                await self.control.conn.publish(
+                    subjects.heartbeat(self.ids[n]),
+                    self.control.request(self.ids[n], hb),
+                    reply=f"{self.inbox}.{n}",
+                )
+                self.window["hb_sent"] += 1
+                heapq.heappush(self.due, (now + self._period(), n))
+            wait = self.due[0][0] - time.monotonic() if self.due else 0.05
+            await asyncio.sleep(min(0.05, max(0.001, wait)))
+
+    async def on_reply(self, msg: Any) -> None:
+        from reach import envelope
+        from reach.messages import decode_model
+        from reach.models import HeartbeatReply
+
+        n = int(msg.subject.rsplit(".", 1)[1])
+        self.window["hb_replies"] += 1
+        self.window["latencies"].append((time.perf_counter() - self.sent_at[n]) * 1000)
+        reply = envelope.unpack_reply(msg.data)
+        if not reply.ok:
+            return
+        answer = decode_model(HeartbeatReply, reply.body)
+        if answer.ok:
+            self.window["hb_ok"] += 1
+        elif answer.reannounce:
+            self.window["hb_reannounce"] += 1
+            # evicted (the registrar fell behind): announce again, as an Agent does
+            with contextlib.suppress(Exception):
+                await self.control.announce(self.ids[n], self.instance_ids[n], self.interval)
+
+    async def on_probe(self, msg: Any) -> None:
+        from reach import envelope, subjects
+        from reach.messages import encode_model
+        from reach.models import ProbeReply
+
+        agent_id = subjects.last_token(msg.subject)
+        data = self.probe_replies.get(agent_id)
+        if data is None:
+            n = self.index.get(agent_id)
+            if n is None:
+                return
+            answer = ProbeReply(
+                agent_id=agent_id,
+                instance_id=self.instance_ids[n],
+                in_flight=0,
+                max_concurrency=16,
+            )
+            data = envelope.pack_ok(encode_model(answer), agent_id)
+            self.probe_replies[agent_id] = data
+        self.window["probes"] += 1
+        await self.control.conn.respond(msg, data)
+
+    def stats(self) -> dict[str, Any]:
+        window = self.reset()
+        latencies: list[float] = window.pop("latencies")
+        return {**window, "hb_reply_ms": _stats(latencies)}
+
+
+async def _child_hbsim(
+    url: str, creds: Path | None, prefix: str, count: int, interval: float, bye: bool
+) -> None:
+    control = await _Control.open(url, creds, "bench-hbsim")
+    sim = _Simulator(control, prefix, count, interval, secrets.token_hex(4))
+    await sim.start()
+    beating = asyncio.create_task(sim.heartbeat_loop())
+    print("READY", flush=True)
+    try:
+
+        async def announce() -> None:
+            seconds = await sim.announce_all()
+            line = json.dumps({"seconds": round(seconds, 2), "refused": sim.refused})
+            print(f"ANNOUNCED {line}", flush=True)
+
+        def stats() -> None:
+            print(f"STATS {json.dumps(sim.stats())}", flush=True)
+
+        announcing = asyncio.create_task(announce())
+        await _until_stdin_closes({"STATS": stats})
+        announcing.cancel()
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+        if bye:
+            for first in range(0, count, 200):
+                await asyncio.gather(
+                    *(
+                        control.bye(sim.ids[n], sim.instance_ids[n])
+                        for n in range(first, min(count, first + 200))
+                    )
+                )
+        await control.close()
+
+
+async def _until_stdin_closes(commands: dict[str, Callable[[], None]]) -> None:
+    """Run ``commands[line]`` for each line read from stdin, until it closes (the bench
+    closed it, or died: a child never outlives the bench)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        command = commands.get(line.decode().strip())
+        if command is not None:
+            command()
+
+
+# -- the run, the document, the table --------------------------------------------------
+
+
+async def run_discovery(
+    settings: Settings, servers: str | None, progress: Progress
+) -> dict[str, Any]:
+    logs = log_dir()
+    began = time.perf_counter()
+    try:
+        progress("part 1: route choice from the cache")
+        choice = await route_choice(servers, logs, settings, progress)
+        progress("part 2: announce → visible in another process's cache")
+        visible = await visibility(servers, logs, settings, progress)
+        progress("part 3: registrar CPU and KV writes under heartbeats")
+        load = await registrar_load(servers, logs, settings, progress)
+    except BaseException:
+        progress(f"failed; logs of the child processes are in {logs}")
+        raise
+    shutil.rmtree(logs, ignore_errors=True)
+    return {
+        "route_choice": choice,
+        "visibility": visible,
+        "registrar_load": load,
+        "server_version": visible.pop("server_version"),
+        "wall_sec": round(time.perf_counter() - began, 1),
+    }
+
+
+def _targets(doc: dict[str, Any]) -> dict[str, Any]:
+    largest = max((r["instances"] for r in doc["route_choice"]), default=0)
+    choice = {
+        r["layout"]: r["lookups"]["choose"]["p99"]
+        for r in doc["route_choice"]
+        if r["instances"] == largest
+    }
+    p99 = doc["visibility"]["visible_ms"]["p99"]
+    return {
+        "route_choice_us": {
+            "target": f"< {TARGET_CHOICE_US:g} µs at {largest:,} instances (p99 of 'choose')",
+            "p99_by_layout": choice,
+            "met_by_layout": {k: v is not None and v < TARGET_CHOICE_US for k, v in choice.items()},
+        },
+        "announce_visible_ms": {
+            "target": f"< {TARGET_VISIBLE_P99_MS:g} ms p99",
+            "p99": p99,
+            "met": p99 is not None and p99 < TARGET_VISIBLE_P99_MS,
+        },
+    }
+
+
+def build_document(
+    result: dict[str, Any], settings: Settings, argv: Sequence[str]
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "benchmark": "discovery",
+        "format": 1,
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m bench.discovery", *argv]),
+        "machine": machine_info(result["server_version"]),
+        "settings": dataclasses.asdict(settings),
+        "lookups": dict(_LOOKUPS),
+        "wall_sec": result["wall_sec"],
+        "route_choice": result["route_choice"],
+        "visibility": result["visibility"],
+        "registrar_load": result["registrar_load"],
+    }
+    doc["targets"] = _targets(doc)
+    return doc
+
+
+def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=True))
+
+    return "\n".join([title, line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _n(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def format_tables(doc: dict[str, Any]) -> str:
+    names = [name for name, _ in _LOOKUPS]
+    rows = [
+        [r["layout"], f"{r['instances']:,}", f"{r['capabilities']:,}"]
+        + [f"{_n(r['lookups'][k]['median'])}/{_n(r['lookups'][k]['p99'])}" for k in names]
+        for r in doc["route_choice"]
+    ]
+    parts = [
+        _table(
+            "Route choice from the cache: µs per lookup, median/p99",
+            ["layout", "instances", "caps", *names],
+            rows,
+        )
+    ]
+    vis = doc["visibility"]
+    parts.append(
+        _table(
+            f"Announce → visible in another process's route cache ({vis['announces']} announces)",
+            ["", "median ms", "p99 ms", "max ms", "not seen"],
+            [
+                [
+                    "visible",
+                    _n(vis["visible_ms"]["median"]),
+                    _n(vis["visible_ms"]["p99"]),
+                    _n(vis["visible_ms"]["max"]),
+                    str(vis["not_seen_within_5s"]),
+                ],
+                [
+                    "announce reply",
+                    _n(vis["announce_reply_ms"]["median"]),
+                    _n(vis["announce_reply_ms"]["p99"]),
+                    _n(vis["announce_reply_ms"]["max"]),
+                    "",
+                ],
+            ],
+        )
+    )
+    parts.append(
+        _table(
+            "Registrar under heartbeats (CPU % of one core)",
+            [
+                "instances",
+                "registrar %",
+                "server %",
+                "sim %",
+                "KV writes/s",
+                "hb/s",
+                "probes/s",
+                "hb reply p99 ms",
+                "reannounce",
+                "keys",
+            ],
+            [
+                [
+                    f"{r['instances']:,}",
+                    _n(r["registrar_cpu_pct"]),
+                    _n(r["server_cpu_pct"]),
+                    _n(r["simulator_cpu_pct"]),
+                    _n(r["kv_writes_per_sec"]),
+                    _n(r["heartbeats_per_sec"]),
+                    _n(r["probes_per_sec"]),
+                    _n(r["heartbeat_reply_ms"]["p99"]),
+                    str(r["heartbeat_reannounce"]),
+                    f"{r['registry_keys']:,}",
+                ]
+                for r in doc["registrar_load"]
+            ],
+        )
+    )
+    targets = doc["targets"]
+    choice = targets["route_choice_us"]
+    met = ", ".join(
+        f"{k}: p99 {_n(choice['p99_by_layout'][k])} µs {'met' if ok else 'NOT met'}"
+        for k, ok in choice["met_by_layout"].items()
+    )
+    vis_t = targets["announce_visible_ms"]
+    parts.append(
+        "Targets\n"
+        f"route choice {choice['target']}: {met}\n"
+        f"announce → visible {vis_t['target']}: p99 {_n(vis_t['p99'])} ms"
+        f" {'met' if vis_t['met'] else 'NOT met'}"
+    )
+    return "\n\n".join(parts)
+
+
+def write_chart(doc: dict[str, Any], path: Path) -> str:
+    """A PNG of lookup cost by instance count (log-log); a note instead without matplotlib."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        return "matplotlib is not installed: no PNG chart (pip install matplotlib for it)"
+    matplotlib.use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    for ax, layout in zip(axes, ("spread", "one_capability"), strict=True):
+        rows = [r for r in doc["route_choice"] if r["layout"] == layout]
+        xs = [r["instances"] for r in rows]
+        for name, _ in _LOOKUPS:
+            ax.plot(xs, [r["lookups"][name]["median"] for r in rows], marker="o", label=name)
+        ax.axhline(TARGET_CHOICE_US, color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("instances in the cache")
+        ax.set_title(f"{layout}: µs per lookup (median)")
+    axes[0].set_ylabel("µs")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return ""
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 10,1000, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("every count must be >= 1")
+    return values
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.discovery",
+        description="Discovery benchmark: route choice, announce visibility, registrar load.",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny counts and short windows")
+    parser.add_argument(
+        "--servers", default=None, help="use this NATS (JetStream on) instead of starting one"
+    )
+    parser.add_argument("--out", type=Path, default=_DEFAULT_OUT, help="JSON results file")
+    parser.add_argument("--scales", type=_counts, default=None, help="route-cache sizes")
+    parser.add_argument("--load-scales", type=_counts, default=None, help="heartbeating instances")
+    parser.add_argument("--announces", type=int, default=None, help="announces to time")
+    parser.add_argument("--window", type=float, default=None, help="seconds of a load window")
+    parser.add_argument("--no-chart", action="store_true", help="do not write a PNG chart")
+    args = parser.parse_args(argv)
+    base = QUICK if args.quick else DEFAULT
+    overrides = {
+        "scales": args.scales,
+        "load_scales": args.load_scales,
+        "announces": args.announces,
+        "window_sec": args.window,
+    }
+    settings = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    if settings.announces < 1 or settings.window_sec <= 0:
+        parser.error("--announces must be >= 1 and --window > 0")
+    return args, settings
+
+
+def _child_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.discovery child")
+    roles = parser.add_subparsers(dest="role", required=True)
+    watch = roles.add_parser("watch")
+    watch.add_argument("url")
+    watch.add_argument("prefix")
+    sim = roles.add_parser("hbsim")
+    sim.add_argument("url")
+    sim.add_argument("creds")
+    sim.add_argument("prefix")
+    sim.add_argument("count", type=int)
+    sim.add_argument("interval", type=float)
+    sim.add_argument("--bye", action="store_true")
+    args = parser.parse_args(argv)
+    if args.role == "watch":
+        asyncio.run(_child_watch(args.url, args.prefix))
+    else:
+        creds = None if args.creds == "-" else Path(args.creds)
+        asyncio.run(_child_hbsim(args.url, creds, args.prefix, args.count, args.interval, args.bye))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["child"]:
+        return _child_main(argv[1:])
+    args, settings = parse_args(argv)
+
+    def progress(line: str) -> None:
+        print(f"[discovery] {line}", file=sys.stderr, flush=True)
+
+    result = asyncio.run(run_discovery(settings, args.servers, progress))
+    doc = build_document(result, settings, argv)
+    out: Path = args.out
+    chart = out.with_suffix(".png")
+    note = "chart not requested (--no-chart)" if args.no_chart else write_chart(doc, chart)
+    doc["charts"] = [] if note else [str(chart)]
+    if note:
+        doc["charts_note"] = note
+    write_json(doc, out)
+    print(format_tables(doc))
+    print(f"\nJSON: {out}" + (f"\nchart: {chart}" if not note else f"\n{note}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The discovery benchmark runs end to end with tiny counts, so that its script never rots.
+
+No timing assertions: only that every part was measured and the numbers are sane.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "discovery.json"
+    cmd = [sys.executable, "-m", "bench.discovery", "--quick", "--announces", "10"]
+    cmd += ["--no-chart", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "discovery"
+    assert doc["machine"]["nats_server"] != "unknown"
+    scales = doc["settings"]["scales"]
+    assert [(r["layout"], r["instances"]) for r in doc["route_choice"]] == [
+        (layout, n) for layout in ("spread", "one_capability") for n in scales
+    ]
+    for row in doc["route_choice"]:
+        assert set(row["lookups"]) == set(doc["lookups"])
+        for name, lookup in row["lookups"].items():
+            assert lookup["count"] > 0, name
+            assert 0 < lookup["median"] <= lookup["p99"], name
+            assert lookup["result_size"] > 0, name
+        assert row["cold_sync_ms"] > 0
+
+    vis = doc["visibility"]
+    assert vis["not_seen_within_5s"] == 0
+    assert vis["visible_ms"]["count"] == 10
+    assert 0 < vis["visible_ms"]["median"] <= vis["visible_ms"]["p99"]
+    assert vis["announce_reply_ms"]["median"] > 0
+
+    load = doc["registrar_load"]
+    assert [r["instances"] for r in load] == doc["settings"]["load_scales"]
+    for row in load:
+        assert row["announce_refused"] == 0
+        assert row["registrar_cpu_pct"] > 0
+        assert row["kv_writes_per_sec"] > 0
+        assert row["heartbeats_per_sec"] > 0
+        assert row["heartbeat_replies_ok"] > 0
+        # every simulated instance and the registrar's own liveness record
+        assert row["registry_keys"] == row["instances"] + 1
+
+    assert set(doc["targets"]) == {"route_choice_us", "announce_visible_ms"}
+    assert "Route choice from the cache" in proc.stdout
+    assert "Registrar under heartbeats" in proc.stdout
