@@ -82,6 +82,8 @@ class Settings:
     #: announced)
     settle_sec: float = 5.0
     window_sec: float = 25.0
+    #: announcing stops counting here: a registrar that cannot keep up is measured as it is
+    announce_deadline_sec: float = 120.0
 
 
 DEFAULT = Settings()
@@ -94,6 +96,7 @@ QUICK = Settings(
     hb_interval_sec=1.0,
     settle_sec=1.0,
     window_sec=3.0,
+    announce_deadline_sec=30.0,
 )
 
 
@@ -445,6 +448,43 @@ async def _route_choice_layout(
     return rows
 
 
+def record_decode_us(samples: int = 300) -> dict[str, Any]:
+    """µs to decode one registry record, as every route cache and the registrar do for each
+    KV change they watch: as written here, and the same record without a JSON Schema."""
+    from reach.messages import encode_model
+    from reach.registry.store import decode_instance
+
+    layout = _Layout("decode", "dec", 10)
+    now = time.time()
+    records = [_record(layout, i, now) for i in range(samples)]
+    bare = [
+        r.model_copy(
+            update={
+                "manifest": r.manifest.model_copy(
+                    update={
+                        "capabilities": [
+                            c.model_copy(update={"input_schema": {}, "output_schema": {}})
+                            for c in r.manifest.capabilities
+                        ]
+                    }
+                )
+            }
+        )
+        for r in records
+    ]
+    out: dict[str, Any] = {}
+    for name, batch in (("with_input_schema", records), ("without_schemas", bare)):
+        blobs = [encode_model(r) for r in batch]
+        gc.collect()
+        times: list[float] = []
+        for blob in blobs:
+            started = time.perf_counter_ns()
+            decode_instance(blob)
+            times.append((time.perf_counter_ns() - started) / 1000)
+        out[name] = {**_stats(times), "unit": "us", "record_bytes": len(blobs[0])}
+    return out
+
+
 async def route_choice(
     servers: str | None, logs: Path, settings: Settings, progress: Progress
 ) -> list[dict[str, Any]]:
@@ -669,7 +709,12 @@ async def registrar_load(
     rows: list[dict[str, Any]] = []
     for count in settings.load_scales:
         async with _server(servers, logs, f"load-{count}") as (url, server_pid):
-            rows.append(await _load_case(url, server_pid, count, servers, logs, settings, progress))
+            try:
+                row = await _load_case(url, server_pid, count, servers, logs, settings, progress)
+            except Exception as exc:  # one broken case must not lose the others' numbers
+                progress(f"registrar load {count}: failed: {type(exc).__name__}: {exc}")
+                row = {"instances": count, "error": f"{type(exc).__name__}: {exc}"}
+        rows.append(row)
     return rows
 
 
@@ -695,14 +740,22 @@ async def _load_case(
             args.append("--bye")  # a shared server keeps no records of ours
         started = time.perf_counter()
         sim = await _spawn(f"hbsim-{count}", args, logs)
-        announce = json.loads(await _line(sim, "ANNOUNCED", 600))
-        progress(
-            f"registrar load {count:>6}: announced in {time.perf_counter() - started:.1f}s"
-            f" ({announce['refused']} refused); settling {settings.settle_sec:.0f}s"
-        )
+        try:
+            await _line(sim, "ANNOUNCED", settings.announce_deadline_sec)
+        except TimeoutError:
+            progress(
+                f"registrar load {count:>6}: announces not done after"
+                f" {settings.announce_deadline_sec:.0f}s: measuring anyway"
+            )
+        announce_sec = round(time.perf_counter() - started, 1)
         await asyncio.sleep(max(settings.settle_sec, settings.hb_interval_sec))
         js = nc.jetstream()
-        await _ask_stats(sim)  # resets the window counters
+        announce = await _ask_stats(sim)  # also resets the window counters
+        progress(
+            f"registrar load {count:>6}: {announce['announced']} announced in {announce_sec}s"
+            f" ({announce['announce_failed']} refused or failed); measuring"
+            f" {settings.window_sec:.0f}s"
+        )
         seq0, _ = await _stream_state(js)
         cpu0 = (registrar.cpu_seconds(), cpu_seconds(server_pid), sim.cpu_seconds())
         t0 = time.perf_counter()
@@ -712,10 +765,12 @@ async def _load_case(
         seconds = time.perf_counter() - t0
         stats = await _ask_stats(sim)
     finally:
+        # the registrar first: probes of a stopped simulator would fail and be logged
+        await registrar.stop()
         if sim is not None:
             await sim.stop()
         await nc.close()
-        await registrar.stop()
+    errors_logged = _count_lines(registrar.log, "registrar failed on")
 
     def pct(i: int) -> float | None:
         used = _delta(cpu0[i], cpu1[i])
@@ -725,8 +780,10 @@ async def _load_case(
         "instances": count,
         "interval_sec": settings.hb_interval_sec,
         "window_sec": round(seconds, 2),
-        "announce_sec": announce["seconds"],
-        "announce_refused": announce["refused"],
+        "announce_sec": announce_sec,
+        "announce_done_sec": announce["announce_done_sec"],
+        "announced": stats["announced"],
+        "announce_failed": stats["announce_failed"],
         "registrar_cpu_pct": pct(0),
         "server_cpu_pct": pct(1),
         "simulator_cpu_pct": pct(2),
@@ -739,8 +796,16 @@ async def _load_case(
         "heartbeat_reply_ms": stats["hb_reply_ms"],
         "probes_per_sec": round(stats["probes"] / seconds, 1),
         "registry_keys": keys,
+        "registrar_errors_logged": errors_logged,
         "registrar_cpu_ms_per_heartbeat": None,
     }
+    # the registrar kept up if every instance got in and every heartbeat got its reply
+    row["registrar_kept_up"] = (
+        stats["announced"] == count
+        and stats["hb_reannounce"] == 0
+        and row["heartbeat_replies_missing"] <= 0.02 * stats["hb_sent"]
+        and row["heartbeats_per_sec"] >= 0.9 * row["expected_heartbeats_per_sec"]
+    )
     used = _delta(cpu0[0], cpu1[0])
     if used is not None and stats["hb_sent"]:
         row["registrar_cpu_ms_per_heartbeat"] = round(1000 * used / stats["hb_sent"], 3)
@@ -751,6 +816,14 @@ async def _load_case(
         f" {row['heartbeat_reply_ms']['p99']} ms"
     )
     return row
+
+
+def _count_lines(path: Path, needle: str) -> int:
+    try:
+        with path.open(errors="replace") as lines:
+            return sum(1 for line in lines if needle in line)
+    except OSError:
+        return 0
 
 
 async def _ask_stats(sim: Child) -> dict[str, Any]:
@@ -777,7 +850,9 @@ class _Simulator:
         self.due: list[tuple[float, int]] = []
         self.inbox = control.conn.new_inbox()
         self.probe_replies: dict[str, bytes] = {}
-        self.refused = 0
+        self.announced = 0
+        self.announce_failed = 0
+        self.announce_done_sec: float | None = None
         self.window: dict[str, Any] = {}
         self.reset()
 
@@ -806,17 +881,21 @@ class _Simulator:
         started = time.perf_counter()
         for first in range(0, len(self.ids), batch):
             indexes = range(first, min(len(self.ids), first + batch))
-            results = await asyncio.gather(
-                *(self.announce(n) for n in indexes), return_exceptions=True
-            )
-            self.refused += sum(1 for r in results if r is not True)
-        return time.perf_counter() - started
+            await asyncio.gather(*(self.announce(n) for n in indexes))
+        self.announce_done_sec = round(time.perf_counter() - started, 2)
+        return self.announce_done_sec
 
-    async def announce(self, n: int) -> bool:
-        ok = await self.control.announce(self.ids[n], self.instance_ids[n], self.interval)
+    async def announce(self, n: int) -> None:
+        try:
+            ok = await self.control.announce(self.ids[n], self.instance_ids[n], self.interval)
+        except Exception:
+            ok = False
+        if not ok:
+            self.announce_failed += 1
+            return
+        self.announced += 1
         # the first heartbeat one interval later, as Agent._heartbeat_loop sleeps first
         heapq.heappush(self.due, (time.monotonic() + self._period(), n))
-        return ok
 
     def _period(self) -> float:
         return self.interval * random.uniform(0.9, 1.0)
@@ -897,7 +976,13 @@ class _Simulator:
     def stats(self) -> dict[str, Any]:
         window = self.reset()
         latencies: list[float] = window.pop("latencies")
-        return {**window, "hb_reply_ms": _stats(latencies)}
+        return {
+            **window,
+            "hb_reply_ms": _stats(latencies),
+            "announced": self.announced,
+            "announce_failed": self.announce_failed,
+            "announce_done_sec": self.announce_done_sec,
+        }
 
 
 async def _child_hbsim(
@@ -912,8 +997,7 @@ async def _child_hbsim(
 
         async def announce() -> None:
             seconds = await sim.announce_all()
-            line = json.dumps({"seconds": round(seconds, 2), "refused": sim.refused})
-            print(f"ANNOUNCED {line}", flush=True)
+            print(f"ANNOUNCED {seconds}", flush=True)
 
         def stats() -> None:
             print(f"STATS {json.dumps(sim.stats())}", flush=True)
@@ -958,6 +1042,12 @@ async def run_discovery(
     began = time.perf_counter()
     try:
         progress("part 1: route choice from the cache")
+        decode = record_decode_us()
+        progress(
+            "decode of one registry record: median"
+            f" {decode['with_input_schema']['median']} µs with a JSON Schema,"
+            f" {decode['without_schemas']['median']} µs without"
+        )
         choice = await route_choice(servers, logs, settings, progress)
         progress("part 2: announce → visible in another process's cache")
         visible = await visibility(servers, logs, settings, progress)
@@ -969,6 +1059,7 @@ async def run_discovery(
     shutil.rmtree(logs, ignore_errors=True)
     return {
         "route_choice": choice,
+        "record_decode_us": decode,
         "visibility": visible,
         "registrar_load": load,
         "server_version": visible.pop("server_version"),
@@ -1011,6 +1102,7 @@ def build_document(
         "lookups": dict(_LOOKUPS),
         "wall_sec": result["wall_sec"],
         "route_choice": result["route_choice"],
+        "record_decode_us": result["record_decode_us"],
         "visibility": result["visibility"],
         "registrar_load": result["registrar_load"],
     }
@@ -1047,6 +1139,14 @@ def format_tables(doc: dict[str, Any]) -> str:
             rows,
         )
     ]
+    decode = doc["record_decode_us"]
+    parts.append(
+        _table(
+            "Decode of one registry record (every route cache and registrar, per KV change): µs",
+            ["record", "bytes", "median", "p99"],
+            [[k, str(v["record_bytes"]), _n(v["median"]), _n(v["p99"])] for k, v in decode.items()],
+        )
+    )
     vis = doc["visibility"]
     parts.append(
         _table(
@@ -1084,9 +1184,12 @@ def format_tables(doc: dict[str, Any]) -> str:
                 "hb reply p99 ms",
                 "reannounce",
                 "keys",
+                "kept up",
             ],
             [
-                [
+                [f"{r['instances']:,}", f"failed: {r['error']}", *[""] * 9]
+                if "error" in r
+                else [
                     f"{r['instances']:,}",
                     _n(r["registrar_cpu_pct"]),
                     _n(r["server_cpu_pct"]),
@@ -1097,6 +1200,7 @@ def format_tables(doc: dict[str, Any]) -> str:
                     _n(r["heartbeat_reply_ms"]["p99"]),
                     str(r["heartbeat_reannounce"]),
                     f"{r['registry_keys']:,}",
+                    "yes" if r["registrar_kept_up"] else "NO",
                 ]
                 for r in doc["registrar_load"]
             ],

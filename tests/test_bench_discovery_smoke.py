@@ -35,6 +35,10 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
             assert lookup["result_size"] > 0, name
         assert row["cold_sync_ms"] > 0
 
+    for decode in doc["record_decode_us"].values():
+        assert 0 < decode["median"] <= decode["p99"]
+        assert decode["record_bytes"] > 0
+
     vis = doc["visibility"]
     assert vis["not_seen_within_5s"] == 0
     assert vis["visible_ms"]["count"] == 10
@@ -44,7 +48,9 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
     load = doc["registrar_load"]
     assert [r["instances"] for r in load] == doc["settings"]["load_scales"]
     for row in load:
-        assert row["announce_refused"] == 0
+        assert "error" not in row, row.get("error")
+        assert row["announced"] == row["instances"]
+        assert row["announce_failed"] == 0
         assert row["registrar_cpu_pct"] > 0
         assert row["kv_writes_per_sec"] > 0
         assert row["heartbeats_per_sec"] > 0
