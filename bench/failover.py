@@ -114,9 +114,17 @@ def _open_log(path: Path) -> BinaryIO:
 
 
 async def start_child(
-    name: str, module: str, args: Sequence[str], logs: Path, timeout: float = _START_TIMEOUT
+    name: str,
+    module: str,
+    args: Sequence[str],
+    logs: Path,
+    timeout: float = _START_TIMEOUT,
+    line_limit: int = 2**16,
 ) -> Child:
-    """``python -m module *args`` as a :class:`bench.procs.Child`, once it says READY."""
+    """``python -m module *args`` as a :class:`bench.procs.Child`, once it says READY.
+
+    ``line_limit`` bounds one line of its standard output (asyncio's stream limit).
+    """
     log = logs / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": _pythonpath()}
     with _open_log(log) as err:
@@ -129,6 +137,7 @@ async def start_child(
             stdout=asyncio.subprocess.PIPE,
             stderr=err,
             env=env,
+            limit=line_limit,
         )
     child = Child(name, proc, log)
     try:
@@ -198,7 +207,9 @@ async def _serve_agents(url: str, manifests: list[dict[str, Any]]) -> None:
         for cap in agent.manifest.capabilities:
             agent.capability(cap.name)(echo)
     started: list[Any] = []
-    slots = asyncio.Semaphore(16)
+    # each start asks the token issuer, which checks the secret with scrypt (~40 ms of
+    # CPU, one at a time): dozens at once wait past the 5 s token request timeout
+    slots = asyncio.Semaphore(4)
 
     async def start(agent: Any) -> None:
         async with slots:
