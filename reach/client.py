@@ -85,6 +85,8 @@ class CallResult:
     fallback: FallbackInfo | None = None
     #: for async-mode capabilities: the accepted job (``await result.job.result()``)
     job: JobHandle | None = None
+    #: every attempt: (agent id, routing score or None, "ok" or error class, latency ms)
+    route: tuple[tuple[str, float | None, str, float], ...] = ()
 
     @property
     def from_fallback(self) -> bool:
@@ -364,6 +366,7 @@ class ReachClient:
                 attempts=state.attempts,
                 latency_ms=latency_ms,
                 job=value,
+                route=tuple(state.route),
             )
         if fb is not None and fb.cache_max_age_sec is not None:
             self._results.put(capability, body, value, self._clock.monotonic())
@@ -374,6 +377,7 @@ class ReachClient:
             agent_id=state.last_target,
             attempts=state.attempts,
             latency_ms=latency_ms,
+            route=tuple(state.route),
         )
 
     def _record(
@@ -504,11 +508,16 @@ class ReachClient:
         if not self._should_retry(first_error, state):
             raise first_error
         # tenacity runs attempts 2.. after the first backoff (200 ms + jitter); its own
-        # waits are then 400 ms, 800 ms (+ jitter): 200 ms × 2^n overall
+        # waits are then 400 ms, 800 ms (+ jitter): 200 ms × 2^n overall. After "no
+        # responders" the first retry goes to another instance at once: the request
+        # reached nobody, so waiting spares no one and only adds latency.
         first_wait = wait_backoff(base=_BACKOFF_BASE).delay(1)
+        if isinstance(first_error, NoResponders) and _has_other(instances, state):
+            first_wait = 0.0
         if self.max_retries == 0 or self._clock.time() + first_wait >= state.deadline:
             raise first_error
-        await asyncio.sleep(first_wait)
+        if first_wait:
+            await asyncio.sleep(first_wait)
 
         def should_retry(exc: BaseException) -> bool:
             return isinstance(exc, ReachError) and self._should_retry(exc, state)
@@ -735,6 +744,11 @@ class ReachClient:
 
 
 _NO_CAP = Capability(name="none")
+
+
+def _has_other(instances: Iterable[Instance], state: _Attempt) -> bool:
+    """Is there a healthy-looking candidate this call has not failed on yet?"""
+    return any(i.agent_id not in state.failed and i.status != "unhealthy" for i in instances)
 
 
 async def _not_connected(subject: str, data: bytes, timeout: float) -> Message:

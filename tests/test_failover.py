@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
 from reach.client import ReachClient
 from reach.errors import ReachError
+from reach.testing import NatsServer
 
 from .conftest import manifest
 
@@ -52,3 +54,32 @@ async def test_sigkill_of_one_of_three_instances_under_200_calls_per_second_fail
     assert set(served) == {"echo-0", "echo-1", "echo-2"}
     # after the kill the survivors carried the load
     assert served["echo-0"] + served["echo-2"] > served["echo-1"]
+
+
+async def test_a_call_that_reached_nobody_is_rerouted_at_once(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    from .calls_helpers import make_agent, wait_routable
+
+    live, _ = make_agent(nats_server.url, "live-1")
+    dead, _ = make_agent(nats_server.url, "dead-1")
+    async with live:
+        await dead.start()
+        try:
+            await wait_routable(client, "work", 2)
+            # gone without a goodbye: the route cache still lists it for a while
+            await dead.connection.close()
+            for _ in range(50):
+                result = await client.call("work", {})
+                if result.attempts == 2:
+                    break
+            else:
+                raise AssertionError("no call was routed to the dead instance")
+        finally:
+            with contextlib.suppress(Exception):
+                await dead.stop()
+    (first, second) = result.route
+    assert (first[0], first[2]) == ("dead-1", "connect")
+    assert (second[0], second[2]) == ("live-1", "ok")
+    # no 200 ms back-off before the second attempt: the first reached nobody
+    assert result.latency_ms < 200

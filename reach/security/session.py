@@ -53,8 +53,23 @@ class TokenSession:
             )
         return self._token
 
-    async def start(self) -> None:
-        await self.refresh()
+    async def start(self, wait: float = 30.0) -> None:
+        """Get the first token. An issuer that does not answer (busy with a crowd of agents
+        starting at once: every login costs a slow hash) is asked again, with jittered
+        back-off, for up to ``wait`` seconds; a refusal fails at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        delay = 0.25
+        while True:
+            try:
+                await self.refresh()
+                break
+            except _IssuerSilent as exc:
+                if loop.time() + delay >= deadline:
+                    raise
+                log.info("%s; asking again in %.1fs", exc, delay)
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(4.0, delay * 2)
         self._task = asyncio.create_task(self._renew_loop(), name="token-renewal")
 
     async def stop(self) -> None:
@@ -71,7 +86,7 @@ class TokenSession:
         try:
             raw = await self._conn.request(subjects.TOKEN, data, timeout=5.0)
         except ReachError as exc:
-            raise AuthenticationFailed(f"the token issuer did not answer: {exc}") from exc
+            raise _IssuerSilent(f"the token issuer did not answer: {exc}") from exc
         reply = envelope.unpack_reply(raw)
         if not reply.ok:
             raise AuthenticationFailed(
@@ -93,3 +108,7 @@ class TokenSession:
                 # keep the current token while it is valid; try again soon
                 log.warning("token renewal failed: %s", exc)
                 await asyncio.sleep(min(30.0, max(1.0, life * 0.05)))
+
+
+class _IssuerSilent(AuthenticationFailed):
+    """No answer from the issuer (as opposed to a refusal): worth asking again."""
