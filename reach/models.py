@@ -6,6 +6,7 @@ The same models validate a YAML file, an announce message and a KV record, and
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from typing import Annotated, Any, Literal
@@ -83,7 +84,20 @@ def _semver(value: str) -> str:
     return value
 
 
+#: schemas already checked, by canonical JSON: every registry record carries its
+#: capabilities' schemas, and checking one against the meta-schema costs about 0.5-1 ms —
+#: per record decoded, by every route cache, on every heartbeat, without this memo
+_CHECKED_SCHEMAS: dict[str, None] = {}
+_CHECKED_MAX = 4096
+
+
 def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        key = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        key = None  # not JSON: the check below says what is wrong
+    if key is not None and key in _CHECKED_SCHEMAS:
+        return value
     try:
         Draft202012Validator.check_schema(value)
     except SchemaError as exc:
@@ -92,6 +106,10 @@ def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
         raise PydanticCustomError(
             "json_schema", "not a valid JSON Schema{at}: {msg}", {"at": at, "msg": exc.message}
         ) from None
+    if key is not None:
+        if len(_CHECKED_SCHEMAS) >= _CHECKED_MAX:
+            _CHECKED_SCHEMAS.clear()
+        _CHECKED_SCHEMAS[key] = None
     return value
 
 
