@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable
 
@@ -37,6 +38,9 @@ class RouteCache:
         self._store = store
         self._instances: dict[str, tuple[Instance, int]] = {}
         self._by_capability: dict[str, dict[str, Instance]] = {}
+        # the same, as lists with each agent's position, so a random sample is O(k)
+        self._cap_lists: dict[str, list[Instance]] = {}
+        self._cap_pos: dict[str, dict[str, int]] = {}
         self._by_tag: dict[str, set[tuple[str, str]]] = {}
         self._synced = asyncio.Event()
         self._changed = asyncio.Event()
@@ -107,6 +111,10 @@ class RouteCache:
     def _index(self, inst: Instance) -> None:
         for cap in inst.manifest.capabilities:
             self._by_capability.setdefault(cap.name, {})[inst.agent_id] = inst
+            members = self._cap_lists.setdefault(cap.name, [])
+            positions = self._cap_pos.setdefault(cap.name, {})
+            positions[inst.agent_id] = len(members)
+            members.append(inst)
             for tag in cap.tags:
                 self._by_tag.setdefault(tag, set()).add((inst.agent_id, cap.name))
 
@@ -117,6 +125,16 @@ class RouteCache:
                 bucket.pop(inst.agent_id, None)
                 if not bucket:
                     del self._by_capability[cap.name]
+            positions = self._cap_pos.get(cap.name)
+            at = positions.pop(inst.agent_id, None) if positions is not None else None
+            if positions is not None and at is not None:
+                members = self._cap_lists[cap.name]
+                last = members.pop()
+                if at < len(members):  # move the last one into the hole
+                    members[at] = last
+                    positions[last.agent_id] = at
+                if not members:
+                    del self._cap_lists[cap.name], self._cap_pos[cap.name]
             for tag in cap.tags:
                 tagged = self._by_tag.get(tag)
                 if tagged is not None:
@@ -130,6 +148,11 @@ class RouteCache:
 
     def all(self) -> list[Instance]:
         return [inst for inst, _ in self._instances.values()]
+
+    def sample(self, capability: str, k: int) -> list[Instance]:
+        """Up to ``k`` instances of a capability picked at random (all if there are fewer)."""
+        members = self._cap_lists.get(capability, [])
+        return list(members) if len(members) <= k else random.sample(members, k)
 
     def for_capability(self, capability: str) -> Iterable[Instance]:
         """Every known instance of a capability, healthy or not (the routing hot path)."""
