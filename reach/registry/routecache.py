@@ -167,10 +167,16 @@ class RouteCache:
     ) -> list[Instance]:
         """Instances offering ``capability`` (if given) with a capability carrying all ``tags``."""
         wanted = list(tags)
-        if wanted:
+        if wanted and capability is not None:
+            # the capability's own instances: as many as it has, not as many as carry the tag
+            need = set(wanted)
+            candidates = []
+            for inst in self.for_capability(capability):
+                cap = inst.manifest.capability(capability)
+                if cap is not None and need.issubset(cap.tags):
+                    candidates.append(inst)
+        elif wanted:
             pairs = set.intersection(*(self._by_tag.get(t, set()) for t in wanted))
-            if capability is not None:
-                pairs = {p for p in pairs if p[1] == capability}
             ids = {agent_id for agent_id, _ in pairs}
             candidates = [self._instances[i][0] for i in ids if i in self._instances]
         elif capability is not None:
