@@ -213,6 +213,10 @@ class Registrar:
         async def run(msg: Message) -> None:
             try:
                 await handler(msg)
+            except ReachError as exc:
+                # NATS busy or away (a KV write timed out): one line, the sender retries;
+                # a traceback per message would only add load when load is the problem
+                log.warning("registrar could not handle %s: %s", msg.subject, exc)
             except Exception:
                 log.exception("registrar failed on %s", msg.subject)
 
