@@ -34,8 +34,13 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(BIN)/reach up
 
+# Every suite, one after the other (about 15 minutes on 2 cores): call path, discovery,
+# failover, growth. Each writes bench/results/<suite>.json (+ PNG) and prints its table.
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.discovery
+	$(BIN)/python -m bench.failover
+	$(BIN)/python -m bench.growth
 
 schemas: $(STAMP)
 	$(BIN)/reach schema export schemas
