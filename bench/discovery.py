@@ -33,7 +33,6 @@ import gc
 import heapq
 import importlib
 import json
-import os
 import random
 import secrets
 import shutil
@@ -43,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from bench.callpath import server_version
 from bench.procs import Child, cpu_seconds, log_dir
@@ -121,38 +120,9 @@ async def _server(
         await server.stop()
 
 
-def _pythonpath() -> str:
-    existing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join([str(_ROOT), *existing])
-
-
-def _open_log(path: Path) -> BinaryIO:
-    return open(path, "wb")
-
-
 async def _spawn(name: str, args: Sequence[str], logs: Path) -> Child:
     """A child of this module (``child ROLE ...``) that has said READY."""
-    log = logs / f"{name}.log"
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    with _open_log(log) as err:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.discovery",
-            "child",
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=err,
-            env=env,
-        )
-    child = Child(name, proc, log)
-    try:
-        await child.expect("READY", _START_TIMEOUT)
-    except BaseException:
-        await child.stop()
-        raise
-    return child
+    return await Child.launch(name, "bench.discovery", ["child", *args], logs)
 
 
 async def _registrar(url: str, logs: Path) -> Child:

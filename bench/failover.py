@@ -46,7 +46,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from bench.callpath import server_version
 from bench.procs import Child, log_dir
@@ -104,15 +104,6 @@ QUICK = Settings(reps=1, rate=100.0, pre_sec=1.5, post_sec=1.5, settle_max_sec=8
 # -- child processes ------------------------------------------------------------------
 
 
-def _pythonpath() -> str:
-    existing = os.environ.get("PYTHONPATH", "")
-    return os.pathsep.join([str(_ROOT), *(p for p in existing.split(os.pathsep) if p)])
-
-
-def _open_log(path: Path) -> BinaryIO:
-    return open(path, "wb")
-
-
 async def start_child(
     name: str,
     module: str,
@@ -121,31 +112,8 @@ async def start_child(
     timeout: float = _START_TIMEOUT,
     line_limit: int = 2**16,
 ) -> Child:
-    """``python -m module *args`` as a :class:`bench.procs.Child`, once it says READY.
-
-    ``line_limit`` bounds one line of its standard output (asyncio's stream limit).
-    """
-    log = logs / f"{name}.log"
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    with _open_log(log) as err:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            module,
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=err,
-            env=env,
-            limit=line_limit,
-        )
-    child = Child(name, proc, log)
-    try:
-        await child.expect("READY", timeout)
-    except BaseException:
-        await child.stop()
-        raise
-    return child
+    """``python -m module *args`` as a :class:`bench.procs.Child`, once it says READY."""
+    return await Child.launch(name, module, args, logs, timeout, line_limit)
 
 
 async def start_agents(

@@ -70,22 +70,39 @@ class Child:
 
     @classmethod
     async def start(cls, name: str, args: Sequence[str], log_dir: Path) -> Child:
+        """A child of this module (``bench.procs ARGS``), once it said READY."""
+        return await cls.launch(name, "bench.procs", args, log_dir)
+
+    @classmethod
+    async def launch(
+        cls,
+        name: str,
+        module: str,
+        args: Sequence[str],
+        log_dir: Path,
+        timeout: float = _START_TIMEOUT,
+        line_limit: int = 2**16,
+    ) -> Child:
+        """``python -m MODULE ARGS`` with this checkout importable, once it said READY;
+        its standard error goes to ``log_dir/NAME.log``. ``line_limit`` bounds one line of
+        its standard output (asyncio's stream limit)."""
         log = log_dir / f"{name}.log"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath())}
         with _open_log(log) as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "bench.procs",
+                module,
                 *args,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
                 env=env,
+                limit=line_limit,
             )
         child = cls(name, proc, log)
         try:
-            await child.expect("READY", _START_TIMEOUT)
+            await child.expect("READY", timeout)
         except BaseException:
             await child.stop()
             raise

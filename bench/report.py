@@ -387,6 +387,7 @@ def write_charts(doc: dict[str, Any], directory: Path, stem: str) -> tuple[list[
         return [], "matplotlib is not installed: no PNG charts (pip install matplotlib for them)"
     matplotlib.use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
+    directory.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = doc["summary"]
     names = list(summary)
     concurrency = [str(c) for c in doc["settings"]["concurrency"]]
