@@ -1,7 +1,10 @@
 """``reach up``: a local NATS (embedded nats-server with JetStream) plus a registrar.
 
 With ``--servers URL`` (or ``REACH_URL``) it runs only the registrar against that NATS.
-It runs until SIGINT/SIGTERM, then stops the registrar, the connection and the server
+With ``--cluster N`` it starts N nats-servers on loopback that form one JetStream cluster
+(the registry, credentials, keys and audit streams at 3 replicas, fsync on every write),
+with the login gate on every node; a node that dies is started again.
+It runs until SIGINT/SIGTERM, then stops the registrar, the connection and the servers
 in that order; a second signal stops at once.
 """
 
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -18,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from reach.audit.reader import parse_duration
 from reach.audit.streams import StreamSettings
 from reach.cli.common import Target, connection_options, fail, run
-from reach.embedded import EmbeddedServer
-from reach.errors import ConfigurationError, Disconnected
+from reach.embedded import EmbeddedServer, free_port
+from reach.errors import ConfigurationError, Disconnected, ReachError
 from reach.registry import Registrar, RegistrarConfig
 from reach.security import natsconf
 from reach.security.gate import LoginGate
@@ -39,6 +44,12 @@ _HOST = "127.0.0.1"
 _STOP_TIMEOUT = 10.0
 #: how often the embedded server is checked for an unexpected exit
 _WATCH_INTERVAL = 0.25
+#: a dead cluster node is started again after this pause (a crash loop must not spin)
+_RESTART_DELAY = 1.0
+#: how long a new cluster may take to elect its JetStream meta leader
+_CLUSTER_READY_TIMEOUT = 30.0
+#: replicas of the registry and streams on a local cluster (and the fewest nodes for them)
+_CLUSTER_REPLICAS = 3
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,8 @@ class UpOptions:
     servers: list[str] | None
     #: how long REACH_AUDIT keeps events, seconds
     audit_max_age: float = 7 * 24 * 3600.0
+    #: nats-servers to start (1: one server; 3 or more: a JetStream cluster)
+    cluster: int = 1
 
 
 def register(main: click.Group) -> None:
@@ -76,7 +89,14 @@ def register(main: click.Group) -> None:
     type=click.IntRange(1, 5),
     default=1,
     show_default=True,
-    help="KV replicas (3 on a NATS cluster; needs --servers)",
+    help="KV and stream replicas (3 on a NATS cluster; needs --servers or --cluster)",
+)
+@click.option(
+    "--cluster",
+    type=click.IntRange(1, 7),
+    default=1,
+    show_default=True,
+    help="start this many nats-servers as one JetStream cluster (3 or more; ports from --port)",
 )
 @click.option(
     "--audit-max-age",
@@ -85,13 +105,23 @@ def register(main: click.Group) -> None:
     help="how long the audit stream keeps events (30m, 12h, 7d)",
 )
 @connection_options
-def up(target: Target, port: int, store: Path, replicas: int, audit_max_age: str) -> None:
+def up(
+    target: Target, port: int, store: Path, replicas: int, audit_max_age: str, cluster: int
+) -> None:
     """Start NATS with JetStream and a registrar, and run until interrupted."""
+    ctx = click.get_current_context()
     # An explicit --servers or REACH_URL means "use that NATS"; the default means "start one".
-    explicit = click.get_current_context().params.get("servers") is not None or bool(
-        os.environ.get("REACH_URL")
-    )
-    if not explicit and replicas > 1:
+    explicit = ctx.params.get("servers") is not None or bool(os.environ.get("REACH_URL"))
+    if cluster > 1:
+        if explicit:
+            fail("--cluster starts its own NATS: drop --servers (and REACH_URL)", code=2)
+        if cluster < _CLUSTER_REPLICAS:
+            fail(f"--cluster needs at least {_CLUSTER_REPLICAS} nodes (got {cluster})", code=2)
+        if ctx.get_parameter_source("replicas") == ParameterSource.DEFAULT:
+            replicas = _CLUSTER_REPLICAS
+        elif replicas > cluster:
+            fail(f"--replicas {replicas} needs at least {replicas} nodes (--cluster)", code=2)
+    elif not explicit and replicas > 1:
         fail(f"--replicas {replicas} needs a NATS cluster: pass its URL with --servers", code=2)
     try:
         max_age = parse_duration(audit_max_age)
@@ -103,6 +133,7 @@ def up(target: Target, port: int, store: Path, replicas: int, audit_max_age: str
         replicas=replicas,
         servers=target.servers if explicit else None,
         audit_max_age=max_age,
+        cluster=cluster,
     )
     error = run(_up(options))
     if error:
@@ -113,12 +144,12 @@ async def _up(options: UpOptions) -> str | None:
     """Run until a signal; a one-line reason if it could not start or the server died."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    server: EmbeddedServer | None = None
+    nodes: list[EmbeddedServer] = []
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: the user does not want to wait for a clean stop
-            if server is not None:
-                server.kill()
+            for node in nodes:
+                node.kill()
             os._exit(130)
         stop.set()
 
@@ -127,7 +158,7 @@ async def _up(options: UpOptions) -> str | None:
     conn: Connection | None = None
     registrar: Registrar | None = None
     issuer: TokenService | None = None
-    gate: LoginGate | None = None
+    gates: list[LoginGate] = []
     setup: natsconf.SecureSetup | None = None
     try:
         if options.servers is None:
@@ -138,20 +169,32 @@ async def _up(options: UpOptions) -> str | None:
                 )
             # no anonymous access: every client logs in with its id and secret (auth callout)
             setup = natsconf.prepare(options.store)
-            config = natsconf.write_config(
-                setup, options.store / "nats.conf", port=options.port, store_dir=None, host=_HOST
-            )
-            server = EmbeddedServer(
-                port=options.port,
-                store_dir=options.store / "nats",
-                host=_HOST,
-                config_file=config,
-            )
-            try:
-                await server.start()
-            except Disconnected as exc:
-                return f"nats-server did not start: {_server_failure(server, exc)}"
-            servers = [server.url]
+            if options.cluster > 1:
+                nodes.extend(_cluster_nodes(options, setup))
+            else:
+                config = natsconf.write_config(
+                    setup,
+                    options.store / "nats.conf",
+                    port=options.port,
+                    store_dir=None,
+                    host=_HOST,
+                )
+                nodes.append(
+                    EmbeddedServer(
+                        port=options.port,
+                        store_dir=options.store / "nats",
+                        host=_HOST,
+                        config_file=config,
+                    )
+                )
+            # all at once: a cluster node's JetStream waits for the others
+            started = await asyncio.gather(*(n.start() for n in nodes), return_exceptions=True)
+            for node, outcome in zip(nodes, started, strict=True):
+                if isinstance(outcome, Disconnected):
+                    return f"nats-server did not start: {_server_failure(node, outcome)}"
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            servers = [node.url for node in nodes]
         else:
             servers = options.servers
         service = setup.registrar_user if setup is not None else None
@@ -161,15 +204,21 @@ async def _up(options: UpOptions) -> str | None:
             user=service.name if service else None,
             password=service.password if service else None,
         )
+        if len(nodes) > 1:
+            await _cluster_ready(conn)
         issuer = TokenService(
             conn, key_file=options.store / "signing.key", replicas=options.replicas
         )
         await issuer.start()
-        created = await ensure_first_credentials(issuer, options.store, servers[0])
+        created = await ensure_first_credentials(issuer, options.store, ",".join(servers))
         if setup is not None:
             assert issuer.credentials is not None
-            gate = LoginGate(setup, issuer.credentials)
-            await gate.start(servers)
+            # A gate on every node: each answers the logins of its own node, so logging in
+            # does not depend on one node (the callout requests would cross the routes).
+            for url in servers:
+                gate = LoginGate(setup, issuer.credentials)
+                gates.append(gate)
+                await gate.start([url])
         registrar = Registrar(
             conn,
             RegistrarConfig(
@@ -178,38 +227,129 @@ async def _up(options: UpOptions) -> str | None:
             ),
         )
         await registrar.start()
-        where = f"store {options.store}" if server is not None else "external NATS"
-        click.echo(
-            f"Agent-Reach up: {server.url if server else conn.connected_url}"
-            f" ({where}, registrar {registrar.registrar_id})"
-        )
+        if len(nodes) > 1:
+            where = f"cluster {natsconf.CLUSTER_NAME} of {len(nodes)}, store {options.store}"
+        else:
+            where = f"store {options.store}" if nodes else "external NATS"
+        shown = ",".join(servers) if nodes else conn.connected_url
+        click.echo(f"Agent-Reach up: {shown} ({where}, registrar {registrar.registrar_id})")
         for path in created:
             click.echo(f"created credentials {path} (mode 0600)")
-        if server is None:
+        if not nodes:
             await stop.wait()
             return None
-        return await _until_stopped_or_dead(stop, server)
+        return await _until_stopped_or_dead(stop, nodes, restart=len(nodes) > 1)
     finally:
         if registrar is not None:
             await _quietly(registrar.stop(), "stop the registrar")
-        if gate is not None:
+        for gate in gates:
             await _quietly(gate.stop(), "stop the login gate")
         if issuer is not None:
             await _quietly(issuer.stop(), "stop the token issuer")
         if conn is not None:
             await _quietly(conn.close(), "close the connection")
-        if server is not None:
-            await _quietly(server.stop(), "stop nats-server")
+        if nodes:
+            await _quietly(_stop_all(nodes), "stop nats-server")
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
-async def _until_stopped_or_dead(stop: asyncio.Event, server: EmbeddedServer) -> str | None:
+def _cluster_nodes(options: UpOptions, setup: natsconf.SecureSetup) -> list[EmbeddedServer]:
+    """The nodes of a local cluster: client ports from ``--port`` on (a busy one is swapped
+    for a free one), free route ports, a config and a store directory each."""
+    taken: set[int] = set()
+    ports = [_port_or_free(options.port + i, taken) for i in range(options.cluster)]
+    routes = [_port_or_free(None, taken) for _ in range(options.cluster)]
+    members = [
+        natsconf.ClusterNode(f"{natsconf.CLUSTER_NAME}-{i}", _HOST, port, route)
+        for i, (port, route) in enumerate(zip(ports, routes, strict=True), start=1)
+    ]
+    password = natsconf.route_user(options.store).password
+    nodes = []
+    for i, member in enumerate(members):
+        directory = f"nats-{i + 1}"
+        config = natsconf.write_config(
+            setup,
+            options.store / f"{directory}.conf",
+            port=member.port,
+            store_dir=None,
+            host=_HOST,
+            server_name=member.name,
+            cluster=natsconf.ClusterPeers.of(members, i, password),
+            sync_always=True,
+        )
+        nodes.append(
+            EmbeddedServer(
+                port=member.port,
+                store_dir=options.store / directory,
+                host=_HOST,
+                config_file=config,
+                name=member.name,
+            )
+        )
+    return nodes
+
+
+def _port_or_free(port: int | None, taken: set[int]) -> int:
+    """``port`` if it is free and not ``taken``, else a free port; recorded in ``taken``."""
+    if port is None or port > 65535 or port in taken or _port_in_use(_HOST, port):
+        port = free_port()
+        while port in taken:
+            port = free_port()
+    taken.add(port)
+    return port
+
+
+async def _cluster_ready(conn: Connection) -> None:
+    """Wait until the cluster has a JetStream meta leader (it answers the account info)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CLUSTER_READY_TIMEOUT
+    last = "no answer"
+    while loop.time() < deadline:
+        try:
+            reply = json.loads(await conn.request("$JS.API.INFO", b"", timeout=2.0))
+        except (ReachError, ValueError) as exc:
+            last = str(exc) or type(exc).__name__
+        else:
+            if "error" not in reply:
+                return
+            last = str(reply["error"].get("description", reply["error"]))
+        await asyncio.sleep(0.1)  # polling the server: no event to wait for
+    raise Disconnected(
+        f"the cluster has no JetStream leader after {_CLUSTER_READY_TIMEOUT:g}s: {last}"
+    )
+
+
+async def _stop_all(nodes: list[EmbeddedServer]) -> None:
+    await asyncio.gather(*(node.stop() for node in nodes))
+
+
+async def _until_stopped_or_dead(
+    stop: asyncio.Event, nodes: list[EmbeddedServer], *, restart: bool
+) -> str | None:
+    """Wait for ``stop``; a dead node ends the wait, or with ``restart`` is started again."""
     stopped = asyncio.create_task(stop.wait())
     try:
         while not stopped.done():
-            if not server.running:
-                return f"nats-server exited unexpectedly; see {server.log_file}"
+            for node in nodes:
+                if node.running:
+                    continue
+                if not restart:
+                    return f"nats-server exited unexpectedly; see {node.log_file}"
+                click.echo(
+                    f"nats-server {node.name} exited unexpectedly; starting it again"
+                    f" (see {node.log_file})",
+                    err=True,
+                )
+                await asyncio.wait({stopped}, timeout=_RESTART_DELAY)
+                if stopped.done():
+                    return None
+                try:
+                    await node.start()
+                except Disconnected as exc:
+                    return (
+                        f"nats-server {node.name} did not start again: {_server_failure(node, exc)}"
+                    )
             await asyncio.wait({stopped}, timeout=_WATCH_INTERVAL)
         return None
     finally:

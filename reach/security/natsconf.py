@@ -35,15 +35,23 @@ __all__ = [
     "APP_ACCOUNT",
     "AUTH_ACCOUNT",
     "CALLOUT_USER",
+    "CLUSTER_NAME",
     "REGISTRAR_USER",
+    "ROUTE_USER",
     "SYSTEM_ACCOUNT",
+    "ClusterNode",
+    "ClusterPeers",
     "NKey",
     "SecureSetup",
     "ServiceUser",
+    "cluster_settings",
+    "jetstream_settings",
     "load_or_create_password",
     "load_or_create_seed",
     "prepare",
     "render_config",
+    "render_value",
+    "route_user",
     "verify_signature",
     "write_config",
 ]
@@ -53,6 +61,9 @@ APP_ACCOUNT = "REACH"
 SYSTEM_ACCOUNT = "SYS"
 CALLOUT_USER = "reach-auth"
 REGISTRAR_USER = "reach-registrar"
+#: the user nodes of a ``reach up --cluster`` log in to each other's route port with
+ROUTE_USER = "reach-route"
+CLUSTER_NAME = "reach"
 
 #: nkey prefix bytes (first base32 character of the encoded key)
 PREFIX_SEED = 18 << 3  # S
@@ -219,6 +230,92 @@ def prepare(store_dir: str | os.PathLike[str]) -> SecureSetup:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    """One node of a local cluster (``reach up --cluster N``): its name and its two ports."""
+
+    name: str
+    host: str
+    #: client port
+    port: int
+    #: cluster route port
+    route_port: int
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def route_address(self) -> str:
+        return f"{self.host}:{self.route_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPeers:
+    """What one node's config says about its cluster: where it listens for routes, the
+    other nodes' route addresses (``host:port``) and the route password shared by all."""
+
+    listen: str
+    routes: tuple[str, ...]
+    password: str
+    name: str = CLUSTER_NAME
+
+    @classmethod
+    def of(cls, nodes: list[ClusterNode], me: int, password: str) -> ClusterPeers:
+        """The peers of ``nodes[me]``: every other node of ``nodes``."""
+        others = tuple(n.route_address for i, n in enumerate(nodes) if i != me)
+        return cls(listen=nodes[me].route_address, routes=others, password=password)
+
+
+def route_user(store_dir: str | os.PathLike[str]) -> ServiceUser:
+    """The route login of a local cluster, its password kept in ``<store>/auth/route.pass``.
+
+    Without it any local process could join the cluster as a server and see every message,
+    the callout's authorization requests (which carry client secrets) included.
+    """
+    password = load_or_create_password(Path(store_dir) / "auth" / "route.pass")
+    return ServiceUser(ROUTE_USER, password, SYSTEM_ACCOUNT)
+
+
+def cluster_settings(peers: ClusterPeers) -> dict[str, object]:
+    """The ``cluster`` block of one node's config."""
+    user = f"{ROUTE_USER}:{peers.password}@"
+    return {
+        "name": peers.name,
+        "listen": peers.listen,
+        "authorization": {"user": ROUTE_USER, "password": peers.password},
+        "routes": [f"nats-route://{user}{route}" for route in peers.routes],
+    }
+
+
+def jetstream_settings(
+    store_dir: str | os.PathLike[str] | None, *, sync_always: bool = False
+) -> dict[str, object]:
+    """The ``jetstream`` block; ``sync_always``: fsync on every write (``sync_interval:
+    always``), so an acknowledged message survives a node's crash, not just its process."""
+    settings: dict[str, object] = {}
+    if store_dir is not None:
+        settings["store_dir"] = str(store_dir)
+    if sync_always:
+        settings["sync_interval"] = "always"
+    return settings
+
+
+def render_value(value: object, indent: int = 0) -> str:
+    """``value`` in nats-server config syntax: maps as blocks, lists, quoted strings."""
+    if isinstance(value, dict):
+        pad = "  " * (indent + 1)
+        lines = [f"{pad}{key}: {render_value(item, indent + 1)}" for key, item in value.items()]
+        return "{\n" + "\n".join(lines) + "\n" + "  " * indent + "}"
+    if isinstance(value, list):
+        return "[ " + ", ".join(render_value(item, indent) for item in value) + " ]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return _q(str(value))
+
+
 def _q(text: str) -> str:
     """A quoted string for the nats-server config (JSON escapes are understood)."""
     return json.dumps(text)
@@ -235,19 +332,25 @@ def render_config(
     store_dir: str | os.PathLike[str] | None,
     host: str = "127.0.0.1",
     server_name: str = "reach",
+    cluster: ClusterPeers | None = None,
+    sync_always: bool = False,
 ) -> str:
     """The nats-server configuration text: auth on, callout, JetStream in ``REACH`` only.
 
     ``store_dir=None`` leaves the JetStream store to the command line (``-sd``, as
     ``EmbeddedServer`` passes it: nats-server refuses a store_dir given twice).
+    ``cluster``: this node's routes to the other nodes of a cluster; every node gets the
+    same accounts and auth callout, so a client may log in on any of them.
     """
     call, reg = setup.callout_user, setup.registrar_user
-    jetstream = "enabled" if store_dir is None else f"{{ store_dir: {_q(str(store_dir))} }}"
+    js_settings = jetstream_settings(store_dir, sync_always=sync_always)
+    jetstream = render_value(js_settings) if js_settings else "enabled"
+    routes = f"cluster: {render_value(cluster_settings(cluster))}\n" if cluster else ""
     return f"""# generated by reach: authentication on, no anonymous access (auth callout)
 server_name: {_q(server_name)}
 listen: {_q(f"{host}:{port}")}
 jetstream: {jetstream}
-accounts {{
+{routes}accounts {{
   {AUTH_ACCOUNT}: {{
     users: [ {_user(call)} ]
   }}
@@ -276,9 +379,20 @@ def write_config(
     port: int,
     store_dir: str | os.PathLike[str] | None,
     host: str = "127.0.0.1",
+    server_name: str = "reach",
+    cluster: ClusterPeers | None = None,
+    sync_always: bool = False,
 ) -> Path:
     """Write the config (mode 0600: it holds the service passwords) and return its path."""
     file = Path(path)
-    text = render_config(setup, port=port, store_dir=store_dir, host=host)
+    text = render_config(
+        setup,
+        port=port,
+        store_dir=store_dir,
+        host=host,
+        server_name=server_name,
+        cluster=cluster,
+        sync_always=sync_always,
+    )
     write_private_file(file, text.encode("utf-8"))
     return file
