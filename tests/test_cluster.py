@@ -293,7 +293,6 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
         call_ids = await _caller_events(admin)
         assert len(call_ids) == traffic.completed
         assert len(set(call_ids)) == traffic.completed
-        assert traffic.ok > traffic.completed // 2
     finally:
         for task in (*workers, *([watcher] if watcher else [])):
             task.cancel()
