@@ -392,6 +392,9 @@ class Connection:
                         replicas=replicas,
                         ttl=ttl,
                         storage=StorageType.FILE,
+                        # any replica answers a get: reads go on while a cluster elects
+                        # a new leader for the bucket (a login must not wait for that)
+                        direct=True,
                     )
                 )
             except Exception as exc:
