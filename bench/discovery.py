@@ -276,7 +276,8 @@ class _Chooser:
             self.breakers.get(inst.agent_id)
 
     def choose(self, capability: str, tags: Sequence[str] = ()) -> Any:
-        from reach.routing import rank
+        """What ReachClient does before every call: candidates, their contract, the choice."""
+        from reach.routing import choose
 
         instances: Iterable[Any] = self.cache.for_capability(capability)
         if tags:
@@ -289,15 +290,15 @@ class _Chooser:
         for inst in instances:  # ReachClient._spec: the capability's contract
             if inst.manifest.capability(capability) is not None:
                 break
-        if isinstance(instances, Sized) and len(instances) == 1:
-            (only,) = instances
-            if only.status != "unhealthy" and self.breakers.get(only.agent_id).allow():
-                return only
-        ranked = rank(instances, capability, latency=self.latency, outstanding=self.outstanding)
-        for _, inst in ranked:
-            if self.breakers.get(inst.agent_id).allow():
-                return inst
-        return None
+        chosen, _ = choose(
+            instances,
+            capability,
+            latency=self.latency,
+            outstanding=self.outstanding,
+            breakers=self.breakers,
+            sample=self.cache.sample,
+        )
+        return chosen
 
 
 class _NoCap:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence, Sized
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +36,6 @@ from reach.errors import (
     ContractError,
     DiscoveryError,
     InternalError,
-    NoHealthyInstance,
     NoResponders,
     NotAuthorized,
     NotFound,
@@ -59,7 +57,7 @@ from reach.resilience import (
     stop_at_deadline,
     wait_backoff,
 )
-from reach.routing import LatencyTracker, rank
+from reach.routing import LatencyTracker, choose
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
@@ -571,55 +569,17 @@ class ReachClient:
         return self.retry_budget.try_spend()
 
     def _choose(self, state: _Attempt, instances: Iterable[Instance]) -> Instance | None:
-        if isinstance(instances, Sized) and len(instances) == 1 and not state.failed:
-            # one candidate: nothing to rank
-            (only,) = instances
-            if only.status != "unhealthy" and self.breakers.get(only.agent_id).allow():
-                state.score = None
-                return only
-        pool: Iterable[Instance] = instances
-        if isinstance(instances, Sized) and len(instances) > _RANK_ALL:
-            # many candidates: rank a random few (the power of k choices) rather than all
-            pool = (
-                random.sample(instances, _RANK_SAMPLE)
-                if isinstance(instances, list)
-                else self.routes.sample(state.capability, _RANK_SAMPLE)
-            )
-        ranked = rank(
-            pool,
+        inst, state.score = choose(
+            instances,
             state.capability,
             latency=self.latency,
             outstanding=self._outstanding,
-            exclude=state.failed,
+            breakers=self.breakers,
+            failed=state.failed,
+            sample=self.routes.sample,
+            skipped=state.skipped,
         )
-        if not ranked and pool is not instances:
-            ranked = rank(
-                instances,
-                state.capability,
-                latency=self.latency,
-                outstanding=self._outstanding,
-                exclude=state.failed,
-            )
-        if not ranked and state.failed:
-            ranked = rank(
-                instances, state.capability, latency=self.latency, outstanding=self._outstanding
-            )
-        if not ranked:
-            known = list(instances)
-            if not known:
-                return None  # nothing known: the capability's queue subject decides
-            why = ", ".join(f"{i.agent_id} {i.status} ({i.status_reason})" for i in known[:5])
-            raise NoHealthyInstance(f"no healthy instance of {state.capability}: {why}")
-        for score, inst in ranked:
-            if self.breakers.get(inst.agent_id).allow():
-                state.score = score
-                return inst
-            if inst.agent_id not in state.skipped:
-                state.skipped.append(inst.agent_id)
-        targets = [inst.agent_id for _, inst in ranked]
-        retry_at = self.breakers.earliest_retry_at(targets)
-        retry_in = max(0.0, retry_at - self.breakers.clock.monotonic())
-        raise CircuitOpen(state.capability, retry_at, retry_in=retry_in)
+        return inst
 
     async def _attempt(
         self,
@@ -773,7 +733,3 @@ async def _not_connected(subject: str, data: bytes, timeout: float) -> Message:
 
 
 _BACKOFF_BASE = 0.2
-#: up to this many candidates are all ranked; beyond, a random sample of _RANK_SAMPLE is
-#: (ranking costs ~2 µs per candidate: 10,000 instances of one capability would cost ms)
-_RANK_ALL = 16
-_RANK_SAMPLE = 8

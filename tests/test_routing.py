@@ -234,3 +234,34 @@ def test_rank_handles_a_thousand_instances() -> None:
     # in-flight counts a few apart are within the tie band; the busiest always come last
     assert ranked[0][1].in_flight <= 8
     assert ranked[-1][1].in_flight == 63
+
+
+# -- the choice ----------------------------------------------------------------------------
+
+
+def test_choice_among_many_samples_but_never_misses_the_one_healthy_instance() -> None:
+    from reach.resilience import BreakerBoard
+    from reach.routing import RANK_ALL, choose
+
+    many = [instance(f"a-{n}", status="unhealthy") for n in range(10 * RANK_ALL)]
+    many[37] = instance("a-37")
+    for _ in range(20):
+        chosen, score = choose(
+            many, "echo", latency=LatencyTracker(), outstanding={}, breakers=BreakerBoard()
+        )
+        assert chosen is not None
+        assert chosen.agent_id == "a-37"
+        assert score is not None
+
+
+def test_choice_spreads_over_many_equal_instances() -> None:
+    from reach.resilience import BreakerBoard
+    from reach.routing import choose
+
+    many = [instance(f"a-{n}") for n in range(1000)]
+    board = BreakerBoard()
+    picked = Counter(
+        choose(many, "echo", latency=LatencyTracker(), outstanding={}, breakers=board)[0].agent_id  # type: ignore[union-attr]
+        for _ in range(2000)
+    )
+    assert len(picked) > 500  # a sample each time, not always the same few
