@@ -397,14 +397,16 @@ class ReachClient:
             end_span(state.span, error)
         if self.audit is None and not self.telemetry.metrics_on:
             return
+        # tuples of plain values only: CPython stops tracking them in its cyclic GC, so the
+        # events waiting for the next batch are not walked by every collection
         if state is not None:
-            candidates = [inst.agent_id for inst in state.instances]
-            route: Sequence[tuple[str, float | None, str, float]] = state.route
+            candidates = tuple([inst.agent_id for inst in state.instances])
+            route: Sequence[tuple[str, float | None, str, float]] = tuple(state.route)
             callee = state.last_target
             started_at = state.started_at
-            skipped: Sequence[str] = state.skipped
+            skipped: Sequence[str] = tuple(state.skipped)
         else:
-            candidates, route, callee, skipped = [], (), "", ()
+            candidates, route, callee, skipped = (), (), "", ()
             started_at = self._clock.time() - latency_ms / 1000
         if meta is not None:
             caller_agent = meta.caller  # the agent whose handler made this call, if any
