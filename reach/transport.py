@@ -392,9 +392,10 @@ class Connection:
                         replicas=replicas,
                         ttl=ttl,
                         storage=StorageType.FILE,
-                        # any replica answers a get: reads go on while a cluster elects
-                        # a new leader for the bucket (a login must not wait for that)
-                        direct=True,
+                        # no direct gets: a get is answered by the stream leader, so a read
+                        # never sees a replica that is still catching up (a rejoining node
+                        # would report registered agents as missing)
+                        direct=False,
                     )
                 )
             except Exception as exc:

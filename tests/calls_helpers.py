@@ -59,6 +59,7 @@ def make_agent(
     readiness: ReadinessCheck | None = None,
     handler: Callable[[Any], Awaitable[Any]] | None = None,
     telemetry: Telemetry | None = None,
+    health: dict[str, Any] | None = None,
 ) -> tuple[Agent, Behaviour]:
     b = behaviour or Behaviour()
     manifest = {
@@ -67,7 +68,8 @@ def make_agent(
         "version": version,
         "max_concurrency": max_concurrency,
         "capabilities": list(caps) or [capability()],
-        "health": {"interval_sec": 0.5, "timeout_sec": 0.3, "failures_before_unhealthy": 2},
+        "health": health
+        or {"interval_sec": 0.5, "timeout_sec": 0.3, "failures_before_unhealthy": 2},
     }
     agent = Agent(manifest, servers=url, readiness=readiness, telemetry=telemetry)
 

@@ -54,7 +54,16 @@ FUZZ = settings(
 @pytest.fixture
 async def fuzz_agent(nats_server: NatsServer, client: ReachClient) -> AsyncIterator[str]:
     """One agent for all examples of a test (fixtures run once per test, not per example)."""
-    agent, _ = make_agent(nats_server.url, "fuzz-1", capability("echo", input_schema=SCHEMA))
+    # Hypothesis generates examples synchronously, on the thread of the event loop this
+    # in-process agent heartbeats on: a slow first example (a cold start) stalls the loop
+    # past two 0.5 s intervals and the registrar rightly marks the agent unhealthy (and
+    # evicts it after three). These tests are about bad input, not health: give it room.
+    agent, _ = make_agent(
+        nats_server.url,
+        "fuzz-1",
+        capability("echo", input_schema=SCHEMA),
+        health={"interval_sec": 3.0, "timeout_sec": 1.0, "failures_before_unhealthy": 3},
+    )
     async with agent:
         await wait_routable(client, "echo", 1)
         yield subjects.capability_instance("echo", "fuzz-1")
