@@ -146,16 +146,11 @@ def _run_python(
     path = fabric.cwd / f"snippet_{snippet.line}.py"
     path.write_text(snippet.code)
     if "def test_" in snippet.code:
-        proc = subprocess.run(
+        _run_ok(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
-            cwd=fabric.cwd,
-            env=fabric.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+            snippet,
+            fabric,
         )
-        assert proc.returncode == 0, f"{snippet}:\n{proc.stdout}\n{proc.stderr}"
         return
     cmd = [sys.executable, "-c", _RUNNER, str(path), str(snippet)]
     if "serve_forever" in snippet.code:
@@ -172,6 +167,11 @@ def _run_python(
             assert time.monotonic() < deadline, f"{snippet}: agent never registered"
             time.sleep(0.2)
         return
+    _run_ok(cmd, snippet, fabric)
+
+
+def _run_ok(cmd: list[str], snippet: Snippet, fabric: Fabric) -> None:
+    """Run ``cmd`` in the fabric's directory; it must exit 0 within two minutes."""
     proc = subprocess.run(
         cmd,
         cwd=fabric.cwd,
