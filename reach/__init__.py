@@ -1,6 +1,15 @@
 """Agent-Reach: make AI agents reliably reachable by each other over NATS."""
 
 from reach.agent import Agent
+from reach.audit import (
+    Alert,
+    AlertRules,
+    AuditEvent,
+    AuditFilter,
+    StreamSettings,
+    WriterConfig,
+    read_events,
+)
 from reach.client import CallResult, ReachClient
 from reach.context import CallContext, current_call
 from reach.errors import (
@@ -38,9 +47,14 @@ from reach.models import (
 )
 from reach.registry import Registrar, RegistrarConfig
 from reach.resilience import BreakerConfig, RetryBudget
+from reach.telemetry import Telemetry
 
 __all__ = [
     "Agent",
+    "Alert",
+    "AlertRules",
+    "AuditEvent",
+    "AuditFilter",
     "AuthError",
     "AuthenticationFailed",
     "BreakerConfig",
@@ -77,7 +91,11 @@ __all__ = [
     "RemoteError",
     "RetriesExhausted",
     "RetryBudget",
+    "StreamSettings",
+    "Telemetry",
     "TransportError",
     "Unavailable",
+    "WriterConfig",
     "current_call",
+    "read_events",
 ]
