@@ -319,12 +319,17 @@ class AlertEngine:
 
 
 class AlertWatcher:
-    """Runs the engine on live audit events and registry changes; publishes alerts."""
+    """Runs the engine on live audit events and registry changes; publishes alerts.
+
+    Registry changes come from a watch of its own on ``store``, or — when ``store`` is
+    None — from whoever already watches the registry (the registrar) through
+    :meth:`registry_changed`, so no record is decoded twice in one process.
+    """
 
     def __init__(
         self,
         conn: Connection,
-        store: RegistryStore,
+        store: RegistryStore | None,
         rules: AlertRules | None = None,
         clock: Clock = system_clock,
     ) -> None:
@@ -332,20 +337,33 @@ class AlertWatcher:
         self._store = store
         self.engine = AlertEngine(rules, clock)
         self._tasks: list[asyncio.Task[None]] = []
+        self._publishing: set[asyncio.Task[None]] = set()
         self._alerts: Stream | None = None
         self.fired: list[Alert] = []
 
     async def start(self) -> None:
         self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)
         audit = await self._conn.stream(subjects.AUDIT_STREAM)
-        self._tasks = [
-            asyncio.create_task(self._follow_audit(audit), name="alerts-audit"),
-            asyncio.create_task(self._follow_registry(self._store), name="alerts-registry"),
-        ]
+        self._tasks = [asyncio.create_task(self._follow_audit(audit), name="alerts-audit")]
+        if self._store is not None:
+            self._tasks.append(
+                asyncio.create_task(self._follow_registry(self._store), name="alerts-registry")
+            )
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)
+        await cancel_and_wait([*self._tasks, *self._publishing])
         self._tasks = []
+
+    def registry_changed(self, agent_id: str, instance: Instance | None) -> None:
+        """A registry record changed (None: deleted); alerts it raises are published."""
+        if instance is None:
+            self.engine.forget(agent_id)
+            return
+        alerts = self.engine.registry_change(instance)
+        if alerts and self._alerts is not None:
+            task = asyncio.get_running_loop().create_task(self._publish(alerts))
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
 
     async def _publish(self, alerts: list[Alert]) -> None:
         assert self._alerts is not None

@@ -151,7 +151,8 @@ class Registrar:
         self._audit = AuditWriter(self._conn)
         await self._audit.start()
         if self.config.alerts is not None:
-            self._alerts = AlertWatcher(self._conn, self._store, self.config.alerts, self._clock)
+            # fed by this registrar's own registry watch (no second decode of every record)
+            self._alerts = AlertWatcher(self._conn, None, self.config.alerts, self._clock)
             await self._alerts.start()
         self._started_at = self._clock.time()
         self._loops.append(asyncio.create_task(self._watch_loop(), name="registrar-watch"))
@@ -524,8 +525,12 @@ class Registrar:
                             self._owner_cache.clear()
                     elif change.instance is not None:
                         self._remember(change.instance, change.revision)
+                        if self._alerts is not None:
+                            self._alerts.registry_changed(change.agent_id, change.instance)
                     elif change.deleted:
                         self._forget(change.agent_id, change.revision)
+                        if self._alerts is not None:
+                            self._alerts.registry_changed(change.agent_id, None)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
