@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,9 +32,6 @@ from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
-
-if TYPE_CHECKING:
-    from reach.registry.store import RegistryStore
 
 __all__ = [
     "RULES",
@@ -321,20 +318,14 @@ class AlertEngine:
 class AlertWatcher:
     """Runs the engine on live audit events and registry changes; publishes alerts.
 
-    Registry changes come from a watch of its own on ``store``, or — when ``store`` is
-    None — from whoever already watches the registry (the registrar) through
-    :meth:`registry_changed`, so no record is decoded twice in one process.
+    Registry changes come from whoever already watches the registry (the registrar)
+    through :meth:`registry_changed`, so no record is decoded twice in one process.
     """
 
     def __init__(
-        self,
-        conn: Connection,
-        store: RegistryStore | None,
-        rules: AlertRules | None = None,
-        clock: Clock = system_clock,
+        self, conn: Connection, rules: AlertRules | None = None, clock: Clock = system_clock
     ) -> None:
         self._conn = conn
-        self._store = store
         self.engine = AlertEngine(rules, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._publishing: set[asyncio.Task[None]] = set()
@@ -345,10 +336,6 @@ class AlertWatcher:
         self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)
         audit = await self._conn.stream(subjects.AUDIT_STREAM)
         self._tasks = [asyncio.create_task(self._follow_audit(audit), name="alerts-audit")]
-        if self._store is not None:
-            self._tasks.append(
-                asyncio.create_task(self._follow_registry(self._store), name="alerts-registry")
-            )
 
     async def stop(self) -> None:
         await cancel_and_wait([*self._tasks, *self._publishing])
@@ -389,20 +376,4 @@ class AlertWatcher:
                         await self._publish(alerts)
             except ReachError as exc:
                 log.warning("alerts: audit stream read failed, resuming: %s", exc)
-                await asyncio.sleep(1.0)
-
-    async def _follow_registry(self, store: RegistryStore) -> None:
-        while True:
-            try:
-                async for change in store.watch():
-                    if change is None:
-                        continue
-                    if change.instance is not None:
-                        alerts = self.engine.registry_change(change.instance)
-                        if alerts:
-                            await self._publish(alerts)
-                    elif change.deleted:
-                        self.engine.forget(change.agent_id)
-            except ReachError as exc:
-                log.warning("alerts: registry watch failed, resuming: %s", exc)
                 await asyncio.sleep(1.0)

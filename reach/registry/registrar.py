@@ -152,7 +152,7 @@ class Registrar:
         await self._audit.start()
         if self.config.alerts is not None:
             # fed by this registrar's own registry watch (no second decode of every record)
-            self._alerts = AlertWatcher(self._conn, None, self.config.alerts, self._clock)
+            self._alerts = AlertWatcher(self._conn, self.config.alerts, self._clock)
             await self._alerts.start()
         self._started_at = self._clock.time()
         self._loops.append(asyncio.create_task(self._watch_loop(), name="registrar-watch"))
