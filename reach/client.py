@@ -354,8 +354,9 @@ class ReachClient:
             self._record(capability, state, meta, started, exc, result.fallback)
             return result
         latency_ms = (time.perf_counter() - started) * 1000
+        route = tuple(state.route)  # once, for the result and the audit event
         if self.audit is not None or self.telemetry.metrics_on or state.span is not None:
-            self._record(capability, state, meta, started, None, latency_ms=latency_ms)
+            self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},
@@ -365,7 +366,7 @@ class ReachClient:
                 attempts=state.attempts,
                 latency_ms=latency_ms,
                 job=value,
-                route=tuple(state.route),
+                route=route,
             )
         if fb is not None and fb.cache_max_age_sec is not None:
             self._results.put(capability, body, value, self._clock.monotonic())
@@ -376,7 +377,7 @@ class ReachClient:
             agent_id=state.last_target,
             attempts=state.attempts,
             latency_ms=latency_ms,
-            route=tuple(state.route),
+            route=route,
         )
 
     def _record(
@@ -388,6 +389,7 @@ class ReachClient:
         exc: ReachError | None,
         fallback: FallbackInfo | None = None,
         latency_ms: float | None = None,
+        route: tuple[tuple[str, float | None, str, float], ...] | None = None,
     ) -> None:
         """The call's audit event (queued, never waited for), metrics and span end."""
         if latency_ms is None:
@@ -401,12 +403,14 @@ class ReachClient:
         # events waiting for the next batch are not walked by every collection
         if state is not None:
             candidates = tuple([inst.agent_id for inst in state.instances])
-            route: Sequence[tuple[str, float | None, str, float]] = tuple(state.route)
+            if route is None:
+                route = tuple(state.route)
             callee = state.last_target
             started_at = state.started_at
             skipped: Sequence[str] = tuple(state.skipped)
         else:
-            candidates, route, callee, skipped = (), (), "", ()
+            candidates, callee, skipped = (), "", ()
+            route = ()
             started_at = self._clock.time() - latency_ms / 1000
         if meta is not None:
             caller_agent = meta.caller  # the agent whose handler made this call, if any
