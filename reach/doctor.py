@@ -122,13 +122,16 @@ def _ago(seconds: float) -> str:
 def conclude(ev: Evidence) -> Diagnosis:
     """The six verdicts and the layer most likely at fault."""
     blame: list[tuple[Layer, str]] = []
+    stats = CallStats(window_sec=ev.window_sec)  # steps 2 and 6 read the same calls
+    for event in ev.events:
+        stats.add(event)
     steps = [
         _registry_step(ev, blame),
-        _route_step(ev, blame),
+        _route_step(ev, stats, blame),
         _connectivity_step(ev, blame),
         _agent_step(ev, blame),
         _dependencies_step(ev, blame),
-        _fabric_step(ev, blame),
+        _fabric_step(ev, stats, blame),
     ]
     if blame:
         layer, why = blame[0]
@@ -167,12 +170,9 @@ def _registry_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
     return Step(1, "registry", verdict, findings)
 
 
-def _route_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+def _route_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]]) -> Step:
     if ev.audit_error:
         return Step(2, "route log", "skip", [f"audit stream unreadable: {ev.audit_error}"])
-    stats = CallStats(window_sec=ev.window_sec)
-    for event in ev.events:
-        stats.add(event)
     calls = stats.events
     if not calls:
         findings = [f"no calls in the last {ev.window_sec / 60:.0f} min"]
@@ -306,7 +306,7 @@ def _dependencies_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
     return Step(5, "dependencies", verdict, findings)
 
 
-def _fabric_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
+def _fabric_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]]) -> Step:
     findings: list[str] = []
     verdict: Verdict = "ok"
     live = [r for r in ev.registrars if ev.now - r.seen_at < 3 * r.interval_sec]
@@ -325,9 +325,6 @@ def _fabric_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
             f"{inst.agent_id}: registry record {fresh} (heartbeat {age:.1f}s ago,"
             f" every {interval:g}s)"
         )
-    stats = CallStats(window_sec=ev.window_sec)
-    for event in ev.events:
-        stats.add(event)
     open_now = stats.open_breakers(ev.now, within_sec=60.0)
     rejected = [e for e in stats.events if e.error == "breaker" and ev.now - e.ts < 60.0]
     for agent_id, seen in sorted(open_now.items()):
