@@ -35,6 +35,7 @@ from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
 from reach.context import set_current
 from reach.errors import (
+    CodecError,
     ConfigurationError,
     DiscoveryError,
     NoResponders,
@@ -60,7 +61,7 @@ from reach.serving import CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait, run_eagerly
 from reach.telemetry import Telemetry, trace_id_of
-from reach.transport import Connection, Message, Subscription
+from reach.transport import Connection, Message, ReplyBatch, Subscription
 
 __all__ = ["Agent", "ReadinessCheck", "load_manifest"]
 
@@ -451,6 +452,9 @@ class Agent:
         async def serve(msg: Message) -> None:
             await conn.respond(msg, await server.handle(endpoint, msg.data))
 
+        async def serve_one_of(batch: ReplyBatch, token: str, request: bytes) -> None:
+            batch.add(token, await server.handle(endpoint, request))
+
         def continued(task: asyncio.Task[None], deadline: float | None) -> None:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -460,9 +464,25 @@ class Agent:
             # A call runs right here, as its message is read, until it has to wait; only
             # then does it get a task of its own, so a handler that waits never holds up
             # the next message.
-            if self._accepting:
+            if not self._accepting:
+                return
+            if not envelope.is_batch(msg.data):
                 run_eagerly(serve(msg), on_task=continued)
                 set_current(None)
+                return
+            # several calls in one message: each is served as if it came alone; the
+            # replies ready together go back together
+            try:
+                requests = envelope.unpack_batch(msg.data)
+            except CodecError as exc:
+                reply = server.refuse_batch(str(exc))
+                run_eagerly(conn.respond(msg, reply), on_task=continued)
+                return
+            batch = conn.reply_batch(msg)
+            for token, request in requests:
+                run_eagerly(serve_one_of(batch, token, request), on_task=continued)
+                set_current(None)
+            batch.flush()
 
         return on_call
 

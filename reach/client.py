@@ -61,7 +61,7 @@ from reach.routing import LatencyTracker, choose
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
-from reach.transport import Connection, Message, translate_error
+from reach.transport import Connection, translate_error
 
 __all__ = ["CallResult", "ReachClient"]
 
@@ -208,7 +208,7 @@ class ReachClient:
         self._results = ResultCache()
         self._jobs: JobStore | None = None
         self._validators: dict[int, tuple[dict[str, Any], Validator]] = {}
-        self._nats_request: Callable[[str, bytes, float], Awaitable[Message]] = _not_connected
+        self._nats_request: Callable[[str, bytes, float], Awaitable[bytes]] = _not_connected
         self._security = FabricSecurity()
         self._call_prefix = secrets.token_hex(8) + "-"
         self._call_seq = 0
@@ -618,12 +618,12 @@ class ReachClient:
         try:
             try:
                 # nats-py directly (one coroutine less per call); errors translated here
-                msg = await self._nats_request(
+                data = await self._nats_request(
                     subject, envelope.pack_request(meta, body), remaining
                 )
             except Exception as exc:
                 raise translate_error(exc, subject) from exc
-            reply = envelope.unpack_reply(msg.data)
+            reply = envelope.unpack_reply(data)
         except NoResponders as exc:
             self._failed(state, target, breaker)
             state.route.append(
@@ -734,7 +734,7 @@ def _has_other(instances: Iterable[Instance], state: _Attempt) -> bool:
     return any(i.agent_id not in state.failed and i.status != "unhealthy" for i in instances)
 
 
-async def _not_connected(subject: str, data: bytes, timeout: float) -> Message:
+async def _not_connected(subject: str, data: bytes, timeout: float) -> bytes:
     raise RuntimeError("connect the client first: `async with ReachClient() as client:`")
 
 

@@ -8,6 +8,13 @@ a callee can check the metadata (token, deadline) before decoding the payload.
 Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?, "from"?}``
 Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?}`` or
          ``{"v": 1, "ok": false, "err": {"kind", "code", "desc"}, "by"?}``
+
+Batch:   ``[[token, request], ...]`` (a msgpack array, where a request is a map): the
+         requests a caller sent to one subject in one turn of its event loop, in one NATS
+         message. Each is served as if it came alone; the replies go to the batch's reply
+         subject as ``[[token, reply], ...]``, as many per message as are ready together.
+         A reply that is a map, not an array, answers every request of the batch (the
+         batch as a whole was refused). At most ``MAX_BATCH_ITEMS`` requests.
 """
 
 from __future__ import annotations
@@ -20,18 +27,25 @@ import msgpack
 from reach.errors import CodecError
 
 __all__ = [
+    "MAX_BATCH_ITEMS",
     "PROTOCOL_VERSION",
     "Reply",
     "RequestMeta",
+    "is_batch",
+    "pack_batch",
     "pack_error",
     "pack_ok",
     "pack_request",
+    "unpack_batch",
     "unpack_reply",
     "unpack_request",
 ]
 
 PROTOCOL_VERSION = 1
 _MAX_META_STR = 4096
+#: requests in one batch, at most (a callee refuses a longer one as a whole)
+MAX_BATCH_ITEMS = 32
+_MAX_TOKEN = 32
 ERROR_KINDS = frozenset({"contract", "business", "unavailable", "denied", "timeout", "internal"})
 
 
@@ -184,3 +198,48 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
     if not isinstance(kind, str) or kind not in ERROR_KINDS:  # a list kind is unhashable
         raise CodecError(f"reply: unknown error kind {kind!r}", path="err.kind")
     return Reply(ok=False, kind=kind, code=str(code), description=str(desc), by=by)
+
+
+def is_batch(data: bytes) -> bool:
+    """Does ``data`` start a msgpack array (a batch) rather than a map (one envelope)?"""
+    return bool(data) and (0x90 <= data[0] <= 0x9F or data[0] == 0xDC or data[0] == 0xDD)
+
+
+def pack_batch(items: list[tuple[str, bytes]]) -> bytes:
+    """``[[token, envelope], ...]``: requests (or replies) that travel together."""
+    data: bytes = msgpack.packb(items, use_bin_type=True)
+    return data
+
+
+def unpack_batch(data: bytes, max_bytes: int = 4 * 1024 * 1024) -> list[tuple[str, bytes]]:
+    """The (token, envelope bytes) pairs of a batch; CodecError names what is wrong."""
+    if len(data) > max_bytes:
+        raise CodecError(
+            f"batch is {len(data)} bytes, more than the limit of {max_bytes}", rule="max_bytes"
+        )
+    try:
+        items = msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=False,
+            max_array_len=MAX_BATCH_ITEMS,
+            max_map_len=0,
+            ext_hook=_no_ext,
+        )
+    except CodecError:
+        raise
+    except Exception as exc:  # msgpack raises a wide set of types on garbage
+        reason = str(exc) or type(exc).__name__
+        raise CodecError(f"not a valid batch: {reason}", rule="format") from None
+    if type(items) is not tuple or not items:
+        raise CodecError("a batch must be a non-empty msgpack array", rule="format")
+    for i, item in enumerate(items):
+        if (
+            type(item) is not tuple
+            or len(item) != 2
+            or type(item[0]) is not str
+            or not 0 < len(item[0]) <= _MAX_TOKEN
+            or type(item[1]) is not bytes
+        ):
+            raise CodecError(f"batch[{i}] must be [token, envelope bytes]", path=f"[{i}]")
+    return list(items)

@@ -210,6 +210,11 @@ class CallServer:
     def _error(self, kind: str, code: str, description: str) -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id)
 
+    def refuse_batch(self, description: str) -> bytes:
+        """The reply to a batch that cannot be read: it answers each of its calls."""
+        log.warning("refused a batch of calls to %s: %s", self.agent_id, description)
+        return self._error("contract", "bad_batch", description)
+
     async def handle(self, endpoint: Endpoint, data: bytes) -> bytes:
         """Serve one request; always returns reply bytes, never raises (but CancelledError)."""
         try:

@@ -25,6 +25,7 @@ __all__ = [
     "DeadlineReaper",
     "cancel_and_wait",
     "run_eagerly",
+    "step_now",
 ]
 
 
@@ -123,6 +124,17 @@ class _Resume:
 
 async def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> None:
     await _Resume(coro, yielded)
+
+
+def step_now(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    """Run ``coro`` at once from synchronous code; only if it must wait, continue it in a
+    task, which is returned (keep a reference until it is done). Its errors propagate
+    from the first step, and are the task's after that."""
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.get_running_loop().create_task(_resume(coro, yielded))
 
 
 def run_eagerly(

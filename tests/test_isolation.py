@@ -79,3 +79,29 @@ async def test_agents_log_in_and_cannot_read_each_others_calls(
     # and nobody gets in without credentials
     with pytest.raises(Exception, match="refused an anonymous client"):
         await connect_as([url], name="anonymous", credentials=None)
+
+
+async def test_replies_to_a_batch_of_calls_pass_the_servers_response_permissions(
+    fabric: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Calls made together reach an agent as one message; their replies go back in as many
+    messages as finish apart, and the server lets each through (``resp`` max)."""
+    url, store = fabric
+    dev = store / "dev.creds"
+    code, out, err = await run_reach(
+        "creds", "add", "agent-c", "--level", "2", "--agent-id", "c-1", "--cap", "slow",
+        "--out", str(tmp_path / "c.creds"), "--servers", url, "--creds", str(dev),
+    )  # fmt: skip
+    assert code == 0, out + err
+
+    async def staggered(req: dict[str, int]) -> dict[str, int]:
+        await asyncio.sleep(0.002 * (req["i"] % 8))  # one batch, replies spread over 14 ms
+        return req
+
+    agent, _ = make_agent(url, "c-1", capability("slow", level=2), handler=staggered)
+    agent.credentials = tmp_path / "c.creds"
+    async with agent, ReachClient(servers=url, credentials=dev) as caller:
+        await wait_routable(caller, "slow", 1)
+        await caller.call("slow", {"i": 0})
+        results = await asyncio.gather(*(caller.call("slow", {"i": i}) for i in range(64)))
+    assert [r.value for r in results] == [{"i": i} for i in range(64)]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reach import subjects
+from reach.envelope import MAX_BATCH_ITEMS
 from reach.errors import ReachError
 from reach.security import natsconf
 from reach.transport import Connection, Message, Subscription
@@ -223,7 +224,13 @@ def permissions_for(
         *(f"{subjects.capability(cap)} {cap}" for cap in caps),  # its share of the queue group
         subjects.probe(agent_id),  # the registrar's health probes
     ]
-    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), allow_responses=True)
+    # the replies to one batch of calls may go back in as many messages as it has calls
+    return Permissions(
+        publish_allow=tuple(pub),
+        subscribe_allow=tuple(sub),
+        allow_responses=True,
+        response_max=MAX_BATCH_ITEMS,
+    )
 
 
 def _check_inbox(prefix: str) -> None:

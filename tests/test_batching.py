@@ -1,0 +1,204 @@
+"""Calls made together travel together: requests to one subject in one turn of the
+caller's event loop go out as one message, and their replies come back batched.
+
+Against a real nats-server: a plain subscription on the instance subject watches what
+actually goes over the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from typing import Any
+
+import msgpack
+import nats.errors
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reach import envelope, subjects
+from reach.client import ReachClient
+from reach.envelope import MAX_BATCH_ITEMS, RequestMeta
+from reach.errors import CodecError, ContractError
+from reach.transport import Connection, Message
+
+from .calls_helpers import capability, make_agent, wait_routable
+
+# -- the wire format ---------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=32), st.binary()), min_size=1, max_size=32))
+def test_batches_round_trip(items: list[tuple[str, bytes]]) -> None:
+    data = envelope.pack_batch(items)
+    assert envelope.is_batch(data)
+    assert envelope.unpack_batch(data) == items
+
+
+@given(st.binary())
+def test_any_bytes_are_a_batch_or_a_codec_error(data: bytes) -> None:
+    with contextlib.suppress(CodecError):
+        envelope.unpack_batch(data)
+
+
+def test_an_envelope_is_not_a_batch() -> None:
+    assert not envelope.is_batch(envelope.pack_request(RequestMeta(call_id="c1"), b"\x01"))
+    assert not envelope.is_batch(envelope.pack_ok(b"\x01"))
+    assert not envelope.is_batch(b"")
+
+
+@pytest.mark.parametrize(
+    ("items", "names"),
+    [
+        ([], "non-empty"),
+        ([["t", b"x"]] * (MAX_BATCH_ITEMS + 1), "max_array_len"),
+        ([[1, b"x"]], "batch[0]"),
+        ([["t", "not bytes"]], "batch[0]"),
+        ([["t", b"x", b"y"]], "batch[0]"),
+        ([["t" * 33, b"x"]], "batch[0]"),
+        ([["t", b"x"], ["u"]], "batch[1]"),
+    ],
+)
+def test_a_malformed_batch_is_named(items: list[Any], names: str) -> None:
+    with pytest.raises(CodecError, match=names.replace("[", r"\[")):
+        envelope.unpack_batch(msgpack.packb(items))
+
+
+# -- the caller's side -------------------------------------------------------------------
+
+
+async def test_a_batch_nobody_receives_fails_every_request_as_no_responders(
+    conn: Connection,
+) -> None:
+    request = conn.raw_request
+    await conn.flush()
+    results = await asyncio.gather(
+        *(request("reach.test.nobody", b"x", 2.0) for _ in range(10)), return_exceptions=True
+    )
+    assert all(isinstance(r, nats.errors.NoRespondersError) for r in results), results
+
+
+async def test_one_reply_to_a_whole_batch_answers_each_request(conn: Connection) -> None:
+    seen: list[bytes] = []
+
+    async def refuse(msg: Message) -> None:
+        seen.append(msg.data)
+        await conn.respond(msg, b"\x81\xa1v\x01")  # a map: an answer to the whole message
+
+    await conn.subscribe("reach.test.refuser", refuse)
+    await conn.flush()
+    await conn.raw_request("reach.test.refuser", b"first", 2.0)  # the reply inbox is in place
+    seen.clear()
+    replies = await asyncio.gather(
+        *(conn.raw_request("reach.test.refuser", b"r%d" % i, 2.0) for i in range(10))
+    )
+    assert replies == [b"\x81\xa1v\x01"] * 10
+    assert any(envelope.is_batch(d) for d in seen)  # some went as one batch
+    assert len(seen) < 10
+
+
+async def test_replies_to_one_batch_may_come_back_in_parts(conn: Connection) -> None:
+    """A responder answering the requests of a batch one by one, out of order."""
+
+    async def answer_in_parts(msg: Message) -> None:
+        items = envelope.unpack_batch(msg.data) if envelope.is_batch(msg.data) else []
+        if not items:
+            await conn.respond(msg, b"single:" + msg.data)
+            return
+        random.Random(7).shuffle(items)
+        for token, request in items:
+            await conn.respond(msg, envelope.pack_batch([(token, b"batched:" + request)]))
+
+    await conn.subscribe("reach.test.parts", answer_in_parts)
+    await conn.flush()
+    await conn.raw_request("reach.test.parts", b"first", 2.0)  # the reply inbox is in place
+    replies = await asyncio.gather(
+        *(conn.raw_request("reach.test.parts", b"%d" % i, 2.0) for i in range(20))
+    )
+    assert [r.split(b":", 1)[1] for r in replies] == [b"%d" % i for i in range(20)]
+    assert any(r.startswith(b"batched:") for r in replies)
+
+
+# -- end to end: an agent serving batches ------------------------------------------------
+
+
+async def _watch(conn: Connection, subject: str) -> list[bytes]:
+    """Every message sent on ``subject`` (a second, plain subscription sees them all)."""
+    wire: list[bytes] = []
+
+    async def record(msg: Message) -> None:
+        wire.append(msg.data)
+
+    await conn.subscribe(subject, record)
+    await conn.flush()
+    return wire
+
+
+async def test_concurrent_calls_go_in_batches_and_each_gets_its_own_reply(
+    nats_server: Any, client: ReachClient, conn: Connection
+) -> None:
+    delays = random.Random(3)
+
+    async def handler(req: dict[str, Any]) -> dict[str, Any]:
+        if req["i"] % 3 == 0:  # some wait: their replies leave the batch later
+            await asyncio.sleep(delays.uniform(0, 0.02))
+        return {"i": req["i"], "twice": req["i"] * 2}
+
+    agent, _ = make_agent(nats_server.url, "batch-1", capability("work"), handler=handler)
+    wire = await _watch(conn, subjects.capability_instance("work", "batch-1"))
+    async with agent:
+        await wait_routable(client, "work", 1)
+        await client.call("work", {"i": -1})  # the reply inbox is in place
+        results = await asyncio.gather(*(client.call("work", {"i": i}) for i in range(200)))
+        assert [r.value for r in results] == [{"i": i, "twice": 2 * i} for i in range(200)]
+        assert len({r.call_id for r in results}) == 200
+        assert all(r.agent_id == "batch-1" for r in results)
+        # one bad item in a batch fails alone; the agent goes on serving
+        bad = envelope.pack_batch(
+            [
+                ("1", b"\xc1garbage"),
+                ("2", envelope.pack_request(RequestMeta(call_id="ok-1"), msgpack.packb({"i": 5}))),
+            ]
+        )
+        raw = await conn.request(subjects.capability_instance("work", "batch-1"), bad, 2.0)
+        answers = dict(envelope.unpack_batch(raw)) if envelope.is_batch(raw) else {}
+        assert envelope.unpack_reply(answers["1"]).code == "bad_envelope"
+        ok = envelope.unpack_reply(answers["2"])
+        assert ok.ok
+        assert msgpack.unpackb(ok.body) == {"i": 5, "twice": 10}
+        # a batch that cannot be read is refused as a whole, with a reason
+        reply = envelope.unpack_reply(
+            await conn.request(subjects.capability_instance("work", "batch-1"), b"\x91\x01", 2.0)
+        )
+        assert (reply.kind, reply.code) == ("contract", "bad_batch")
+        assert "batch[0]" in reply.description
+        assert (await client.call("work", {"i": 9})).value == {"i": 9, "twice": 18}
+    batches = [d for d in wire if envelope.is_batch(d)]
+    assert batches, "200 calls at once should have gone in batches"
+    assert len(wire) < 150
+
+
+async def test_a_batch_refused_as_a_whole_fails_each_call_with_the_reason(
+    client: ReachClient, conn: Connection
+) -> None:
+    """A responder on a capability's queue subject that cannot read batches (an older
+    agent, say) answers with one error; every call of the batch gets it."""
+
+    async def old_agent(msg: Message) -> None:
+        if envelope.is_batch(msg.data):
+            await conn.respond(msg, envelope.pack_error("contract", "bad_envelope", "a map only"))
+        else:
+            _, body = envelope.unpack_request(msg.data)
+            await conn.respond(msg, envelope.pack_ok(body))
+
+    await conn.subscribe(subjects.capability("legacy"), old_agent, queue="legacy")
+    await conn.flush()
+    await client.call("legacy", {"i": 0})
+    results = await asyncio.gather(
+        *(client.call("legacy", {"i": i}) for i in range(10)), return_exceptions=True
+    )
+    refused = [r for r in results if isinstance(r, ContractError)]
+    assert refused
+    assert all("a map only" in str(r) for r in refused)
+    assert all(not isinstance(r, Exception) or isinstance(r, ContractError) for r in results)
