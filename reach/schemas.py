@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
 from reach.audit.alerts import Alert
 from reach.audit.events import AuditAttempt, AuditBatch, AuditEvent
+from reach.envelope import MAX_BATCH_ITEMS
 from reach.jobs import JobRecord
 from reach.models import (
     AnnounceReply,
@@ -176,6 +177,18 @@ class ReplyEnvelope(_Envelope):
         return self
 
 
+_Token = Annotated[str, Field(min_length=1, max_length=32)]
+
+
+class EnvelopeBatch(RootModel[list[tuple[_Token, bytes]]]):
+    """Calls that travel together: a msgpack array of [token, request envelope] pairs (a
+    caller's requests to one subject in one turn of its event loop), or of [token, reply
+    envelope] pairs on the batch's reply subject. Each request is served as if it came
+    alone; a reply that is a single envelope (a map) answers every request of the batch."""
+
+    root: list[tuple[_Token, bytes]] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+
+
 @dataclass(frozen=True)
 class WireSchema:
     """One exported schema: its file stem and the model it describes."""
@@ -216,6 +229,7 @@ WIRE_SCHEMAS: tuple[WireSchema, ...] = (
     WireSchema("request-envelope", RequestEnvelope),
     WireSchema("reply-envelope", ReplyEnvelope),
     WireSchema("envelope-error", EnvelopeError),
+    WireSchema("envelope-batch", EnvelopeBatch),
     WireSchema(
         "token-request",
         TokenRequest,

@@ -178,3 +178,37 @@ def test_batches_from_the_stream_count_like_single_events() -> None:
     assert [a.rule for a in alerts] == ["breaker_rejections"]
     assert engine.observe_batch(b"\xc1") == []
     assert engine.observe_batch(encode_batch([("short",)])) == []
+
+
+def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
+    import msgpack
+
+    from reach.audit.events import (
+        ATTEMPT_FIELDS,
+        EVENT_FIELDS,
+        encode_batch,
+        make_event,
+        read_counts,
+    )
+
+    def row(error: str | None = None, capability: str = "query") -> tuple[Any, ...]:
+        return make_event(ts=0.0, capability=capability, caller="sched", error=error,
+                          outcome="ok" if error is None else "error")  # fmt: skip
+
+    plain = encode_batch([row()] * 30 + [row(capability="other")] * 2)
+    assert read_counts(plain) == {"query": 30, "other": 2}
+    assert read_counts(encode_batch([row("breaker")])) is None  # its rows must be read
+    old_writer = msgpack.packb(
+        {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS,
+         "events": [row()] * 30}
+    )  # fmt: skip
+    assert read_counts(old_writer) is None
+    assert read_counts(b"\xc1") is None
+    for first in (plain, old_writer):  # 30 calls counted either way ...
+        engine = AlertEngine(clock=ManualClock())
+        assert engine.observe_batch(first) == []
+        # ... so 3 breaker rejections of 33 calls stay below 10 %, a 4th is above
+        assert engine.observe_batch(encode_batch([row("breaker")] * 3)) == []
+        assert [a.rule for a in engine.observe_batch(encode_batch([row("breaker")]))] == [
+            "breaker_rejections"
+        ]

@@ -202,3 +202,16 @@ async def test_a_batch_refused_as_a_whole_fails_each_call_with_the_reason(
     assert refused
     assert all("a map only" in str(r) for r in refused)
     assert all(not isinstance(r, Exception) or isinstance(r, ContractError) for r in results)
+
+
+def test_the_exported_schema_describes_a_batch() -> None:
+    from reach.schemas import EnvelopeBatch
+
+    from .test_schemas import load_schema
+
+    data = envelope.pack_batch([("a1", b"\x80"), ("a2", b"\x81")])
+    assert EnvelopeBatch.model_validate(msgpack.unpackb(data)).root == [
+        ("a1", b"\x80"),
+        ("a2", b"\x81"),
+    ]
+    assert load_schema("envelope-batch")["maxItems"] == MAX_BATCH_ITEMS

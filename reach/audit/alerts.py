@@ -27,6 +27,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
+from reach.audit.events import read_counts
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
@@ -180,6 +181,11 @@ class AlertEngine:
     def observe_batch(self, data: bytes) -> list[Alert]:
         """Alerts one stream message (a batch of event rows) raises. Only rows with retries
         or breaker rejections need a closer look; the rest are only counted."""
+        counts = read_counts(data)
+        if counts is not None:  # nothing to look at: count without unpacking the rows
+            for capability, n in counts.items():
+                self._count_calls(capability, n)
+            return []
         try:
             batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
             fields = batch["fields"]

@@ -48,6 +48,7 @@ __all__ = [
     "encode_batch",
     "error_class",
     "make_event",
+    "read_counts",
 ]
 
 EVENT_VERSION = 1
@@ -145,11 +146,18 @@ class AuditEvent(_Model):
 class AuditBatch(_Model):
     """One message on ``reach.v1.audit.<capability>``: the events of one capability as
     rows. ``fields`` names the columns of each row (see ``AuditEvent`` for their meaning)
-    and ``attempt_fields`` the columns of each entry of a row's ``attempts``."""
+    and ``attempt_fields`` the columns of each entry of a row's ``attempts``.
+
+    ``calls`` and ``notable`` come before ``events`` so a reader that only counts (the
+    alert watcher) can stop there when no row needs a closer look."""
 
     v: int = EVENT_VERSION
     fields: list[str]
     attempt_fields: list[str]
+    calls: dict[str, int] | None = Field(
+        None, description="calls recorded by callers (side 'caller'), by capability"
+    )
+    notable: int | None = Field(None, description="caller rows with retries or a breaker rejection")
     events: list[list[Any]]
 
 
@@ -259,18 +267,60 @@ def denial_event(
     )
 
 
+_SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "attempts"))
+
+
 def encode_batch(events: Sequence[EventRow]) -> bytes:
-    """One stream message: ``{"v", "fields", "attempt_fields", "events": [row, ...]}``."""
+    """One stream message: ``{"v", "fields", "attempt_fields", "calls", "notable",
+    "events": [row, ...]}``."""
+    calls: dict[str, int] = {}
+    notable = 0  # caller rows the alert rules look at: retried calls, breaker rejections
+    for row in events:
+        if row[_SIDE] == "caller":
+            capability = row[CAPABILITY_INDEX]
+            calls[capability] = calls.get(capability, 0) + 1
+            if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
+                notable += 1
     data: bytes = msgpack.packb(
         {
             "v": EVENT_VERSION,
             "fields": EVENT_FIELDS,
             "attempt_fields": ATTEMPT_FIELDS,
+            "calls": calls,
+            "notable": notable,
             "events": events,
         },
         use_bin_type=True,
     )
     return data
+
+
+def read_counts(data: bytes) -> dict[str, int] | None:
+    """The calls per capability of a batch in which no row is notable, read without
+    unpacking its rows; None when the rows must be read (notable rows, an older writer
+    that sends no summary, or anything unexpected)."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(data) or 1)
+    try:
+        unpacker.feed(data)
+        calls: Any = None
+        notable: Any = None
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if key == "events":
+                break
+            if key == "calls":
+                calls = unpacker.unpack()
+            elif key == "notable":
+                notable = unpacker.unpack()
+            else:
+                unpacker.skip()
+    except Exception:
+        return None
+    if notable != 0 or type(calls) is not dict:
+        return None
+    if not all(type(k) is str and k and type(n) is int and n > 0 for k, n in calls.items()):
+        return None
+    return calls
 
 
 def _row_to_map(row: Any, fields: Sequence[str], attempt_fields: Sequence[str]) -> Any:
