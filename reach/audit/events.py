@@ -42,12 +42,15 @@ __all__ = [
     "ErrorClass",
     "EventRow",
     "Outcome",
+    "RowSummary",
     "decode_batch",
     "decode_raw",
     "denial_event",
     "encode_batch",
+    "encode_rows",
     "error_class",
     "make_event",
+    "pack_row",
     "read_counts",
 ]
 
@@ -269,30 +272,63 @@ def denial_event(
 
 _SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "attempts"))
 
+#: packs one event row: the writer packs each row as it is recorded, so the events that
+#: wait for their batch are bytes, which CPython's cyclic GC never tracks. Rows of tuples
+#: waiting there made the collector run (and walk the whole heap now and then) where the
+#: rest of the call path leaves it nothing to do.
+pack_row = msgpack.Packer(use_bin_type=True).pack
 
-def encode_batch(events: Sequence[EventRow]) -> bytes:
-    """One stream message: ``{"v", "fields", "attempt_fields", "calls", "notable",
-    "events": [row, ...]}``."""
-    calls: dict[str, int] = {}
-    notable = 0  # caller rows the alert rules look at: retried calls, breaker rejections
-    for row in events:
+
+class RowSummary:
+    """What the batch of packed rows says about them: calls per capability, notable rows."""
+
+    __slots__ = ("calls", "notable")
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        #: caller rows the alert rules look at: retried calls, breaker rejections
+        self.notable = 0
+
+    def add(self, row: EventRow) -> None:
         if row[_SIDE] == "caller":
             capability = row[CAPABILITY_INDEX]
-            calls[capability] = calls.get(capability, 0) + 1
+            self.calls[capability] = self.calls.get(capability, 0) + 1
             if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
-                notable += 1
-    data: bytes = msgpack.packb(
-        {
-            "v": EVENT_VERSION,
-            "fields": EVENT_FIELDS,
-            "attempt_fields": ATTEMPT_FIELDS,
-            "calls": calls,
-            "notable": notable,
-            "events": events,
-        },
-        use_bin_type=True,
+                self.notable += 1
+
+
+#: the constant entries of every batch (without their map's header)
+_HEAD = msgpack.packb(
+    {"v": EVENT_VERSION, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS},
+    use_bin_type=True,
+)[1:]
+
+
+def encode_rows(rows: bytes | bytearray, count: int, summary: RowSummary) -> bytes:
+    """One stream message (``AuditBatch``) from ``count`` rows packed by ``pack_row``:
+    ``{"v", "fields", "attempt_fields", "calls", "notable", "events": [row, ...]}``."""
+    packer = msgpack.Packer(use_bin_type=True)
+    return b"".join(
+        (
+            packer.pack_map_header(6),
+            _HEAD,
+            packer.pack("calls"),
+            packer.pack(summary.calls),
+            packer.pack("notable"),
+            packer.pack(summary.notable),
+            packer.pack("events"),
+            packer.pack_array_header(count),
+            rows,
+        )
     )
-    return data
+
+
+def encode_batch(events: Sequence[EventRow]) -> bytes:
+    """One stream message from event rows (see ``encode_rows``)."""
+    summary = RowSummary()
+    for row in events:
+        summary.add(row)
+    return encode_rows(b"".join(pack_row(row) for row in events), len(events), summary)
 
 
 def read_counts(data: bytes) -> dict[str, int] | None:

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from reach import subjects
-from reach.audit.events import CAPABILITY_INDEX, EventRow, encode_batch
+from reach.audit.events import CAPABILITY_INDEX, EventRow, RowSummary, encode_rows, pack_row
 from reach.errors import NoResponders, ReachError
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
@@ -44,6 +44,17 @@ class WriterConfig:
     retry_max: float = 1.0
 
 
+class _Open:
+    """The batch being filled for one capability: rows packed as they are recorded."""
+
+    __slots__ = ("count", "rows", "summary")
+
+    def __init__(self) -> None:
+        self.rows = bytearray()
+        self.count = 0
+        self.summary = RowSummary()
+
+
 @dataclass(slots=True)
 class _Batch:
     subject: str
@@ -58,7 +69,9 @@ class AuditWriter:
     def __init__(self, conn: Connection, config: WriterConfig | None = None) -> None:
         self._conn = conn
         self.config = config or WriterConfig()
-        self._events: deque[EventRow] = deque()
+        #: batches being filled, one per capability (packed rows: nothing for the GC)
+        self._open: dict[str, _Open] = {}
+        self._filling = 0  # events in them
         self._batches: deque[_Batch] = deque()
         self._held = 0  # events in unsent batches
         self._wake = asyncio.Event()
@@ -74,15 +87,29 @@ class AuditWriter:
     @property
     def pending(self) -> int:
         """Events recorded but not yet acked by the stream."""
-        return len(self._events) + self._held
+        return self._filling + self._held
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
-        if len(self._events) + self._held >= self.config.max_buffer:
+        if self._filling + self._held >= self.config.max_buffer:
             self.dropped += 1
             return
-        self._events.append(event)
-        if len(self._events) == self.config.batch_max:
+        capability = event[CAPABILITY_INDEX]
+        try:
+            data = pack_row(event)
+        except (TypeError, ValueError, OverflowError) as exc:  # a bug in who built it
+            self.dropped += 1
+            log.error("audit: an event of %s cannot be packed: %s", capability, exc)
+            return
+        batch = self._open.get(capability)
+        if batch is None:
+            batch = self._open[capability] = _Open()
+        batch.rows += data
+        batch.count += 1
+        batch.summary.add(event)
+        self._filling += 1
+        if batch.count >= self.config.batch_max:
+            self._seal(capability)
             self._wake.set()
 
     def reconnected(self) -> None:
@@ -116,12 +143,12 @@ class AuditWriter:
     async def _run(self) -> None:
         delay = self.config.retry_min
         while True:
-            if not self._events and not self._batches:
+            if not self._filling and not self._batches:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.config.flush_interval)
                 continue
-            if len(self._events) < self.config.batch_max and not self._batches:
+            if not self._batches:
                 # let the batch fill for one interval: fewer, larger stream writes
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -139,28 +166,22 @@ class AuditWriter:
                 delay = self.config.retry_min
 
     def _pack(self) -> None:
-        """Move buffered events into batches of one capability each."""
-        groups: dict[str, list[EventRow]] = {}
-        while self._events:
-            event = self._events.popleft()
-            capability = event[CAPABILITY_INDEX]
-            group = groups.setdefault(capability, [])
-            group.append(event)
-            if len(group) == self.config.batch_max:
-                self._add_batch(groups.pop(capability))
-        for group in groups.values():
-            self._add_batch(group)
+        """Seal the batches being filled: each becomes one stream message."""
+        for capability in list(self._open):
+            self._seal(capability)
 
-    def _add_batch(self, events: list[EventRow]) -> None:
+    def _seal(self, capability: str) -> None:
+        batch = self._open.pop(capability)
+        self._filling -= batch.count
         self._batch_seq += 1
-        capability = str(events[0][CAPABILITY_INDEX]) or "_"
-        batch = _Batch(
-            subject=subjects.audit(capability),
-            msg_id=f"{self._writer_id}.{self._batch_seq}",
-            data=encode_batch(events),
-            count=len(events),
+        self._batches.append(
+            _Batch(
+                subject=subjects.audit(str(capability) or "_"),
+                msg_id=f"{self._writer_id}.{self._batch_seq}",
+                data=encode_rows(batch.rows, batch.count, batch.summary),
+                count=batch.count,
+            )
         )
-        self._batches.append(batch)
         self._held += batch.count
 
     async def _send_all(self) -> None:
