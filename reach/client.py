@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from reach import codec, envelope, subjects
-from reach.audit.events import error_class
+from reach.audit.events import EventRow, error_class, make_event
 from reach.audit.writer import AuditWriter, WriterConfig
 from reach.clock import Clock, system_clock
 from reach.context import current_call
@@ -355,8 +355,10 @@ class ReachClient:
             return result
         latency_ms = (time.perf_counter() - started) * 1000
         route = tuple(state.route)  # once, for the result and the audit event
-        if self.audit is not None or self.telemetry.metrics_on or state.span is not None:
+        if state.span is not None or self.telemetry.metrics_on:
             self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
+        elif self.audit is not None:
+            self._record_ok(capability, state, meta, latency_ms, route)
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},
@@ -380,6 +382,57 @@ class ReachClient:
             route=route,
         )
 
+    def _record_ok(
+        self,
+        capability: str,
+        state: _Attempt,
+        meta: envelope.RequestMeta,
+        latency_ms: float,
+        route: tuple[tuple[str, float | None, str, float], ...],
+    ) -> None:
+        """The audit event of a call that succeeded with no span to end and no metrics
+        to record: the common case, with nothing to decide."""
+        assert self.audit is not None
+        self.audit.record(self._event(capability, state, meta, latency_ms, route))
+
+    def _event(
+        self,
+        capability: str,
+        state: _Attempt,
+        meta: envelope.RequestMeta,
+        latency_ms: float,
+        route: tuple[tuple[str, float | None, str, float], ...],
+        outcome: str = "ok",
+        error: str | None = None,
+        code: str = "",
+        description: str = "",
+        fallback: FallbackInfo | None = None,
+    ) -> EventRow:
+        """The caller's audit event of a call: a row in EVENT_FIELDS order
+        (reach.audit.events), cheap to build and to pack."""
+        candidates = [inst.agent_id for inst in state.instances]
+        return (
+            "caller",
+            state.started_at,
+            capability,
+            meta.call_id,
+            trace_id_of(meta.traceparent),
+            self._client_id,
+            meta.caller,  # the agent whose handler made this call, if any
+            state.last_target,
+            outcome,
+            error,
+            code,
+            description,
+            latency_ms,
+            tuple(candidates[:16]),
+            len(candidates),
+            tuple(state.skipped),
+            route,
+            fallback.source if fallback is not None else None,
+            fallback.reason if fallback is not None else "",
+        )
+
     def _record(
         self,
         capability: str,
@@ -399,46 +452,37 @@ class ReachClient:
             end_span(state.span, error)
         if self.audit is None and not self.telemetry.metrics_on:
             return
-        # tuples of plain values only: CPython stops tracking them in its cyclic GC, so the
-        # events waiting for the next batch are not walked by every collection
-        if state is not None:
-            candidates = tuple([inst.agent_id for inst in state.instances])
-            if route is None:
-                route = tuple(state.route)
-            callee = state.last_target
-            started_at = state.started_at
-            skipped: Sequence[str] = tuple(state.skipped)
-        else:
-            candidates, callee, skipped = (), "", ()
-            route = ()
-            started_at = self._clock.time() - latency_ms / 1000
-        if meta is not None:
-            caller_agent = meta.caller  # the agent whose handler made this call, if any
-        else:
+        outcome = "ok" if exc is None else "error" if fallback is None else "fallback"
+        code = (getattr(exc, "code", "") or "") if exc is not None else ""
+        description = (exc.description if isinstance(exc, RemoteError) else str(exc)) if exc else ""
+        if state is not None and meta is not None:
+            event = self._event(
+                capability,
+                state,
+                meta,
+                latency_ms,
+                route if route is not None else tuple(state.route),
+                outcome,
+                error,
+                code,
+                description,
+                fallback,
+            )
+        else:  # it failed before it was sent (its payload broke the contract, say)
             parent = current_call()
-            caller_agent = parent.agent_id if parent is not None else None
-        # a row in EVENT_FIELDS order (reach.audit.events): cheap to build and to pack
-        event = (
-            "caller",
-            started_at,
-            capability,
-            meta.call_id if meta is not None else "",
-            trace_id_of(meta.traceparent) if meta is not None else "",
-            self._client_id,
-            caller_agent,
-            callee,
-            "ok" if exc is None else "error" if fallback is None else "fallback",
-            error,
-            (getattr(exc, "code", "") or "") if exc is not None else "",
-            (exc.description if isinstance(exc, RemoteError) else str(exc)) if exc else "",
-            latency_ms,
-            candidates[:16],
-            len(candidates),
-            skipped,
-            route,
-            fallback.source if fallback is not None else None,
-            fallback.reason if fallback is not None else "",
-        )
+            event = make_event(
+                ts=self._clock.time() - latency_ms / 1000,
+                capability=capability,
+                caller=self._client_id,
+                caller_agent=parent.agent_id if parent is not None else None,
+                outcome=outcome,
+                error=error,
+                code=code,
+                description=description,
+                latency_ms=latency_ms,
+                fallback=fallback.source if fallback is not None else None,
+                fallback_reason=fallback.reason if fallback is not None else "",
+            )
         if self.audit is not None:
             self.audit.record(event)
         if self.telemetry.metrics_on:
