@@ -177,7 +177,7 @@ _LOOKUPS = (
     ("find_capability_tag", "cache.find(cap, tags=[region])"),
     ("find_tag", "cache.find(tags=[team]): tag only, no capability"),
     ("choose", "client choice: for_capability + rank() + breaker, as ReachClient._choose"),
-    ("choose_tag", "client choice with a tag: candidates filtered by tag as ReachClient does"),
+    ("choose_tag", "client choice with a tag: candidates from the (capability, tag) index"),
 )
 
 
@@ -279,14 +279,8 @@ class _Chooser:
         """What ReachClient does before every call: candidates, their contract, the choice."""
         from reach.routing import choose
 
-        instances: Iterable[Any] = self.cache.for_capability(capability)
-        if tags:
-            wanted = set(tags)
-            instances = [
-                i
-                for i in instances
-                if wanted.issubset((i.manifest.capability(capability) or _NoCap).tags)
-            ]
+        wanted = tuple(tags)
+        instances: Iterable[Any] = self.cache.for_capability(capability, wanted)
         for inst in instances:  # ReachClient._spec: the capability's contract
             if inst.manifest.capability(capability) is not None:
                 break
@@ -296,13 +290,9 @@ class _Chooser:
             latency=self.latency,
             outstanding=self.outstanding,
             breakers=self.breakers,
-            sample=self.cache.sample,
+            sample=(lambda c, k: self.cache.sample(c, k, wanted)) if wanted else self.cache.sample,
         )
         return chosen
-
-
-class _NoCap:
-    tags: tuple[str, ...] = ()
 
 
 def _time_lookups(

@@ -11,6 +11,7 @@ speaks its contract, and fails only when it must — then says which layer faile
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -138,6 +139,7 @@ class _Attempt:
         "skipped",
         "span",
         "started_at",
+        "tags",
     )
 
     def __init__(
@@ -167,6 +169,8 @@ class _Attempt:
         #: instances passed over because their breaker was open
         self.skipped: list[str] = []
         self.span: Span | None = None
+        #: the tags every candidate's capability carries
+        self.tags: tuple[str, ...] = ()
 
 
 class ReachClient:
@@ -504,14 +508,7 @@ class ReachClient:
         idempotency_key: str | None,
     ) -> tuple[_Attempt, Iterable[Instance], envelope.RequestMeta, bytes]:
         """Candidates, deadline, contract pre-check and the encoded body of a call."""
-        instances: Iterable[Instance] = self.routes.for_capability(capability)
-        if tags:
-            wanted = set(tags)
-            instances = [
-                i
-                for i in instances
-                if wanted.issubset((i.manifest.capability(capability) or _NO_CAP).tags)
-            ]
+        instances = self.routes.for_capability(capability, tags)
         spec = self._spec(capability, instances)
         sla_ms = spec.latency_sla_ms if spec is not None else DEFAULT_SLA_MS
         now = self._clock.time()
@@ -526,6 +523,7 @@ class ReachClient:
         # the size limit (and that the value can be encoded at all) is checked
         body = codec.encode(payload, checked=False)
         state = _Attempt(capability, deadline, attempt_timeout, now, instances)
+        state.tags = tags
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         # W3C trace context: the caller's span is the callee's parent, even without an SDK
         traceparent = parent.traceparent if parent is not None else None
@@ -626,7 +624,11 @@ class ReachClient:
             outstanding=self._outstanding,
             breakers=self.breakers,
             failed=state.failed,
-            sample=self.routes.sample,
+            sample=(
+                functools.partial(_sample_tagged, self.routes, state.tags)
+                if state.tags
+                else self.routes.sample
+            ),
             skipped=state.skipped,
         )
         return inst
@@ -650,6 +652,10 @@ class ReachClient:
             )
         inst = self._choose(state, instances)
         if inst is None:
+            if state.tags:  # the queue group would reach instances without them
+                raise NotFound(
+                    f"no instance of {state.capability} carries tags {', '.join(state.tags)}"
+                )
             subject = subjects.capability(state.capability)
             target = ""
         else:
@@ -770,7 +776,10 @@ class ReachClient:
         )
 
 
-_NO_CAP = Capability(name="none")
+def _sample_tagged(
+    routes: RouteCache, tags: tuple[str, ...], capability: str, k: int
+) -> list[Instance]:
+    return routes.sample(capability, k, tags)
 
 
 def _has_other(instances: Iterable[Instance], state: _Attempt) -> bool:

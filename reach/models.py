@@ -6,6 +6,7 @@ The same models validate a YAML file, an announce message and a KV record, and
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -205,9 +206,10 @@ class Manifest(_Model):
                 return cap
         return None
 
-    @property
+    @functools.cached_property
     def stable(self) -> bool:
-        """A release version (no pre-release part) is preferred by routing."""
+        """A release version (no pre-release part) is preferred by routing (computed once:
+        routing asks for every candidate of every call)."""
         return "-" not in self.version.split("+", 1)[0]
 
 

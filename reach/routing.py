@@ -142,7 +142,7 @@ def rank(
     latency observed among the candidates, so a new instance gets tried and measured
     instead of starved.
     """
-    candidates: list[tuple[Instance, float, float]] = []
+    candidates: list[tuple[Instance, float, float, float | None]] = []
     best_known: float | None = None
     for inst in instances:
         if inst.status == "unhealthy":
@@ -159,10 +159,9 @@ def rank(
         observed = latency.get(agent_id)
         if observed is not None and (best_known is None or observed < best_known):
             best_known = observed
-        candidates.append((inst, cap.latency_sla_ms, load))
+        candidates.append((inst, cap.latency_sla_ms, load, observed))
     scored: list[tuple[float, int, Instance]] = []
-    for i, (inst, sla_ms, load) in enumerate(candidates):
-        observed = latency.get(inst.manifest.agent_id)
+    for i, (inst, sla_ms, load, observed) in enumerate(candidates):
         score = score_instance(
             inst,
             sla_ms=sla_ms,

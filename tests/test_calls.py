@@ -57,6 +57,28 @@ async def test_a_call_reaches_a_healthy_instance_and_says_who_served_it(
     assert b.calls == 1
 
 
+async def test_a_call_with_tags_goes_only_to_instances_whose_capability_carries_them(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    emea, _ = make_agent(nats_server.url, "worker-emea", capability(tags=("work", "emea")))
+    amer, _ = make_agent(nats_server.url, "worker-amer", capability(tags=("work", "amer")))
+    async with emea, amer:
+        await wait_routable(client, "work", 2)
+        for _ in range(10):
+            assert (await client.call("work", {}, tags=("emea",))).agent_id == "worker-emea"
+            assert (await client.call("work", {}, tags=["amer", "work"])).agent_id == "worker-amer"
+        # nobody carries the tag: not found, never the queue group of every instance
+        with pytest.raises(NotFound, match="apac"):
+            await client.call("work", {}, tags=("apac",))
+        # ... and a fallback to other tags then applies
+        result = await client.call(
+            "work", {}, tags=("apac",), fallback=Fallback(backup_tags=("emea",))
+        )
+        assert result.agent_id == "worker-emea"
+        assert result.fallback is not None
+        assert result.fallback.source == "backup"
+
+
 async def test_caller_prevalidation_names_the_field_and_never_sends(
     nats_server: NatsServer, client: ReachClient
 ) -> None:

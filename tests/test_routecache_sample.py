@@ -35,3 +35,66 @@ def test_samples_come_from_exactly_the_indexed_instances(ops: list[Any]) -> None
         assert len(picked) == min(3, len(indexed))
         assert len({i.agent_id for i in picked}) == len(picked)
         assert {i.agent_id for i in picked} <= indexed
+
+
+TAGS = ("emea", "amer", "gpu")
+TAGGED_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "remove"]),
+        st.integers(0, 30),
+        st.sets(st.sampled_from(TAGS)),
+        st.sets(st.sampled_from(TAGS)),
+    ),
+    max_size=200,
+)
+
+
+def tagged(agent_id: str, echo_tags: set[str], other_tags: set[str]) -> Any:
+    from reach.models import Instance, Manifest
+
+    manifest = Manifest.model_validate(
+        {
+            "agent_id": agent_id,
+            "agent_name": "echo_agent",
+            "version": "1.0.0",
+            "capabilities": [
+                {"name": "echo", "tags": sorted(echo_tags)},
+                {"name": "other", "tags": sorted(other_tags)},
+            ],
+        }
+    )
+    return Instance.model_validate(
+        {"manifest": manifest, "instance_id": f"{agent_id}-i", "status": "healthy",
+         "registered_at": 1.0, "last_heartbeat_at": 1.0}
+    )  # fmt: skip
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=TAGGED_OPS)
+def test_lookups_by_tag_find_exactly_the_instances_whose_capability_carries_them(
+    ops: list[Any],
+) -> None:
+    """The (capability, tag) index against a walk over every instance: tags are per
+    capability, so an agent tagged ``gpu`` on ``other`` is not a ``gpu`` instance of
+    ``echo``; updates that change an instance's tags move it between indexes."""
+    cache = RouteCache(store=None)  # type: ignore[arg-type]  # _apply needs no store
+    for revision, (op, n, echo_tags, other_tags) in enumerate(ops, 1):
+        agent_id = f"a-{n}"
+        instance_ = tagged(agent_id, echo_tags, other_tags) if op == "put" else None
+        cache._apply(agent_id, instance_, revision)
+    for capability in ("echo", "other"):
+        for wanted in [(), *((t,) for t in TAGS), ("emea", "gpu"), TAGS]:
+            expected = {
+                i.agent_id
+                for i in cache.all()
+                if (cap := i.manifest.capability(capability)) is not None
+                and set(wanted) <= set(cap.tags)
+            }
+            found = [i.agent_id for i in cache.for_capability(capability, wanted)]
+            assert sorted(found) == sorted(expected)
+            assert {i.agent_id for i in cache.sample(capability, 10_000, wanted)} == expected
+            picked = {i.agent_id for i in cache.sample(capability, 2, wanted)}
+            assert len(picked) == min(2, len(expected))
+            assert picked <= expected
+            listed = cache.find(capability, tags=wanted, include_unhealthy=True)
+            assert [i.agent_id for i in listed] == sorted(expected)

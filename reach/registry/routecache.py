@@ -31,16 +31,60 @@ def version_matches(version: str, wanted: str | None) -> bool:
     return core == wanted or core.split("-", 1)[0].startswith(wanted + ".")
 
 
+class _Members:
+    """The instances under one index key: a dict by agent id for lookups, and the same
+    as a list with each one's position, so a random sample is O(k)."""
+
+    __slots__ = ("by_id", "items", "pos")
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Instance] = {}
+        self.items: list[Instance] = []
+        self.pos: dict[str, int] = {}
+
+    def add(self, inst: Instance) -> None:
+        self.by_id[inst.agent_id] = inst
+        self.pos[inst.agent_id] = len(self.items)
+        self.items.append(inst)
+
+    def remove(self, agent_id: str) -> bool:
+        """Take ``agent_id`` out; True if nobody is left."""
+        self.by_id.pop(agent_id, None)
+        at = self.pos.pop(agent_id, None)
+        if at is not None:
+            last = self.items.pop()
+            if at < len(self.items):  # move the last one into the hole
+                self.items[at] = last
+                self.pos[last.agent_id] = at
+        return not self.items
+
+    def sample(self, k: int) -> list[Instance]:
+        items = self.items
+        n = len(items)
+        if n <= k:
+            return list(items)
+        if n < 4 * k:
+            return random.sample(items, k)
+        # few from many: k draws with a rare redraw (random.sample costs several times more)
+        draw = random.random
+        picked = {int(draw() * n) for _ in range(k)}
+        while len(picked) < k:
+            picked.add(int(draw() * n))
+        return [items[i] for i in picked]
+
+
+_NOBODY = _Members()
+
+
 class RouteCache:
     """Instances by agent id, capability and tag, fed by a watch on REACH_REGISTRY."""
 
     def __init__(self, store: RegistryStore) -> None:
         self._store = store
         self._instances: dict[str, tuple[Instance, int]] = {}
-        self._by_capability: dict[str, dict[str, Instance]] = {}
-        # the same, as lists with each agent's position, so a random sample is O(k)
-        self._cap_lists: dict[str, list[Instance]] = {}
-        self._cap_pos: dict[str, dict[str, int]] = {}
+        self._by_capability: dict[str, _Members] = {}
+        #: (capability, tag) → the instances whose capability carries the tag
+        self._by_cap_tag: dict[tuple[str, str], _Members] = {}
         self._by_tag: dict[str, set[tuple[str, str]]] = {}
         self._synced = asyncio.Event()
         self._changed = asyncio.Event()
@@ -110,35 +154,25 @@ class RouteCache:
 
     def _index(self, inst: Instance) -> None:
         for cap in inst.manifest.capabilities:
-            self._by_capability.setdefault(cap.name, {})[inst.agent_id] = inst
-            members = self._cap_lists.setdefault(cap.name, [])
-            positions = self._cap_pos.setdefault(cap.name, {})
-            positions[inst.agent_id] = len(members)
-            members.append(inst)
+            self._by_capability.setdefault(cap.name, _Members()).add(inst)
             for tag in cap.tags:
+                self._by_cap_tag.setdefault((cap.name, tag), _Members()).add(inst)
                 self._by_tag.setdefault(tag, set()).add((inst.agent_id, cap.name))
 
     def _unindex(self, inst: Instance) -> None:
+        agent_id = inst.agent_id
         for cap in inst.manifest.capabilities:
-            bucket = self._by_capability.get(cap.name)
-            if bucket is not None:
-                bucket.pop(inst.agent_id, None)
-                if not bucket:
-                    del self._by_capability[cap.name]
-            positions = self._cap_pos.get(cap.name)
-            at = positions.pop(inst.agent_id, None) if positions is not None else None
-            if positions is not None and at is not None:
-                members = self._cap_lists[cap.name]
-                last = members.pop()
-                if at < len(members):  # move the last one into the hole
-                    members[at] = last
-                    positions[last.agent_id] = at
-                if not members:
-                    del self._cap_lists[cap.name], self._cap_pos[cap.name]
+            members = self._by_capability.get(cap.name)
+            if members is not None and members.remove(agent_id):
+                del self._by_capability[cap.name]
             for tag in cap.tags:
+                key = (cap.name, tag)
+                members = self._by_cap_tag.get(key)
+                if members is not None and members.remove(agent_id):
+                    del self._by_cap_tag[key]
                 tagged = self._by_tag.get(tag)
                 if tagged is not None:
-                    tagged.discard((inst.agent_id, cap.name))
+                    tagged.discard((agent_id, cap.name))
                     if not tagged:
                         del self._by_tag[tag]
 
@@ -149,14 +183,30 @@ class RouteCache:
     def all(self) -> list[Instance]:
         return [inst for inst, _ in self._instances.values()]
 
-    def sample(self, capability: str, k: int) -> list[Instance]:
-        """Up to ``k`` instances of a capability picked at random (all if there are fewer)."""
-        members = self._cap_lists.get(capability, [])
-        return list(members) if len(members) <= k else random.sample(members, k)
+    def sample(self, capability: str, k: int, tags: Iterable[str] = ()) -> list[Instance]:
+        """Up to ``k`` instances of a capability (carrying all ``tags``) picked at random
+        (all if there are fewer)."""
+        wanted = tuple(tags)
+        if len(wanted) <= 1:
+            return self._members(capability, wanted).sample(k)
+        matching = list(self.for_capability(capability, wanted))
+        return matching if len(matching) <= k else random.sample(matching, k)
 
-    def for_capability(self, capability: str) -> Iterable[Instance]:
-        """Every known instance of a capability, healthy or not (the routing hot path)."""
-        return self._by_capability.get(capability, {}).values()
+    def for_capability(self, capability: str, tags: Iterable[str] = ()) -> Iterable[Instance]:
+        """Every known instance of a capability whose entry carries all ``tags``, healthy
+        or not (the routing hot path: a dictionary access for no tag or one, and a walk of
+        the smallest tag's members for more)."""
+        wanted = tuple(tags)
+        if len(wanted) <= 1:
+            return self._members(capability, wanted).by_id.values()
+        sets = sorted((self._members(capability, (t,)) for t in wanted), key=lambda m: len(m.items))
+        rest = [m.by_id for m in sets[1:]]
+        return [i for i in sets[0].items if all(i.agent_id in m for m in rest)]
+
+    def _members(self, capability: str, tags: tuple[str, ...]) -> _Members:
+        if tags:
+            return self._by_cap_tag.get((capability, tags[0]), _NOBODY)
+        return self._by_capability.get(capability, _NOBODY)
 
     def find(
         self,
@@ -168,13 +218,7 @@ class RouteCache:
         """Instances offering ``capability`` (if given) with a capability carrying all ``tags``."""
         wanted = list(tags)
         if wanted and capability is not None:
-            # the capability's own instances: as many as it has, not as many as carry the tag
-            need = set(wanted)
-            candidates = []
-            for inst in self.for_capability(capability):
-                cap = inst.manifest.capability(capability)
-                if cap is not None and need.issubset(cap.tags):
-                    candidates.append(inst)
+            candidates = list(self.for_capability(capability, wanted))
         elif wanted:
             pairs = set.intersection(*(self._by_tag.get(t, set()) for t in wanted))
             ids = {agent_id for agent_id, _ in pairs}
