@@ -361,8 +361,8 @@ class ReachClient:
         route = tuple(state.route)  # once, for the result and the audit event
         if state.span is not None or self.telemetry.metrics_on:
             self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
-        elif self.audit is not None:
-            self._record_ok(capability, state, meta, latency_ms, route)
+        elif self.audit is not None:  # the common case: nothing to decide
+            self.audit.record(self._event(capability, state, meta, latency_ms, route))
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},
@@ -385,19 +385,6 @@ class ReachClient:
             latency_ms=latency_ms,
             route=route,
         )
-
-    def _record_ok(
-        self,
-        capability: str,
-        state: _Attempt,
-        meta: envelope.RequestMeta,
-        latency_ms: float,
-        route: tuple[tuple[str, float | None, str, float], ...],
-    ) -> None:
-        """The audit event of a call that succeeded with no span to end and no metrics
-        to record: the common case, with nothing to decide."""
-        assert self.audit is not None
-        self.audit.record(self._event(capability, state, meta, latency_ms, route))
 
     def _event(
         self,
