@@ -202,6 +202,20 @@ async def _subscribe_inline(
 #: and callee keep working side by side instead of taking turns on one big batch
 _BATCH_ITEMS = 16
 _BATCH_BYTES = 64 * 1024
+#: what a request adds to a batch besides its bytes: its token and msgpack framing
+_ITEM_OVERHEAD = 24
+
+
+#: publishes that had to wait for the outgoing buffer to drain, kept until they are done
+_finishing: set[asyncio.Task[None]] = set()
+
+
+def _publish_now(nc: _NatsClient, subject: str, data: bytes, reply: str = "") -> None:
+    """Publish from synchronous code (a loop callback); nats-py's errors are raised."""
+    task = step_now(nc.publish(subject, data, reply=reply))
+    if task is not None:  # the outgoing buffer was full: a flush is under way
+        _finishing.add(task)
+        task.add_done_callback(_finishing.discard)
 
 
 class _Outbox:
@@ -244,7 +258,6 @@ class _ReplyMux:
         self._batches: dict[str, list[str]] = {}
         self._outbox: dict[str, _Outbox] = {}
         self._flush_handle: asyncio.Handle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
         self._ready: asyncio.Lock = asyncio.Lock()
         # (loop time, token) of every request not yet past its deadline; answered ones are
         # dropped when they reach the top: a heap push per request instead of a timer
@@ -344,12 +357,18 @@ class _ReplyMux:
         self._expire_at(loop, when, token)
         try:
             box = self._outbox.get(subject)
-            if box is not None and len(data) < _BATCH_BYTES:
+            size = len(data) + _ITEM_OVERHEAD
+            limit = self._batch_bytes()
+            if box is not None and size <= limit:
+                if box.size + size > limit:
+                    # it would not fit: what waits goes now, and this one after it
+                    self._send(loop, subject, box)
+                    box = self._outbox[subject] = _Outbox()
                 box.items.append((token, data))
-                box.size += len(data)
+                box.size += size
                 if when > box.until:
                     box.until = when
-                if len(box.items) >= _BATCH_ITEMS or box.size >= _BATCH_BYTES:
+                if len(box.items) >= _BATCH_ITEMS:
                     del self._outbox[subject]
                     self._send(loop, subject, box)
             else:
@@ -363,6 +382,10 @@ class _ReplyMux:
             return await future
         finally:
             pending.pop(token, None)
+
+    def _batch_bytes(self) -> int:
+        """The most a batch may carry: well under the server's max_payload."""
+        return min(_BATCH_BYTES, int(self._nc.max_payload) // 2)
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -386,29 +409,25 @@ class _ReplyMux:
             data = envelope.pack_batch(items)
             reply = self._base + batch
         try:
-            task = step_now(self._nc.publish(subject, data, reply=reply))
+            _publish_now(self._nc, subject, data, reply)
         except Exception as exc:  # the connection is gone: every request of the box fails
+            self._batches.pop(reply[len(self._base) :], None)
             for token, _ in items:
                 future = self._pending.pop(token, None)
                 if future is not None and not future.done():
                     future.set_exception(exc)
-            return
-        if task is not None:  # the outgoing buffer was full: a flush is under way
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
 
 
 class ReplyBatch:
     """The replies to one batch of requests, sent together when ready together."""
 
-    __slots__ = ("_handle", "_items", "_nc", "_reply", "_sending")
+    __slots__ = ("_handle", "_items", "_nc", "_reply")
 
     def __init__(self, nc: _NatsClient, reply: str) -> None:
         self._nc = nc
         self._reply = reply
         self._items: list[tuple[str, bytes]] = []
         self._handle: asyncio.Handle | None = None
-        self._sending: asyncio.Task[None] | None = None
 
     def add(self, token: str, data: bytes) -> None:
         """Queue the reply to request ``token``; it goes out at the end of this turn."""
@@ -425,7 +444,7 @@ class ReplyBatch:
         if not items or not self._reply:
             return
         try:
-            self._sending = step_now(self._nc.publish(self._reply, envelope.pack_batch(items)))
+            _publish_now(self._nc, self._reply, envelope.pack_batch(items))
         except Exception as exc:
             # the callers will time out and retry elsewhere; the responder must keep going
             log.debug("could not reply on %s: %s", self._reply, exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -22,7 +23,8 @@ from reach import envelope, subjects
 from reach.client import ReachClient
 from reach.envelope import MAX_BATCH_ITEMS, RequestMeta
 from reach.errors import CodecError, ContractError
-from reach.transport import Connection, Message
+from reach.testing import NatsServer
+from reach.transport import Connection, Message, connect
 
 from .calls_helpers import capability, make_agent, wait_routable
 
@@ -215,3 +217,35 @@ def test_the_exported_schema_describes_a_batch() -> None:
         ("a2", b"\x81"),
     ]
     assert load_schema("envelope-batch")["maxItems"] == MAX_BATCH_ITEMS
+
+
+async def test_batches_stay_under_the_servers_max_payload(tmp_path: Path) -> None:
+    """Requests that each fit the server's max_payload never fail for travelling together."""
+    config = tmp_path / "small.conf"
+    config.write_text("max_payload: 4096\n")
+    async with NatsServer(store_dir=tmp_path / "store", config_file=config) as server:
+        conn = await connect([server.url], name="small")
+        try:
+            assert conn.max_payload == 4096
+            wire: list[bytes] = []
+
+            async def echo(msg: Message) -> None:
+                wire.append(msg.data)
+                if envelope.is_batch(msg.data):
+                    items = envelope.unpack_batch(msg.data)
+                    await conn.respond(msg, envelope.pack_batch(items))
+                else:
+                    await conn.respond(msg, msg.data)
+
+            await conn.subscribe("reach.test.small", echo)
+            await conn.flush()
+            await conn.raw_request("reach.test.small", b"first", 2.0)
+            payloads = [bytes([i]) * 600 for i in range(12)] + [b"x" * 3900]
+            replies = await asyncio.gather(
+                *(conn.raw_request("reach.test.small", p, 2.0) for p in payloads)
+            )
+            assert replies == payloads
+            assert any(envelope.is_batch(d) for d in wire)  # the small ones still go together
+            assert all(len(d) <= 4096 for d in wire)
+        finally:
+            await conn.close()
