@@ -218,6 +218,11 @@ def _publish_now(nc: _NatsClient, subject: str, data: bytes, reply: str = "") ->
         task.add_done_callback(_finishing.discard)
 
 
+def _batch_bytes(nc: _NatsClient) -> int:
+    """The most a batch may carry: well under the server's max_payload."""
+    return min(_BATCH_BYTES, int(nc.max_payload) // 2)
+
+
 class _Outbox:
     """Requests to one subject waiting for the end of this turn of the event loop."""
 
@@ -358,7 +363,7 @@ class _ReplyMux:
         try:
             box = self._outbox.get(subject)
             size = len(data) + _ITEM_OVERHEAD
-            limit = self._batch_bytes()
+            limit = _batch_bytes(self._nc)
             if box is not None and size <= limit:
                 if box.size + size > limit:
                     # it would not fit: what waits goes now, and this one after it
@@ -382,10 +387,6 @@ class _ReplyMux:
             return await future
         finally:
             pending.pop(token, None)
-
-    def _batch_bytes(self) -> int:
-        """The most a batch may carry: well under the server's max_payload."""
-        return min(_BATCH_BYTES, int(self._nc.max_payload) // 2)
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -419,19 +420,26 @@ class _ReplyMux:
 
 
 class ReplyBatch:
-    """The replies to one batch of requests, sent together when ready together."""
+    """The replies to one batch of requests, sent together when ready together (each
+    message kept well under the server's max_payload)."""
 
-    __slots__ = ("_handle", "_items", "_nc", "_reply")
+    __slots__ = ("_handle", "_items", "_limit", "_nc", "_reply", "_size")
 
     def __init__(self, nc: _NatsClient, reply: str) -> None:
         self._nc = nc
         self._reply = reply
         self._items: list[tuple[str, bytes]] = []
+        self._size = 0
+        self._limit = _batch_bytes(nc)
         self._handle: asyncio.Handle | None = None
 
     def add(self, token: str, data: bytes) -> None:
         """Queue the reply to request ``token``; it goes out at the end of this turn."""
+        size = len(data) + _ITEM_OVERHEAD
+        if self._items and self._size + size > self._limit:
+            self.flush()  # it would not fit: what waits goes now
         self._items.append((token, data))
+        self._size += size
         if self._handle is None:
             self._handle = asyncio.get_running_loop().call_soon(self.flush)
 
@@ -440,7 +448,7 @@ class ReplyBatch:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        items, self._items = self._items, []
+        items, self._items, self._size = self._items, [], 0
         if not items or not self._reply:
             return
         try:

@@ -220,7 +220,8 @@ def test_the_exported_schema_describes_a_batch() -> None:
 
 
 async def test_batches_stay_under_the_servers_max_payload(tmp_path: Path) -> None:
-    """Requests that each fit the server's max_payload never fail for travelling together."""
+    """Requests (and replies) that each fit the server's max_payload never fail for
+    travelling together."""
     config = tmp_path / "small.conf"
     config.write_text("max_payload: 4096\n")
     async with NatsServer(store_dir=tmp_path / "store", config_file=config) as server:
@@ -232,10 +233,12 @@ async def test_batches_stay_under_the_servers_max_payload(tmp_path: Path) -> Non
             async def echo(msg: Message) -> None:
                 wire.append(msg.data)
                 if envelope.is_batch(msg.data):
-                    items = envelope.unpack_batch(msg.data)
-                    await conn.respond(msg, envelope.pack_batch(items))
+                    replies = conn.reply_batch(msg)  # as an agent answers: together
+                    for token, request in envelope.unpack_batch(msg.data):
+                        replies.add(token, request * 3)  # 1800 bytes: two would not fit
+                    replies.flush()
                 else:
-                    await conn.respond(msg, msg.data)
+                    await conn.respond(msg, msg.data * 3 if len(msg.data) < 2000 else msg.data)
 
             await conn.subscribe("reach.test.small", echo)
             await conn.flush()
@@ -244,7 +247,7 @@ async def test_batches_stay_under_the_servers_max_payload(tmp_path: Path) -> Non
             replies = await asyncio.gather(
                 *(conn.raw_request("reach.test.small", p, 2.0) for p in payloads)
             )
-            assert replies == payloads
+            assert replies == [p * 3 for p in payloads[:-1]] + payloads[-1:]
             assert any(envelope.is_batch(d) for d in wire)  # the small ones still go together
             assert all(len(d) <= 4096 for d in wire)
         finally:
