@@ -349,7 +349,11 @@ class _ReplyMux:
             self._timer_at = when
             self._timer = loop.call_at(when, self._expire)
 
-    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+    async def request(
+        self, subject: str, data: bytes, timeout: float, *, batch: bool = True
+    ) -> bytes:
+        """The reply's bytes; with ``batch`` the request may travel with others to the
+        same subject (only for responders that read batches: agents' call subjects)."""
         if not self._base:
             await self._start()
         self._seq += 1
@@ -361,7 +365,7 @@ class _ReplyMux:
         when = loop.time() + timeout
         self._expire_at(loop, when, token)
         try:
-            box = self._outbox.get(subject)
+            box = self._outbox.get(subject) if batch else None
             size = len(data) + _ITEM_OVERHEAD
             limit = _batch_bytes(self._nc)
             if box is not None and size <= limit:
@@ -378,7 +382,7 @@ class _ReplyMux:
                     self._send(loop, subject, box)
             else:
                 await self._nc.publish(subject, data, reply=self._base + token)
-                if len(pending) > 1 and subject not in self._outbox:
+                if batch and len(pending) > 1 and subject not in self._outbox:
                     # others are in flight: more requests to this subject may follow in
                     # this turn; they wait for its end and go together
                     self._outbox[subject] = _Outbox()
@@ -502,10 +506,10 @@ class Connection:
         if timeout <= 0:
             raise ReachTimeout(f"no time left to call {subject}")
         try:
-            msg = await self._nc.request(subject, data, timeout=timeout)
+            # the call path's mux, never batched: control subjects answer one at a time
+            return await self._mux.request(subject, data, timeout, batch=False)
         except Exception as exc:
             raise translate_error(exc, subject) from exc
-        return bytes(msg.data)
 
     async def publish(self, subject: str, data: bytes, reply: str = "") -> None:
         try:
