@@ -29,7 +29,7 @@ from reach.security.fabric import connect_as
 from reach.transport import Connection
 
 from .conftest import manifest
-from .test_up import EXIT_TIMEOUT, REACH, _gone, _nats_children, _read_line
+from .test_up import EXIT_TIMEOUT, REACH, _gone, _nats_children, _read_line, _reap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -67,16 +67,6 @@ def _spawn(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
         cwd=tmp_path,
         env=env,
     )
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    children = _nats_children(proc.pid)
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate(timeout=EXIT_TIMEOUT)
-    for child in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
 
 
 @pytest.fixture

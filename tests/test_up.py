@@ -129,13 +129,18 @@ def reach_up(tmp_path: Path) -> Iterator[Spawn]:
 
     yield spawn
     for proc in procs:
-        children = _nats_children(proc.pid)
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=EXIT_TIMEOUT)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``reach up`` if it still runs, and any nats-server it left behind."""
+    children = _nats_children(proc.pid)
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=EXIT_TIMEOUT)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
