@@ -149,6 +149,7 @@ class _Attempt:
         attempt_timeout: float,
         started_at: float,
         instances: Iterable[Instance],
+        tags: tuple[str, ...] = (),
     ) -> None:
         self.capability = capability
         self.deadline = deadline
@@ -170,7 +171,7 @@ class _Attempt:
         self.skipped: list[str] = []
         self.span: Span | None = None
         #: the tags every candidate's capability carries
-        self.tags: tuple[str, ...] = ()
+        self.tags = tags
 
 
 class ReachClient:
@@ -509,8 +510,7 @@ class ReachClient:
         # the callee checks depth, element count and key types when it decodes; here only
         # the size limit (and that the value can be encoded at all) is checked
         body = codec.encode(payload, checked=False)
-        state = _Attempt(capability, deadline, attempt_timeout, now, instances)
-        state.tags = tags
+        state = _Attempt(capability, deadline, attempt_timeout, now, instances, tags)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         # W3C trace context: the caller's span is the callee's parent, even without an SDK
         traceparent = parent.traceparent if parent is not None else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -10,7 +10,7 @@ from reach import codec
 from reach.errors import CodecError, ContractError
 from reach.models import format_validation_error
 
-__all__ = ["decode_model", "decode_record", "encode_model"]
+__all__ = ["decode_model", "decode_record", "encode_model", "validate_record"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,8 +34,13 @@ def decode_model(cls: type[M], data: bytes, limits: codec.Limits = codec.DEFAULT
 
 def decode_record(cls: type[M], data: bytes, what: str) -> M:
     """Decode a stored record (KV value); CodecError if it is not a valid ``cls``."""
+    return validate_record(cls, codec.decode(data), what)
+
+
+def validate_record(cls: type[M], value: Any, what: str) -> M:
+    """A stored record, already unpacked, as ``cls``; CodecError if it is not one."""
     try:
-        return cls.model_validate(codec.decode(data))
+        return cls.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]["msg"]
         raise CodecError(f"{what} record is not a valid {cls.__name__}: {first}") from None

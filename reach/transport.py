@@ -294,23 +294,28 @@ class _ReplyMux:
         elif token[:1] == "z":
             self._on_batch_reply(token, msg)
 
+    def _settle(self, token: str, reply: bytes | BaseException) -> None:
+        """Answer request ``token`` (if it still waits) with ``reply`` or that error."""
+        future = self._pending.pop(token, None)
+        if future is None or future.done():
+            return
+        if isinstance(reply, BaseException):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
     def _on_batch_reply(self, batch: str, msg: _NatsMsg) -> None:
         tokens = self._batches.pop(batch, ())  # a batch is refused or 503'd in one message
-        pending = self._pending
         if _is_no_responders(msg):
             for token in tokens:
-                future = pending.pop(token, None)
-                if future is not None and not future.done():
-                    future.set_exception(nats.errors.NoRespondersError())
+                self._settle(token, nats.errors.NoRespondersError())
             return
         data = msg.data
         if not envelope.is_batch(data):
             # the callee answered the batch as a whole (it could not read it): every
             # request gets that answer
             for token in tokens:
-                future = pending.pop(token, None)
-                if future is not None and not future.done():
-                    future.set_result(data)
+                self._settle(token, data)
             return
         try:
             items = envelope.unpack_batch(data)
@@ -318,9 +323,7 @@ class _ReplyMux:
             log.warning("unreadable batch reply on %s: %s", msg.subject, exc)
             return  # its requests time out
         for token, reply in items:
-            future = pending.pop(token, None)
-            if future is not None and not future.done():
-                future.set_result(reply)
+            self._settle(token, reply)
 
     def _expire(self) -> None:
         self._timer = None
@@ -334,9 +337,8 @@ class _ReplyMux:
         ):
             _, token = heapq.heappop(deadlines)
             batches.pop(token, None)
-            future = pending.pop(token, None)
-            if future is not None and not future.done():
-                future.set_exception(nats.errors.TimeoutError())
+            if token in pending:  # most were answered long ago: no error object for them
+                self._settle(token, nats.errors.TimeoutError())
         if deadlines:
             self._timer_at = deadlines[0][0]
             self._timer = loop.call_at(self._timer_at, self._expire)
@@ -418,9 +420,7 @@ class _ReplyMux:
         except Exception as exc:  # the connection is gone: every request of the box fails
             self._batches.pop(reply[len(self._base) :], None)
             for token, _ in items:
-                future = self._pending.pop(token, None)
-                if future is not None and not future.done():
-                    future.set_exception(exc)
+                self._settle(token, exc)
 
 
 class ReplyBatch:

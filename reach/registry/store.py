@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 from pydantic import ValidationError
 
 from reach import codec, subjects
 from reach.errors import CodecError
-from reach.messages import encode_model
+from reach.messages import encode_model, validate_record
 from reach.models import Instance, Manifest, RegistrarRecord
 from reach.transport import Connection, KVBucket
 
@@ -36,31 +37,27 @@ def decode_instance(data: bytes) -> Instance:
     value = codec.decode(data, checked=False)
     manifest = value.get("manifest") if type(value) is dict else None
     if type(manifest) is dict:
-        try:
-            key = msgpack.packb(manifest, use_bin_type=True)
-        except (TypeError, ValueError):  # not a plain value: let validation say what
-            key = b""
-        known = _MANIFESTS.get(key) if key else None
-        if known is None and key:
-            try:
-                known = Manifest.model_validate(manifest)
-            except ValidationError as exc:
-                raise CodecError(
-                    f"registry record is not a valid Instance: manifest: {exc.errors()[0]['msg']}"
-                ) from None
-            _MANIFESTS[key] = known
-            if len(_MANIFESTS) > _MANIFESTS_MAX:
-                _MANIFESTS.popitem(last=False)
-        elif known is not None:
-            _MANIFESTS.move_to_end(key)
-        if known is not None:
-            value = {**value, "manifest": known}
+        value = {**value, "manifest": _known_manifest(manifest)}
+    return validate_record(Instance, value, "registry")
+
+
+def _known_manifest(raw: dict[str, Any]) -> Manifest:
+    """The validated manifest of ``raw`` (as unpacked), validated on first sight only."""
+    key = msgpack.packb(raw, use_bin_type=True)  # it was unpacked: it packs
+    known = _MANIFESTS.get(key)
+    if known is not None:
+        _MANIFESTS.move_to_end(key)
+        return known
     try:
-        return Instance.model_validate(value)
+        known = Manifest.model_validate(raw)
     except ValidationError as exc:
         raise CodecError(
-            f"registry record is not a valid Instance: {exc.errors()[0]['msg']}"
+            f"registry record is not a valid Instance: manifest: {exc.errors()[0]['msg']}"
         ) from None
+    _MANIFESTS[key] = known
+    if len(_MANIFESTS) > _MANIFESTS_MAX:
+        _MANIFESTS.popitem(last=False)
+    return known
 
 
 @dataclass(frozen=True, slots=True)
