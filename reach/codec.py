@@ -95,7 +95,8 @@ def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True)
     return data
 
 
-def _reject_ext(code: int, data: bytes) -> Any:
+def reject_ext(code: int, data: bytes) -> Any:
+    """msgpack's ``ext_hook`` for bytes from the network: extension types are refused."""
     raise CodecError(f"msgpack extension type {code} is not allowed", rule="type")
 
 
@@ -113,7 +114,7 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True
             data,
             raw=False,
             strict_map_key=True,
-            ext_hook=_reject_ext,
+            ext_hook=reject_ext,
             timestamp=0,
             max_array_len=limits.max_elements,
             max_map_len=limits.max_elements,

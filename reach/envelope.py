@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from reach.codec import reject_ext
 from reach.errors import CodecError
 
 __all__ = [
@@ -109,7 +110,9 @@ def _unpack_map(data: bytes, what: str, max_bytes: int) -> dict[str, Any]:
             f"{what} is {len(data)} bytes, more than the limit of {max_bytes}", rule="max_bytes"
         )
     try:
-        env = msgpack.unpackb(data, raw=False, max_array_len=64, max_map_len=64, ext_hook=_no_ext)
+        env = msgpack.unpackb(
+            data, raw=False, max_array_len=64, max_map_len=64, ext_hook=reject_ext
+        )
     except CodecError:
         raise
     except Exception as exc:  # msgpack raises a wide set of types on garbage
@@ -121,10 +124,6 @@ def _unpack_map(data: bytes, what: str, max_bytes: int) -> dict[str, Any]:
     if version != PROTOCOL_VERSION:
         raise CodecError(f"{what}: unsupported protocol version {version!r}", path="v")
     return env
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise CodecError(f"msgpack extension type {code} is not allowed", rule="type")
 
 
 def unpack_request(
@@ -224,7 +223,7 @@ def unpack_batch(data: bytes, max_bytes: int = 4 * 1024 * 1024) -> list[tuple[st
             use_list=False,
             max_array_len=MAX_BATCH_ITEMS,
             max_map_len=0,
-            ext_hook=_no_ext,
+            ext_hook=reject_ext,
         )
     except CodecError:
         raise
