@@ -285,12 +285,12 @@ def _tap_attempts(client: Any, watch: _Watch) -> bool:
         return False
     prefix = "reach.v1.cap."
 
-    async def tapped(subject: str, data: bytes, timeout: float) -> Any:
+    async def tapped(subject: str, data: bytes, timeout: float, batch: bool) -> Any:
         if subject.startswith(prefix):
             parts = subject[len(prefix) :].split(".", 1)
             if len(parts) == 2:
                 watch.attempts.setdefault(parts[1], []).append(time.monotonic())
-        return await original(subject, data, timeout)
+        return await original(subject, data, timeout, batch)
 
     client._nats_request = tapped
     return True

@@ -46,6 +46,7 @@ from reach.errors import (
 from reach.jobs import JobStore
 from reach.messages import decode_model, encode_model
 from reach.models import (
+    FEATURES,
     AnnounceReply,
     AnnounceRequest,
     Bye,
@@ -323,6 +324,7 @@ class Agent:
             instance_id=self.instance_id,
             started_at=self._started_at,
             readiness=await self.current_readiness(),
+            features=list(FEATURES),
         )
         data = self._control_request(encode_model(request))
         deadline = time.monotonic() + self._announce_timeout

@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ from reach.routing import LatencyTracker, choose
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
-from reach.transport import Connection, translate_error
+from reach.transport import Connection, RawRequest, translate_error
 
 __all__ = ["CallResult", "ReachClient"]
 
@@ -213,7 +213,7 @@ class ReachClient:
         self._results = ResultCache()
         self._jobs: JobStore | None = None
         self._validators: dict[int, tuple[dict[str, Any], Validator]] = {}
-        self._nats_request: Callable[[str, bytes, float], Awaitable[bytes]] = _not_connected
+        self._nats_request: RawRequest = _not_connected
         self._security = FabricSecurity()
         self._call_prefix = secrets.token_hex(8) + "-"
         self._call_seq = 0
@@ -655,8 +655,13 @@ class ReachClient:
         try:
             try:
                 # nats-py directly (one coroutine less per call); errors translated here
+                # batched only to an instance known to read batches, never to the queue
+                # group, which may hold instances that do not
                 data = await self._nats_request(
-                    subject, envelope.pack_request(meta, body), remaining
+                    subject,
+                    envelope.pack_request(meta, body),
+                    remaining,
+                    inst is not None and inst.batches,
                 )
             except Exception as exc:
                 raise translate_error(exc, subject) from exc
@@ -774,7 +779,7 @@ def _has_other(instances: Iterable[Instance], state: _Attempt) -> bool:
     return any(i.agent_id not in state.failed and i.status != "unhealthy" for i in instances)
 
 
-async def _not_connected(subject: str, data: bytes, timeout: float) -> bytes:
+async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool) -> bytes:
     raise RuntimeError("connect the client first: `async with ReachClient() as client:`")
 
 

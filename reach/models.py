@@ -29,6 +29,8 @@ from pydantic_core import PydanticCustomError
 from reach.errors import ConfigurationError
 
 __all__ = [
+    "FEATURES",
+    "FEATURE_BATCH",
     "AnnounceReply",
     "AnnounceRequest",
     "Bye",
@@ -128,6 +130,17 @@ SemVer = Annotated[
 ]
 JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
 HealthStatus = Literal["healthy", "degraded", "unhealthy"]
+
+#: Wire features beyond the base protocol, announced by the instances that speak them.
+#: "batch": the instance reads batches of requests (``envelope-batch``); callers send a
+#: batch only to an instance that announced it.
+FEATURE_BATCH = "batch"
+#: the features this implementation's agents speak
+FEATURES: tuple[str, ...] = (FEATURE_BATCH,)
+_FEATURES_HELP = (
+    'wire features the instance speaks beyond the base protocol ("batch"); unknown ones'
+    " are kept and ignored"
+)
 
 
 class _Model(BaseModel):
@@ -250,6 +263,9 @@ class AnnounceRequest(_Model):
     instance_id: str = Field(min_length=1, max_length=64)
     started_at: float
     readiness: Readiness = Field(default_factory=Readiness)
+    features: list[SubjectToken] = Field(
+        default_factory=list, max_length=16, description=_FEATURES_HELP
+    )
 
 
 class AnnounceReply(_Model):
@@ -306,10 +322,18 @@ class Instance(_Model):
     readiness: Readiness = Field(default_factory=Readiness)
     registrar_id: str = ""
     transitions: list[Transition] = Field(default_factory=list)
+    features: list[SubjectToken] = Field(
+        default_factory=list, max_length=16, description=_FEATURES_HELP
+    )
 
     @property
     def agent_id(self) -> str:
         return self.manifest.agent_id
+
+    @functools.cached_property
+    def batches(self) -> bool:
+        """Whether it reads batches of requests (asked on every call: computed once)."""
+        return FEATURE_BATCH in self.features
 
     @property
     def load(self) -> float:

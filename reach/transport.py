@@ -50,6 +50,7 @@ __all__ = [
     "KVConflict",
     "KVEntry",
     "Message",
+    "RawRequest",
     "ReplyBatch",
     "Stream",
     "StreamMessage",
@@ -79,6 +80,8 @@ class Message(Protocol):
 Handler = Callable[[Message], Awaitable[None]]
 #: a handler run as each message is parsed: it must not block (see ``subscribe_inline``)
 InlineHandler = Callable[[Message], None]
+#: the call path's request function: (subject, data, timeout, batch) → the reply's bytes
+RawRequest = Callable[[str, bytes, float, bool], Awaitable[bytes]]
 
 
 class KVConflict(ReachError):
@@ -351,11 +354,10 @@ class _ReplyMux:
             self._timer_at = when
             self._timer = loop.call_at(when, self._expire)
 
-    async def request(
-        self, subject: str, data: bytes, timeout: float, *, batch: bool = True
-    ) -> bytes:
+    async def request(self, subject: str, data: bytes, timeout: float, batch: bool) -> bytes:
         """The reply's bytes; with ``batch`` the request may travel with others to the
-        same subject (only for responders that read batches: agents' call subjects)."""
+        same subject (only for a responder that reads batches: an instance that announced
+        the "batch" feature)."""
         if not self._base:
             await self._start()
         self._seq += 1
@@ -488,11 +490,11 @@ class Connection:
         return int(self._nc.max_payload)
 
     @property
-    def raw_request(self) -> Callable[[str, bytes, float], Awaitable[bytes]]:
-        """Request/reply for the call hot path: the reply's bytes (nats-py errors:
-        ``translate_error``). Requests to one subject made in one turn of the event loop
-        may travel as one batch (see ``_ReplyMux``)."""
-        request: Callable[[str, bytes, float], Awaitable[bytes]] = self._mux.request
+    def raw_request(self) -> RawRequest:
+        """Request/reply for the call hot path: ``(subject, data, timeout, batch)`` → the
+        reply's bytes (nats-py errors: ``translate_error``). With ``batch``, requests to one
+        subject made in one turn of the event loop may travel as one (see ``_ReplyMux``)."""
+        request: RawRequest = self._mux.request
         return request
 
     def reply_batch(self, msg: Message) -> ReplyBatch:
@@ -507,7 +509,7 @@ class Connection:
             raise ReachTimeout(f"no time left to call {subject}")
         try:
             # the call path's mux, never batched: control subjects answer one at a time
-            return await self._mux.request(subject, data, timeout, batch=False)
+            return await self._mux.request(subject, data, timeout, False)
         except Exception as exc:
             raise translate_error(exc, subject) from exc
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reach import envelope, subjects
-from reach.client import ReachClient
+from reach.client import CallResult, ReachClient
 from reach.envelope import MAX_BATCH_ITEMS, RequestMeta
-from reach.errors import CodecError, ContractError
+from reach.errors import CodecError
+from reach.messages import encode_model
+from reach.models import AnnounceReply, AnnounceRequest, Manifest
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
 
 from .calls_helpers import capability, make_agent, wait_routable
+from .conftest import manifest
 
 # -- the wire format ---------------------------------------------------------------------
 
@@ -76,7 +80,7 @@ async def test_a_batch_nobody_receives_fails_every_request_as_no_responders(
     request = conn.raw_request
     await conn.flush()
     results = await asyncio.gather(
-        *(request("reach.test.nobody", b"x", 2.0) for _ in range(10)), return_exceptions=True
+        *(request("reach.test.nobody", b"x", 2.0, True) for _ in range(10)), return_exceptions=True
     )
     assert all(isinstance(r, nats.errors.NoRespondersError) for r in results), results
 
@@ -90,10 +94,10 @@ async def test_one_reply_to_a_whole_batch_answers_each_request(conn: Connection)
 
     await conn.subscribe("reach.test.refuser", refuse)
     await conn.flush()
-    await conn.raw_request("reach.test.refuser", b"first", 2.0)  # the reply inbox is in place
+    await conn.raw_request("reach.test.refuser", b"first", 2.0, True)  # the reply inbox is in place
     seen.clear()
     replies = await asyncio.gather(
-        *(conn.raw_request("reach.test.refuser", b"r%d" % i, 2.0) for i in range(10))
+        *(conn.raw_request("reach.test.refuser", b"r%d" % i, 2.0, True) for i in range(10))
     )
     assert replies == [b"\x81\xa1v\x01"] * 10
     assert any(envelope.is_batch(d) for d in seen)  # some went as one batch
@@ -114,9 +118,9 @@ async def test_replies_to_one_batch_may_come_back_in_parts(conn: Connection) -> 
 
     await conn.subscribe("reach.test.parts", answer_in_parts)
     await conn.flush()
-    await conn.raw_request("reach.test.parts", b"first", 2.0)  # the reply inbox is in place
+    await conn.raw_request("reach.test.parts", b"first", 2.0, True)  # the reply inbox is in place
     replies = await asyncio.gather(
-        *(conn.raw_request("reach.test.parts", b"%d" % i, 2.0) for i in range(20))
+        *(conn.raw_request("reach.test.parts", b"%d" % i, 2.0, True) for i in range(20))
     )
     assert [r.split(b":", 1)[1] for r in replies] == [b"%d" % i for i in range(20)]
     assert any(r.startswith(b"batched:") for r in replies)
@@ -181,29 +185,94 @@ async def test_concurrent_calls_go_in_batches_and_each_gets_its_own_reply(
     assert len(wire) < 150
 
 
-async def test_a_batch_refused_as_a_whole_fails_each_call_with_the_reason(
-    client: ReachClient, conn: Connection
+async def test_a_batch_refused_as_a_whole_fails_each_request_with_the_reason(
+    conn: Connection,
 ) -> None:
-    """A responder on a capability's queue subject that cannot read batches (an older
-    agent, say) answers with one error; every call of the batch gets it."""
+    """A responder that cannot read a batch answers it with one error; every request of
+    the batch gets that answer."""
 
-    async def old_agent(msg: Message) -> None:
+    async def map_only(msg: Message) -> None:
         if envelope.is_batch(msg.data):
             await conn.respond(msg, envelope.pack_error("contract", "bad_envelope", "a map only"))
         else:
-            _, body = envelope.unpack_request(msg.data)
-            await conn.respond(msg, envelope.pack_ok(body))
+            await conn.respond(msg, envelope.pack_ok(msg.data))
 
-    await conn.subscribe(subjects.capability("legacy"), old_agent, queue="legacy")
+    await conn.subscribe("reach.test.map-only", map_only)
     await conn.flush()
-    await client.call("legacy", {"i": 0})
-    results = await asyncio.gather(
-        *(client.call("legacy", {"i": i}) for i in range(10)), return_exceptions=True
-    )
-    refused = [r for r in results if isinstance(r, ContractError)]
+    await conn.raw_request("reach.test.map-only", b"first", 2.0, True)
+    replies = [
+        envelope.unpack_reply(r)
+        for r in await asyncio.gather(
+            *(conn.raw_request("reach.test.map-only", b"%d" % i, 2.0, True) for i in range(10))
+        )
+    ]
+    refused = [r for r in replies if not r.ok]
     assert refused
-    assert all("a map only" in str(r) for r in refused)
-    assert all(not isinstance(r, Exception) or isinstance(r, ContractError) for r in results)
+    assert all((r.code, r.description) == ("bad_envelope", "a map only") for r in refused)
+
+
+async def _base_protocol_agent(
+    conn: Connection, agent_id: str, capability: str, *, features: list[str] | None
+) -> list[bytes]:
+    """An agent that speaks only the base protocol, as one in another language might: it
+    answers single request envelopes and refuses batches. With ``features`` it announces
+    itself (with those features); without, it only serves the capability's queue group.
+    Returns what it received."""
+    wire: list[bytes] = []
+
+    async def serve(msg: Message) -> None:
+        wire.append(msg.data)
+        if envelope.is_batch(msg.data):
+            await conn.respond(msg, envelope.pack_error("contract", "bad_envelope", "a map only"))
+            return
+        _, body = envelope.unpack_request(msg.data)
+        await conn.respond(msg, envelope.pack_ok(body, agent_id))
+
+    await conn.subscribe(subjects.capability(capability), serve, queue=capability)
+    if features is None:
+        await conn.flush()
+        return wire
+    await conn.subscribe(subjects.capability_instance(capability, agent_id), serve)
+    announce = AnnounceRequest(
+        # probes and heartbeats are not answered: a health interval longer than the test
+        manifest=Manifest.model_validate(manifest(agent_id, capability, interval=60, timeout=5)),
+        instance_id=f"{agent_id}-1",
+        started_at=time.time(),
+        features=features,
+    )
+    data = envelope.pack_request(RequestMeta(call_id=f"hello-{agent_id}"), encode_model(announce))
+    reply = envelope.unpack_reply(await conn.request(subjects.announce(agent_id), data, 2.0))
+    assert reply.ok
+    assert AnnounceReply.model_validate(msgpack.unpackb(reply.body)).accepted
+    return wire
+
+
+async def test_batches_go_only_to_instances_that_announced_they_read_them(
+    client: ReachClient, conn: Connection
+) -> None:
+    """Batches are a feature an instance announces: one that did not (an agent in another
+    language speaking the base protocol, say) gets every request on its own, and so does
+    a capability's queue group, which may hold such instances."""
+    plain = await _base_protocol_agent(conn, "plain-1", "plain", features=[])
+    modern = await _base_protocol_agent(conn, "modern-1", "modern", features=["batch"])
+    queued = await _base_protocol_agent(conn, "queued-1", "queued", features=None)
+    await wait_routable(client, "plain", 1)
+    await wait_routable(client, "modern", 1)
+    assert not client.routes.find("plain")[0].batches
+    assert client.routes.find("modern")[0].batches
+    assert client.routes.find("queued") == []
+    for cap in ("plain", "modern", "queued"):
+        await client.call(cap, {"i": -1})  # the reply inbox is in place
+        results = await asyncio.gather(
+            *(client.call(cap, {"i": i}) for i in range(50)), return_exceptions=True
+        )
+        if cap != "modern":  # modern-1 claimed batches it cannot read: some were refused
+            assert [r.value for r in results if isinstance(r, CallResult)] == [
+                {"i": i} for i in range(50)
+            ]
+    assert len(plain) == len(queued) == 51
+    assert not any(envelope.is_batch(d) for d in plain + queued)
+    assert any(envelope.is_batch(d) for d in modern)  # the same load does go in batches
 
 
 def test_the_exported_schema_describes_a_batch() -> None:
@@ -242,10 +311,10 @@ async def test_batches_stay_under_the_servers_max_payload(tmp_path: Path) -> Non
 
             await conn.subscribe("reach.test.small", echo)
             await conn.flush()
-            await conn.raw_request("reach.test.small", b"first", 2.0)
+            await conn.raw_request("reach.test.small", b"first", 2.0, True)
             payloads = [bytes([i]) * 600 for i in range(12)] + [b"x" * 3900]
             replies = await asyncio.gather(
-                *(conn.raw_request("reach.test.small", p, 2.0) for p in payloads)
+                *(conn.raw_request("reach.test.small", p, 2.0, True) for p in payloads)
             )
             assert replies == [p * 3 for p in payloads[:-1]] + payloads[-1:]
             assert any(envelope.is_batch(d) for d in wire)  # the small ones still go together

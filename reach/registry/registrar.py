@@ -375,6 +375,7 @@ class Registrar:
             readiness=req.readiness,
             registrar_id=self.registrar_id,
             transitions=[Transition(at=now, status=status, reason=reason)],
+            features=req.features,
         )
 
     async def _still_live(self, inst: Instance, now: float) -> str:
