@@ -148,9 +148,16 @@ def test_each_node_config_has_the_generated_cluster_and_jetstream_blocks(
     assert ours["authorization"]["user"] == theirs["authorization"]["user"]
     assert ours["authorization"]["password"] == "$REACH_ROUTE_PASSWORD"
 
+    # the accounts and the auth callout: what `reach nats-auth` writes, from its volume
+    assert docker["include"] == "reach/nats-auth.conf"
+    assert not {"accounts", "authorization", "system_account"} & set(docker)
+    assert {"accounts", "authorization", "system_account"} <= set(generated)
+
     service = compose["services"][node]
     assert service["image"].startswith("nats:")
     assert f"./nats-{index + 1}.conf:/etc/nats/nats.conf:ro" in service["volumes"]
+    assert "nats-auth:/etc/nats/reach:ro" in service["volumes"]
+    assert service["depends_on"] == {"nats-auth": {"condition": "service_completed_successfully"}}
     command = service["command"]
     assert _option(command, "-c") == "/etc/nats/nats.conf"
     assert _option(command, "-sd") == "/data"  # as `reach up` passes -sd, not store_dir
@@ -169,6 +176,14 @@ def test_the_registrar_runs_on_all_three_nodes_at_three_replicas(compose: dict[s
     assert command[0] == "up"
     assert _option(command, "--servers") == URLS
     assert _option(command, "--replicas") == "3"
+    # it answers the nodes' logins with the secrets nats-auth wrote the nodes' file from
+    assert "--auth-callout" in command
+    auth = compose["services"]["nats-auth"]
+    assert auth["command"][0] == "nats-auth"
+    assert _option(auth["command"], "--store") == _option(command, "--store") == "/data"
+    assert _option(auth["command"], "--out") == "/auth/nats-auth.conf"
+    assert set(auth["volumes"]) == {"reach-store:/data", "nats-auth:/auth"}
+    assert "reach-store:/data" in reach["volumes"]
     assert set(reach["depends_on"]) == set(NODES)
     for name in ("data-query-1", "data-query-2"):
         agent = compose["services"][name]
@@ -185,10 +200,14 @@ def test_the_dockerfile_installs_the_package_with_reach_as_entrypoint() -> None:
 
 
 @pytest.mark.parametrize("index", [1, 2, 3])
-def test_nats_server_accepts_each_node_config(index: int) -> None:
+def test_nats_server_accepts_each_node_config(index: int, tmp_path: Path) -> None:
+    # laid out as in the container: the node's config, and the volume nats-auth wrote
+    conf = tmp_path / "nats.conf"
+    conf.write_text((DOCKER / f"nats-{index}.conf").read_text())
+    natsconf.write_auth(natsconf.prepare(tmp_path / "store"), tmp_path / "reach" / "nats-auth.conf")
     env = {**os.environ, "REACH_ROUTE_PASSWORD": "a-route-secret"}
     result = subprocess.run(
-        [find_nats_server(), "-t", "-c", str(DOCKER / f"nats-{index}.conf")],
+        [find_nats_server(), "-t", "-c", str(conf)],
         capture_output=True,
         env=env,
         timeout=30,

@@ -217,6 +217,45 @@ def test_up_against_existing_nats_runs_only_the_registrar(
     assert nats_server.running
 
 
+def test_up_gates_the_logins_of_servers_it_did_not_start(reach_up: Spawn, tmp_path: Path) -> None:
+    """`reach nats-auth` writes the accounts and auth callout a server of your own
+    includes; `reach up --servers URL --auth-callout` answers its logins: no anonymous
+    access there either."""
+    result = subprocess.run(
+        [str(REACH), "nats-auth", "--store", "store"],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=READY_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    auth = tmp_path / "store" / "nats-auth.conf"
+    assert auth.stat().st_mode & 0o777 == 0o600
+    node = tmp_path / "store" / "node.conf"  # the server's own config, next to the file
+    node.write_text('server_name: "mine"\ninclude "nats-auth.conf"\n')
+    with NatsServer(store_dir=tmp_path / "js", config_file=node) as server:
+        proc = reach_up("--servers", server.url, "--store", "store", "--auth-callout")
+        line = _read_line(proc)
+        assert line.startswith(f"Agent-Reach up: {server.url} (external NATS, auth callout,")
+        with pytest.raises(AuthenticationFailed, match="refused an anonymous client"):
+            asyncio.run(_registry_exists(server.url))
+        assert asyncio.run(_registry_exists(server.url, tmp_path / "store" / "dev.creds"))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=EXIT_TIMEOUT)
+        assert proc.returncode == 0, err.decode()
+
+
+def test_auth_callout_needs_the_secrets_nats_auth_wrote(
+    reach_up: Spawn, nats_server: NatsServer
+) -> None:
+    proc = reach_up("--servers", nats_server.url, "--store", "elsewhere", "--auth-callout")
+    _, err = proc.communicate(timeout=READY_TIMEOUT)
+    assert proc.returncode != 0
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "reach nats-auth --store elsewhere" in lines[0]
+
+
 def test_busy_port_fails_with_a_one_line_reason(reach_up: Spawn, nats_server: NatsServer) -> None:
     proc = reach_up("--port", str(nats_server.port), "--store", "store")
     out, err = proc.communicate(timeout=READY_TIMEOUT)

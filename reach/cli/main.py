@@ -18,9 +18,21 @@ def main(verbose: int) -> None:
 
 def _register() -> None:
     # Imported here so each command module stays independent of the others.
-    from reach.cli import agents, alerts, audit, call, creds, demo, doctor, top, up, validate
+    from reach.cli import (
+        agents,
+        alerts,
+        audit,
+        call,
+        creds,
+        demo,
+        doctor,
+        natsauth,
+        top,
+        up,
+        validate,
+    )
 
-    for module in (agents, alerts, audit, call, creds, demo, doctor, top, up, validate):
+    for module in (agents, alerts, audit, call, creds, demo, doctor, natsauth, top, up, validate):
         module.register(main)
 
 

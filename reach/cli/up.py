@@ -63,6 +63,9 @@ class UpOptions:
     audit_max_age: float = 7 * 24 * 3600.0
     #: nats-servers to start (1: one server; 3 or more: a JetStream cluster)
     cluster: int = 1
+    #: with ``servers``: they include ``reach nats-auth``'s file for this store; log in as
+    #: the registrar's service user and answer their logins
+    auth_callout: bool = False
 
 
 def register(main: click.Group) -> None:
@@ -104,9 +107,23 @@ def register(main: click.Group) -> None:
     show_default=True,
     help="how long the audit stream keeps events (30m, 12h, 7d)",
 )
+@click.option(
+    "--auth-callout",
+    is_flag=True,
+    help=(
+        "with --servers: the servers include the file `reach nats-auth --store STORE` wrote;"
+        " log in as its service user and answer their clients' logins"
+    ),
+)
 @connection_options
 def up(
-    target: Target, port: int, store: Path, replicas: int, audit_max_age: str, cluster: int
+    target: Target,
+    port: int,
+    store: Path,
+    replicas: int,
+    audit_max_age: str,
+    cluster: int,
+    auth_callout: bool,
 ) -> None:
     """Start NATS with JetStream and a registrar, and run until interrupted."""
     ctx = click.get_current_context()
@@ -123,6 +140,12 @@ def up(
             fail(f"--replicas {replicas} needs at least {replicas} nodes (--cluster)", code=2)
     elif not explicit and replicas > 1:
         fail(f"--replicas {replicas} needs a NATS cluster: pass its URL with --servers", code=2)
+    if auth_callout and not explicit:
+        fail(
+            "--auth-callout is for servers reach up does not start (--servers); the ones it"
+            " starts always have it",
+            code=2,
+        )
     try:
         max_age = parse_duration(audit_max_age)
     except ConfigurationError as exc:
@@ -134,6 +157,7 @@ def up(
         servers=target.servers if explicit else None,
         audit_max_age=max_age,
         cluster=cluster,
+        auth_callout=auth_callout,
     )
     error = run(_up(options))
     if error:
@@ -197,6 +221,14 @@ async def _up(options: UpOptions) -> str | None:
             servers = [node.url for node in nodes]
         else:
             servers = options.servers
+            if options.auth_callout:
+                try:
+                    setup = natsconf.prepare(options.store, create=False)
+                except FileNotFoundError as exc:
+                    return (
+                        f"--auth-callout: {exc}; run `reach nats-auth --store {options.store}`"
+                        " and include its file in each nats-server's config"
+                    )
         service = setup.registrar_user if setup is not None else None
         conn = await connect(
             servers,
@@ -231,6 +263,8 @@ async def _up(options: UpOptions) -> str | None:
             where = f"cluster {natsconf.CLUSTER_NAME} of {len(nodes)}, store {options.store}"
         else:
             where = f"store {options.store}" if nodes else "external NATS"
+            if options.auth_callout:
+                where += ", auth callout"
         shown = ",".join(servers) if nodes else conn.connected_url
         click.echo(f"Agent-Reach up: {shown} ({where}, registrar {registrar.registrar_id})")
         for path in created:
