@@ -10,7 +10,8 @@ import functools
 import json
 import re
 import secrets
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, NamedTuple, Self
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -44,6 +45,7 @@ __all__ = [
     "ProbeReply",
     "Readiness",
     "RegistrarRecord",
+    "RoutingFacts",
     "Transition",
     "format_validation_error",
     "parse_manifest",
@@ -145,6 +147,25 @@ _FEATURES_HELP = (
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; values computed once from the fields
+        (``functools.cached_property``) are computed again for the copy, not copied."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name in _computed_once(type(self)):
+            copied.__dict__.pop(name, None)
+        return copied
+
+
+@functools.cache
+def _computed_once(cls: type) -> tuple[str, ...]:
+    """The ``functools.cached_property`` attributes of a class (its bases' included)."""
+    return tuple(
+        name
+        for klass in cls.__mro__
+        for name, value in vars(klass).items()
+        if isinstance(value, functools.cached_property)
+    )
 
 
 class HealthSettings(_Model):
@@ -302,6 +323,18 @@ class Transition(_Model):
     reason: str
 
 
+class RoutingFacts(NamedTuple):
+    """The facts of a registry record that routing scores (``Instance.routing_facts``)."""
+
+    agent_id: str
+    status: HealthStatus
+    stable: bool
+    in_flight: int
+    max_concurrency: int
+    #: latency_sla_ms of each capability the instance offers
+    sla_ms: dict[str, float]
+
+
 class Instance(_Model):
     """The registry record of one live agent instance (KV key ``agent.<agent_id>``)."""
 
@@ -329,6 +362,21 @@ class Instance(_Model):
     @property
     def agent_id(self) -> str:
         return self.manifest.agent_id
+
+    @functools.cached_property
+    def routing_facts(self) -> RoutingFacts:
+        """What routing reads of this record on every call, gathered once: a record never
+        changes (a heartbeat brings a new one), and touching these few values instead of
+        the manifest's objects keeps a choice among thousands of instances cheap."""
+        manifest = self.manifest
+        return RoutingFacts(
+            manifest.agent_id,
+            self.status,
+            manifest.stable,
+            self.in_flight,
+            self.max_concurrency,
+            {cap.name: cap.latency_sla_ms for cap in manifest.capabilities},
+        )
 
     @functools.cached_property
     def batches(self) -> bool:

@@ -265,3 +265,17 @@ def test_choice_spreads_over_many_equal_instances() -> None:
         for _ in range(2000)
     )
     assert len(picked) > 500  # a sample each time, not always the same few
+
+
+def test_a_copied_record_is_routed_on_its_own_facts() -> None:
+    """Routing facts are computed once per record; a copy with other fields (as the
+    registrar makes them) gets its own, never the original's."""
+    inst = instance("a", in_flight=2)
+    assert inst.routing_facts.status == "healthy"
+    assert not inst.batches
+    copy = inst.model_copy(update={"status": "unhealthy", "in_flight": 9, "features": ["batch"]})
+    assert copy.routing_facts.status == "unhealthy"
+    assert copy.routing_facts.in_flight == 9
+    assert copy.batches
+    assert rank([copy], "echo", latency=LatencyTracker(), outstanding={}) == []
+    assert inst.routing_facts.status == "healthy"  # the original keeps its own

@@ -153,6 +153,7 @@ class RouteCache:
         self._changed = asyncio.Event()
 
     def _index(self, inst: Instance) -> None:
+        inst.routing_facts  # noqa: B018 - gathered now, as the record arrives, not on a call
         for cap in inst.manifest.capabilities:
             self._by_capability.setdefault(cap.name, _Members()).add(inst)
             for tag in cap.tags:
