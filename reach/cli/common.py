@@ -15,7 +15,7 @@ import click
 
 from reach.errors import ConfigurationError, ReachError
 from reach.security.fabric import connect_as
-from reach.settings import resolve_credentials, resolve_servers
+from reach.settings import DEFAULT_STORE, resolve_credentials, resolve_servers
 from reach.transport import Connection
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,6 +52,17 @@ def connection_options(func: F) -> F:
         return func(*args, target=target, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def store_option(help: str) -> Callable[[F], F]:
+    """``--store DIR`` (default .reach): the directory of a fabric's secrets and state."""
+    return click.option(
+        "--store",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=DEFAULT_STORE,
+        show_default=True,
+        help=help,
+    )
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

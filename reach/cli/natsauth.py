@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
+from reach.cli.common import store_option
 from reach.security import natsconf
-from reach.settings import DEFAULT_STORE
 
 __all__ = ["register"]
 
@@ -23,13 +23,7 @@ def register(main: click.Group) -> None:
 
 
 @click.command("nats-auth")
-@click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="the store `reach up --auth-callout` will run with (its secrets are created once)",
-)
+@store_option("the store `reach up --auth-callout` will run with (its secrets are created once)")
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),

@@ -26,14 +26,13 @@ from click.core import ParameterSource
 
 from reach.audit.reader import parse_duration
 from reach.audit.streams import StreamSettings
-from reach.cli.common import Target, connection_options, fail, run
+from reach.cli.common import Target, connection_options, fail, run, store_option
 from reach.embedded import EmbeddedServer, free_port
 from reach.errors import ConfigurationError, Disconnected, ReachError
 from reach.registry import Registrar, RegistrarConfig
 from reach.security import natsconf
 from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
-from reach.settings import DEFAULT_STORE
 from reach.transport import Connection, connect
 
 __all__ = ["register"]
@@ -80,13 +79,7 @@ def register(main: click.Group) -> None:
     show_default=True,
     help="client port of the embedded nats-server (on 127.0.0.1)",
 )
-@click.option(
-    "--store",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STORE,
-    show_default=True,
-    help="directory for the JetStream store and the server log",
-)
+@store_option("directory for the JetStream store and the server log")
 @click.option(
     "--replicas",
     type=click.IntRange(1, 5),
