@@ -77,6 +77,9 @@ class Cpu:
     caller_sec: float
     responder_sec: float | None
     server_sec: float | None
+    #: the registrar (Agent-Reach stacks: it reads the audit stream for the alert rules);
+    #: None when no stack needs one or its CPU is unknown
+    registrar_sec: float | None = None
 
 
 @dataclass
@@ -124,15 +127,27 @@ class CallpathResult:
 
 
 class _Meter:
-    """CPU time of the caller (this process), a responder and the server between two reads."""
+    """CPU time of the caller (this process), a responder, the server and the registrar
+    between two reads."""
 
-    def __init__(self, responder: Child, server_pid: int | None) -> None:
+    def __init__(self, responder: Child, server_pid: int | None, registrar: Child | None) -> None:
         self._responder = responder
         self._server_pid = server_pid
-        self._start: tuple[float, float | None, float | None] = (0.0, None, None)
+        self._registrar = registrar
+        self._start: tuple[float, float | None, float | None, float | None] = (
+            0.0,
+            None,
+            None,
+            None,
+        )
 
-    def _read(self) -> tuple[float, float | None, float | None]:
-        return (time.process_time(), self._responder.cpu_seconds(), cpu_seconds(self._server_pid))
+    def _read(self) -> tuple[float, float | None, float | None, float | None]:
+        return (
+            time.process_time(),
+            self._responder.cpu_seconds(),
+            cpu_seconds(self._server_pid),
+            self._registrar.cpu_seconds() if self._registrar is not None else None,
+        )
 
     def start(self) -> None:
         self._start = self._read()
@@ -147,6 +162,7 @@ class _Meter:
             caller_sec=round(end[0] - self._start[0], 4),
             responder_sec=delta(self._start[1], end[1]),
             server_sec=delta(self._start[2], end[2]),
+            registrar_sec=delta(self._start[3], end[3]),
         )
 
 
@@ -211,6 +227,7 @@ class Testbed:
     server_pid: int | None
     run_id: str
     live: list[Live]
+    registrar: Child | None = None
 
 
 @asynccontextmanager
@@ -230,6 +247,7 @@ async def launch(
     try:
         async with AsyncExitStack() as stack:
             url, server_pid = await _start_server(stack, servers, logs, progress)
+            registrar: Child | None = None
             if any(s.needs_registry for s in stacks):
                 registrar = await Child.start("registrar", ["registrar", url, str(logs)], logs)
                 stack.push_async_callback(registrar.stop)
@@ -255,7 +273,7 @@ async def launch(
                     raise child
                 call = await stack.enter_async_context(s.caller(Context(url, run_id, s.name)))
                 live.append(Live(s, child, call))
-            yield Testbed(url, server_pid, run_id, live)
+            yield Testbed(url, server_pid, run_id, live, registrar)
     except BaseException:
         progress(f"failed; logs of the child processes are in {logs}")
         raise
@@ -350,7 +368,7 @@ async def _block(
     name = live.stack.name
     await measure_sequential(live.call, settings.block_warmup_calls)
     gc.collect()  # every block starts with the same (empty) garbage
-    meter = _Meter(live.responder, bed.server_pid)
+    meter = _Meter(live.responder, bed.server_pid, bed.registrar)
     meter.start()
     if concurrency is None:
         latencies, errors, first_error = await measure_sequential(live.call, settings.seq_calls)

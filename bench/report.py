@@ -39,7 +39,7 @@ __all__ = [
 
 BASELINE = "raw"
 _LATENCY_POINTS = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
-_ROLES = ("caller", "responder", "server")
+_ROLES = ("caller", "responder", "server", "registrar")
 
 Spread = dict[str, Any]
 
@@ -84,7 +84,14 @@ def _per_call_us(cpu: Cpu, calls: int) -> dict[str, float | None]:
         "caller": us(cpu.caller_sec),
         "responder": us(cpu.responder_sec),
         "server": us(cpu.server_sec),
+        "registrar": us(cpu.registrar_sec),
     }
+
+
+def _total(per_call: dict[str, float | None]) -> float | None:
+    """CPU per call of every process measured (None if none was)."""
+    known = [v for v in per_call.values() if v is not None]
+    return round(sum(known), 2) if known else None
 
 
 def _stack_points(runs: StackRuns) -> dict[str, list[float | None]]:
@@ -102,6 +109,7 @@ def _stack_points(runs: StackRuns) -> dict[str, list[float | None]]:
         tp_cpu = [_per_call_us(r.cpu, r.calls) for r in tp_runs]
         for role in _ROLES:
             points[f"cpu_{concurrency}_{role}"] = [c[role] for c in tp_cpu]
+        points[f"cpu_{concurrency}_total"] = [_total(c) for c in tp_cpu]
     return points
 
 
@@ -146,10 +154,16 @@ FULL_STACK = "reach"
 _WITHOUT = "reach-no"
 
 
-def feature_costs(result: CallpathResult) -> dict[str, dict[str, Spread]]:
-    """What each feature costs: per ``reach-no<feature>`` stack run alongside ``reach``, the
-    paired per-repetition ratio reach ÷ reach-no<feature> of calls/s at each concurrency
-    (1 − that ratio is the share of calls/s the feature costs)."""
+def feature_costs(
+    result: CallpathResult, measure: str = "calls_per_sec_"
+) -> dict[str, dict[str, Spread]]:
+    """What each feature costs: per ``reach-no<feature>`` stack run alongside ``reach``, a
+    paired per-repetition ratio at each concurrency.
+
+    ``calls_per_sec_``: reach ÷ reach-no<feature> of calls/s (1 − ratio: the share of
+    calls/s the feature costs). ``cpu_``: reach-no<feature> ÷ reach of the CPU per call of
+    all measured processes (1 − ratio: the feature's share of reach's CPU per call), a
+    figure that a busy, noisy machine moves less than calls/s."""
     points = {name: _stack_points(runs) for name, runs in result.runs.items()}
     full = points.get(FULL_STACK)
     costs: dict[str, dict[str, Spread]] = {}
@@ -159,11 +173,18 @@ def feature_costs(result: CallpathResult) -> dict[str, dict[str, Spread]]:
         if not name.startswith(_WITHOUT):
             continue
         feature = name[len(_WITHOUT) :]
-        costs[feature] = {
-            key.removeprefix("calls_per_sec_"): _ratios(full[key], mine[key])
-            for key in mine
-            if key.startswith("calls_per_sec_") and key in full
-        }
+        if measure == "cpu_":
+            costs[feature] = {
+                key.removeprefix("cpu_").removesuffix("_total"): _ratios(mine[key], full[key])
+                for key in mine
+                if key.startswith("cpu_") and key.endswith("_total") and key in full
+            }
+        else:
+            costs[feature] = {
+                key.removeprefix(measure): _ratios(full[key], mine[key])
+                for key in mine
+                if key.startswith(measure) and key in full
+            }
     return costs
 
 
@@ -249,6 +270,7 @@ def build_document(result: CallpathResult, argv: Sequence[str]) -> dict[str, Any
         "stacks": {s.name: s.description for s in result.stacks},
         "summary": summarize(result),
         "feature_cost": feature_costs(result),
+        "feature_cpu_share": feature_costs(result, "cpu_"),
         "samples": samples,
     }
 
@@ -341,13 +363,26 @@ def format_tables(doc: dict[str, Any]) -> str:
         blocks.append(
             _table(
                 f"\nCPU per call at {top} in flight, µs (median; whole processes, so the"
-                " callee's idle overhead is included)",
-                ["stack", "caller", "responder", "nats-server", "total"],
+                " callee's idle overhead is included; one registrar serves every stack)",
+                ["stack", "caller", "responder", "nats-server", "registrar", "total"],
                 cpu_rows,
             )
         )
-    costs: dict[str, Any] = doc.get("feature_cost", {})
-    if costs:
+    for key, title in (
+        (
+            "feature_cost",
+            f"What each feature costs: 1 − calls/s of {FULL_STACK} ÷ calls/s without it"
+            " (paired per repetition, median)",
+        ),
+        (
+            "feature_cpu_share",
+            f"Its share of {FULL_STACK}'s CPU per call: 1 − CPU per call without it ÷ CPU per"
+            " call with it (all four processes; paired per repetition, median)",
+        ),
+    ):
+        costs: dict[str, Any] = doc.get(key, {})
+        if not costs:
+            continue
         cost_rows = []
         for feature, by_conc in costs.items():
             row = [feature]
@@ -357,14 +392,7 @@ def format_tables(doc: dict[str, Any]) -> str:
                 cost = None if median is None else 1 - median
                 row.append(f"{_num(cost * 100 if cost is not None else None, 1)} %")
             cost_rows.append(row)
-        blocks.append(
-            _table(
-                f"\nWhat each feature costs: 1 − calls/s of {FULL_STACK} ÷ calls/s without it"
-                " (paired per repetition, median)",
-                ["feature", *(f"@{c}" for c in concurrency)],
-                cost_rows,
-            )
-        )
+        blocks.append(_table(f"\n{title}", ["feature", *(f"@{c}" for c in concurrency)], cost_rows))
     errors = [
         f"  {name}: {s['errors']} errors, first: {s['first_error']}"
         for name, s in summary.items()
