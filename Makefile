@@ -22,6 +22,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy reach
+	$(BIN)/mypy bench
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q

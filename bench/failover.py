@@ -451,9 +451,10 @@ async def _repetition(
     affected = [c.at for c in calls if c.at >= 0 and (c.attempts > 1 or c.error is not None)]
 
     def extra(key: str) -> float | None:
-        if lb[key] is None or la[key] is None:
+        was, now = lb[key], la[key]
+        if was is None or now is None:
             return None
-        return round(la[key] - lb[key], 3)
+        return round(float(now) - float(was), 3)
 
     unhealthy = watch.first(victim_id, "unhealthy", hit_at)
     gone = watch.first(victim_id, "gone", hit_at)

@@ -304,7 +304,8 @@ else:
 
         @broker.subscriber(ctx.subject, decoder=_msgpack_body)
         async def echo(body: dict[str, Any]) -> bytes:
-            return msgpack.packb(body, use_bin_type=True)
+            data: bytes = msgpack.packb(body, use_bin_type=True)
+            return data
 
         await broker.start()
         # the broker does not flush its subscriptions: make them known before READY
