@@ -754,11 +754,21 @@ async def connect(
     """Connect to NATS and keep reconnecting forever (with jittered back-off) once connected."""
 
     seen: list[Exception] = []
+    refused = asyncio.Event()
+    refusals = 0
 
     async def _error_cb(exc: Exception) -> None:
+        nonlocal refusals
         if len(seen) < 8:
             seen.append(exc)
         log.debug("nats: %s: %s", type(exc).__name__, exc)
+        if not refused.is_set() and _is_refusal(exc):
+            refusals += 1
+            # nats-py gives up on a server after its attempts, but a cluster's other nodes
+            # name it again (INFO connect_urls) and it comes back as new: a refused login
+            # would be retried forever
+            if refusals > _FIRST_CONNECT_ATTEMPTS:
+                refused.set()
 
     async def _reconnected() -> None:
         log.info("%s reconnected", name)
@@ -772,31 +782,34 @@ async def connect(
 
     nc = _NatsClient()
     try:
-        await nc.connect(
-            servers=list(servers),
-            name=name,
-            connect_timeout=max(1, int(connect_timeout)),
-            # A few quick tries for the first connect (nats-py would retry it forever and,
-            # with no wait, spin); once connected, reconnect forever (set below).
-            max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
-            reconnect_time_wait=_FIRST_CONNECT_WAIT,  # type: ignore[arg-type]  # float works
-            reconnect_to_server_handler=_jittered_reconnect,
-            error_cb=_error_cb,
-            reconnected_cb=_reconnected,
-            disconnected_cb=_disconnected,
-            allow_reconnect=True,
-            user=user,
-            password=password,
-            inbox_prefix=inbox_prefix or "_INBOX",
+        await _until_refused(
+            refused,
+            nc.connect(
+                servers=list(servers),
+                name=name,
+                connect_timeout=max(1, int(connect_timeout)),
+                # A few quick tries for the first connect (nats-py would retry it forever and,
+                # with no wait, spin); once connected, reconnect forever (set below).
+                max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
+                reconnect_time_wait=_FIRST_CONNECT_WAIT,  # type: ignore[arg-type]  # float works
+                reconnect_to_server_handler=_jittered_reconnect,
+                error_cb=_error_cb,
+                reconnected_cb=_reconnected,
+                disconnected_cb=_disconnected,
+                allow_reconnect=True,
+                user=user,
+                password=password,
+                inbox_prefix=inbox_prefix or "_INBOX",
+            ),
         )
     except Exception as exc:
         with contextlib.suppress(Exception):
             await nc.close()
         where = ", ".join(servers)
         reason = str(exc) or type(exc).__name__
-        refusals = [e for e in (exc, *seen) if "authoriz" in str(e).lower()]
-        if refusals or isinstance(exc, nats.errors.AuthorizationError):
-            reason = str(refusals[0]) if refusals else reason
+        refused_by = [e for e in (exc, *seen) if _is_refusal(e)]
+        if refused_by or isinstance(exc, nats.errors.AuthorizationError):
+            reason = str(refused_by[0]) if refused_by else reason
             who = f"user {user!r}" if user else "an anonymous client"
             raise AuthenticationFailed(
                 f"NATS at {where} refused {who}: {reason} (check the credentials file)"
@@ -804,6 +817,29 @@ async def connect(
         raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
     return Connection(nc)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """Did the server refuse the login (Authorization Violation, or an auth timeout)?"""
+    return isinstance(exc, nats.errors.AuthorizationError) or "authoriz" in str(exc).lower()
+
+
+async def _until_refused(refused: asyncio.Event, connecting: Awaitable[None]) -> None:
+    """Await ``connecting``; if ``refused`` is set first, stop it and raise AuthorizationError."""
+    task = asyncio.ensure_future(connecting)
+    waiter = asyncio.ensure_future(refused.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled: stop connecting too
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+        raise nats.errors.AuthorizationError
+    task.result()
 
 
 @dataclass(frozen=True, slots=True)

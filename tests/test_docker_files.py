@@ -189,7 +189,28 @@ def test_the_registrar_runs_on_all_three_nodes_at_three_replicas(compose: dict[s
         agent = compose["services"][name]
         assert agent["entrypoint"] == ["python", "-m", "reach.demo.data_query"]
         assert agent["command"][:2] == [URLS, name]
-        assert agent["depends_on"]["reach"]["condition"] == "service_healthy"
+        # its own credential, and nothing of the reach store (signing key, gate secrets)
+        assert agent["environment"] == {"REACH_CREDS": f"/creds/{name}.creds"}
+        assert agent["volumes"] == ["agent-creds:/creds:ro"]
+        assert agent["depends_on"] == {
+            "agent-creds": {"condition": "service_completed_successfully"}
+        }
+
+
+def test_each_agent_gets_a_credential_bound_to_its_agent_id(compose: dict[str, Any]) -> None:
+    service = compose["services"]["agent-creds"]
+    assert service["depends_on"] == {"reach": {"condition": "service_healthy"}}
+    assert set(service["volumes"]) == {"reach-store:/data:ro", "agent-creds:/creds"}
+    assert service["entrypoint"] == ["sh", "-c"]
+    (script,) = service["command"]
+    # what compose runs: $$ is a literal $ for the shell
+    script = script.replace("$$", "$")
+    assert "for id in data-query-1 data-query-2; do" in script
+    assert (
+        "reach creds add $id --level 2 --agent-id $id --cap query_industry_data"
+        " --creds /data/admin.creds --out /creds/$id.creds" in script
+    )
+    assert "test -f /creds/$id.creds ||" in script  # a restart keeps the credentials
 
 
 def test_the_dockerfile_installs_the_package_with_reach_as_entrypoint() -> None:

@@ -245,6 +245,54 @@ def test_up_gates_the_logins_of_servers_it_did_not_start(reach_up: Spawn, tmp_pa
         assert proc.returncode == 0, err.decode()
 
 
+def test_a_gated_cluster_with_a_node_down_still_lets_clients_in(
+    reach_up: Spawn, tmp_path: Path
+) -> None:
+    """Three nodes of your own that include `reach nats-auth`'s file, one of them down when
+    `reach up --auth-callout` starts: the gate of the missing node answers from another, and
+    a credential logs in on every live node (replicas 2: the two live nodes hold them)."""
+    store = tmp_path / "store"
+    result = subprocess.run(
+        [str(REACH), "nats-auth", "--store", str(store)],
+        capture_output=True,
+        timeout=READY_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    ports = [free_port() for _ in range(3)]
+    routes = [free_port() for _ in range(3)]
+    servers = []
+    for i in range(3):
+        others = ", ".join(f'"nats-route://127.0.0.1:{routes[j]}"' for j in range(3) if j != i)
+        conf = store / f"node-{i}.conf"
+        conf.write_text(
+            f'server_name: "node-{i}"\n'
+            f'cluster: {{ name: "mine", listen: "127.0.0.1:{routes[i]}", routes: [ {others} ] }}\n'
+            'include "nats-auth.conf"\n'
+        )
+        servers.append(NatsServer(store_dir=tmp_path / f"js-{i}", config_file=conf, port=ports[i]))
+    urls = [s.url for s in servers]
+    try:
+        for server in servers[:2]:  # the third never starts
+            server.start_now()
+        proc = reach_up(
+            "--servers", ",".join(urls), "--store", "store", "--replicas", "2", "--auth-callout"
+        )
+        line = _read_line(proc)
+        assert "auth callout" in line
+        for url in urls[:2]:
+            with pytest.raises(AuthenticationFailed, match="refused an anonymous client"):
+                asyncio.run(_registry_exists(url))
+            assert asyncio.run(_registry_exists(url, store / "dev.creds"))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=EXIT_TIMEOUT)
+        assert proc.returncode == 0, err.decode()
+        assert b"node down, answering from another" in err
+    finally:
+        for server in servers:
+            server.stop_now()
+
+
 def test_auth_callout_needs_the_secrets_nats_auth_wrote(
     reach_up: Spawn, nats_server: NatsServer
 ) -> None:

@@ -229,8 +229,8 @@ async def _up(options: UpOptions) -> str | None:
             user=service.name if service else None,
             password=service.password if service else None,
         )
-        if len(nodes) > 1:
-            await _cluster_ready(conn)
+        if len(nodes) > 1 or options.replicas > 1:
+            await _cluster_ready(conn, options.replicas)
         issuer = TokenService(
             conn, key_file=options.store / "signing.key", replicas=options.replicas
         )
@@ -243,7 +243,15 @@ async def _up(options: UpOptions) -> str | None:
             for url in servers:
                 gate = LoginGate(setup, issuer.credentials)
                 gates.append(gate)
-                await gate.start([url])
+                try:
+                    await gate.start([url])
+                except Disconnected:
+                    if len(servers) == 1:
+                        raise
+                    # its node is down: the gate answers from another (the requests cross
+                    # the routes), so a cluster with a node down still lets clients in
+                    log.warning("login gate for %s: node down, answering from another", url)
+                    await gate.start(servers)
         registrar = Registrar(
             conn,
             RegistrarConfig(
@@ -327,23 +335,36 @@ def _port_or_free(port: int | None, taken: set[int]) -> int:
     return port
 
 
-async def _cluster_ready(conn: Connection) -> None:
-    """Wait until the cluster has a JetStream meta leader (it answers the account info)."""
+async def _cluster_ready(conn: Connection, replicas: int) -> None:
+    """Wait until the cluster can place ``replicas`` copies of a stream.
+
+    A JetStream meta leader answers the account info before every node has joined the meta
+    group, and a stream of 3 replicas created then fails with "no suitable peers for
+    placement": so a small stream of ``replicas`` replicas is created (in memory) and
+    deleted again, until that works.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _CLUSTER_READY_TIMEOUT
+    probe = f"REACH_PLACEMENT_PROBE_{os.getpid()}"
+    config = json.dumps({"name": probe, "storage": "memory", "num_replicas": replicas}).encode()
     last = "no answer"
     while loop.time() < deadline:
         try:
-            reply = json.loads(await conn.request("$JS.API.INFO", b"", timeout=2.0))
+            info = json.loads(await conn.request("$JS.API.INFO", b"", timeout=2.0))
+            if "error" not in info:
+                placed = json.loads(
+                    await conn.request(f"$JS.API.STREAM.CREATE.{probe}", config, timeout=5.0)
+                )
+                if "error" not in placed:
+                    await conn.request(f"$JS.API.STREAM.DELETE.{probe}", b"", timeout=5.0)
+                    return
+                info = placed
+            last = str(info["error"].get("description", info["error"]))
         except (ReachError, ValueError) as exc:
             last = str(exc) or type(exc).__name__
-        else:
-            if "error" not in reply:
-                return
-            last = str(reply["error"].get("description", reply["error"]))
         await asyncio.sleep(0.1)  # polling the server: no event to wait for
     raise Disconnected(
-        f"the cluster has no JetStream leader after {_CLUSTER_READY_TIMEOUT:g}s: {last}"
+        f"the cluster cannot place {replicas} replicas after {_CLUSTER_READY_TIMEOUT:g}s: {last}"
     )
 
 
