@@ -262,8 +262,9 @@ class _ReplyMux:
         self._base = ""
         self._seq = 0
         self._pending: dict[str, asyncio.Future[bytes]] = {}
-        #: reply token of a batch ("z…", never a request's hex token) → its requests' tokens
-        self._batches: dict[str, list[str]] = {}
+        #: reply token of a batch ("z…", never a request's hex token) → its subject and its
+        #: requests (token, data), kept until its first reply in case it must go again
+        self._batches: dict[str, tuple[str, list[tuple[str, bytes]]]] = {}
         self._outbox: dict[str, _Outbox] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._ready: asyncio.Lock = asyncio.Lock()
@@ -308,17 +309,20 @@ class _ReplyMux:
             future.set_result(reply)
 
     def _on_batch_reply(self, batch: str, msg: _NatsMsg) -> None:
-        tokens = self._batches.pop(batch, ())  # a batch is refused or 503'd in one message
+        # a batch is refused or 503'd in one message, its first
+        subject, items = self._batches.pop(batch, ("", []))
         if _is_no_responders(msg):
-            for token in tokens:
+            for token, _ in items:
                 self._settle(token, nats.errors.NoRespondersError())
             return
         data = msg.data
         if not envelope.is_batch(data):
-            # the callee answered the batch as a whole (it could not read it): every
-            # request gets that answer
-            for token in tokens:
-                self._settle(token, data)
+            # Answered as a whole: the callee did not serve the requests one by one (it
+            # cannot read batches, or refused this one), so none of them ran. Each goes
+            # again on its own, as if it had never been batched.
+            for token, request in items:
+                if token in self._pending:
+                    self._publish_one(subject, request, token)
             return
         try:
             items = envelope.unpack_batch(data)
@@ -413,7 +417,7 @@ class _ReplyMux:
         else:
             self._seq += 1
             batch = f"z{self._seq:x}"
-            self._batches[batch] = [token for token, _ in items]
+            self._batches[batch] = (subject, items)
             self._expire_at(loop, box.until, batch)  # forgotten at the latest then
             data = envelope.pack_batch(items)
             reply = self._base + batch
@@ -423,6 +427,12 @@ class _ReplyMux:
             self._batches.pop(reply[len(self._base) :], None)
             for token, _ in items:
                 self._settle(token, exc)
+
+    def _publish_one(self, subject: str, data: bytes, token: str) -> None:
+        try:
+            _publish_now(self._nc, subject, data, self._base + token)
+        except Exception as exc:  # the connection is gone
+            self._settle(token, exc)
 
 
 class ReplyBatch:
