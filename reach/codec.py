@@ -95,6 +95,12 @@ def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True)
     return data
 
 
+def not_msgpack(what: str, exc: BaseException) -> CodecError:
+    """The error for bytes msgpack could not unpack: it raises many types, some with an
+    empty message (FormatError, for a reserved byte such as 0xc1), named by class then."""
+    return CodecError(f"{what}: {str(exc) or type(exc).__name__}", rule="format")
+
+
 def reject_ext(code: int, data: bytes) -> Any:
     """msgpack's ``ext_hook`` for bytes from the network: extension types are refused."""
     raise CodecError(f"msgpack extension type {code} is not allowed", rule="type")
@@ -126,9 +132,7 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True
     except UnicodeDecodeError:
         raise CodecError("a string is not valid UTF-8", rule="format") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
-        # FormatError (a reserved byte such as 0xc1) has an empty message: name the class instead
-        reason = str(exc) or type(exc).__name__
-        raise CodecError(f"not a valid msgpack message: {reason}", rule="format") from None
+        raise not_msgpack("not a valid msgpack message", exc) from None
     if checked and _may_break_limits(data, limits):
         check_value(value, limits)
     return value

@@ -13,8 +13,9 @@ Batch:   ``[[token, request], ...]`` (a msgpack array, where a request is a map)
          requests a caller sent to one subject in one turn of its event loop, in one NATS
          message. Each is served as if it came alone; the replies go to the batch's reply
          subject as ``[[token, reply], ...]``, as many per message as are ready together.
-         A reply that is a map, not an array, answers every request of the batch (the
-         batch as a whole was refused). At most ``MAX_BATCH_ITEMS`` requests.
+         A reply that is a map, not an array, refuses the batch as a whole: none of its
+         requests ran, and the caller sends each again alone. At most ``MAX_BATCH_ITEMS``
+         requests.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from reach.codec import reject_ext
+from reach.codec import not_msgpack, reject_ext
 from reach.errors import CodecError
 
 __all__ = [
@@ -116,8 +117,7 @@ def _unpack_map(data: bytes, what: str, max_bytes: int) -> dict[str, Any]:
     except CodecError:
         raise
     except Exception as exc:  # msgpack raises a wide set of types on garbage
-        reason = str(exc) or type(exc).__name__  # FormatError has an empty message
-        raise CodecError(f"{what} is not a valid envelope: {reason}", rule="format") from None
+        raise not_msgpack(f"{what} is not a valid envelope", exc) from None
     if not isinstance(env, dict):
         raise CodecError(f"{what} must be a msgpack map, got {type(env).__name__}", rule="format")
     version = env.get("v")
@@ -228,8 +228,7 @@ def unpack_batch(data: bytes, max_bytes: int = 4 * 1024 * 1024) -> list[tuple[st
     except CodecError:
         raise
     except Exception as exc:  # msgpack raises a wide set of types on garbage
-        reason = str(exc) or type(exc).__name__
-        raise CodecError(f"not a valid batch: {reason}", rule="format") from None
+        raise not_msgpack("not a valid batch", exc) from None
     if type(items) is not tuple or not items:
         raise CodecError("a batch must be a non-empty msgpack array", rule="format")
     for i, item in enumerate(items):

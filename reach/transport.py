@@ -818,8 +818,8 @@ async def connect(
         where = ", ".join(servers)
         reason = str(exc) or type(exc).__name__
         refused_by = [e for e in (exc, *seen) if _is_refusal(e)]
-        if refused_by or isinstance(exc, nats.errors.AuthorizationError):
-            reason = str(refused_by[0]) if refused_by else reason
+        if refused_by:
+            reason = str(refused_by[0])
             who = f"user {user!r}" if user else "an anonymous client"
             raise AuthenticationFailed(
                 f"NATS at {where} refused {who}: {reason} (check the credentials file)"
