@@ -13,7 +13,7 @@ import datetime
 import heapq
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
+from nats.protocol.command import pub_cmd as _pub_cmd
 
 from reach import envelope
 from reach.errors import (
@@ -213,12 +214,77 @@ _ITEM_OVERHEAD = 24
 _finishing: set[asyncio.Task[None]] = set()
 
 
-def _publish_now(nc: _NatsClient, subject: str, data: bytes, reply: str = "") -> None:
-    """Publish from synchronous code (a loop callback); nats-py's errors are raised."""
-    task = step_now(nc.publish(subject, data, reply=reply))
+def _run_now(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run a nats-py coroutine from synchronous code; its errors (first step) are raised."""
+    task = step_now(coro)
     if task is not None:  # the outgoing buffer was full: a flush is under way
         _finishing.add(task)
         task.add_done_callback(_finishing.discard)
+
+
+class _Writer:
+    """The call path's publishes: written to the socket by this module, not nats-py's flusher.
+
+    nats-py queues a publish for its flusher task, which writes on a later turn of the
+    event loop, through a queue, a future and a task step each time. On the call path that
+    is a turn of latency per message. Here a message goes out at once when the connection
+    is otherwise quiet (the first write of this turn, nothing queued before it: order is
+    kept); what follows in the same turn is queued in nats-py's own buffer and written in
+    one piece at the end of the turn. Anything unusual (disconnected, a message over
+    max_payload, a socket that is not keeping up, a transport without a stream writer)
+    takes nats-py's path, with its errors, buffering and flow control.
+    """
+
+    __slots__ = ("_nc", "_turn")
+
+    def __init__(self, nc: _NatsClient) -> None:
+        self._nc = nc
+        #: a write happened (or is queued) in this turn; the turn's end writes the rest
+        self._turn = False
+
+    def _socket(self, size: int) -> Any:
+        """The asyncio transport to write to now, or None (use nats-py's publish)."""
+        nc = self._nc
+        if not nc.is_connected or size > nc._max_payload:
+            return None
+        transport = getattr(getattr(nc._transport, "_io_writer", None), "transport", None)
+        if transport is None or transport.get_write_buffer_size():
+            return None  # the socket is behind: nats-py's flusher drains it
+        return transport
+
+    def publish(self, subject: str, data: bytes, reply: str = "", *, now: bool = True) -> None:
+        """Publish from synchronous code; nats-py's errors are raised. ``now=False``: with
+        the rest of this turn's messages, even if it would be the first."""
+        nc = self._nc
+        transport = self._socket(len(data))
+        if transport is None:
+            _run_now(nc.publish(subject, data, reply=reply))
+            return
+        cmd = _pub_cmd(subject, reply, data)
+        stats = nc.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(data)
+        if now and not self._turn and not nc._pending_data_size:
+            transport.write(cmd)
+        else:
+            nc._pending.append(cmd)
+            nc._pending_data_size += len(cmd)
+        if not self._turn:
+            self._turn = True
+            asyncio.get_running_loop().call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._turn = False
+        nc = self._nc
+        if not nc._pending_data_size:
+            return
+        transport = self._socket(0)
+        if transport is None:
+            _run_now(nc._flush_pending())  # nats-py's flusher writes (or buffers) them
+            return
+        transport.writelines(nc._pending)
+        nc._pending = []
+        nc._pending_data_size = 0
 
 
 def _batch_bytes(nc: _NatsClient) -> int:
@@ -257,8 +323,9 @@ class _ReplyMux:
     once. A request alone in flight is never held back.
     """
 
-    def __init__(self, nc: _NatsClient) -> None:
+    def __init__(self, nc: _NatsClient, writer: _Writer) -> None:
         self._nc = nc
+        self._writer = writer
         self._base = ""
         self._seq = 0
         self._pending: dict[str, asyncio.Future[bytes]] = {}
@@ -376,6 +443,12 @@ class _ReplyMux:
             box = self._outbox.get(subject) if batch else None
             size = len(data) + _ITEM_OVERHEAD
             limit = _batch_bytes(self._nc)
+            if box is None and batch and len(pending) > 1 and size <= limit:
+                # others are in flight: the requests to this subject in this turn wait
+                # for its end and go together
+                box = self._outbox[subject] = _Outbox()
+                if self._flush_handle is None:
+                    self._flush_handle = loop.call_soon(self._flush)
             if box is not None and size <= limit:
                 if box.size + size > limit:
                     # it would not fit: what waits goes now, and this one after it
@@ -389,13 +462,7 @@ class _ReplyMux:
                     del self._outbox[subject]
                     self._send(loop, subject, box)
             else:
-                await self._nc.publish(subject, data, reply=self._base + token)
-                if batch and len(pending) > 1 and subject not in self._outbox:
-                    # others are in flight: more requests to this subject may follow in
-                    # this turn; they wait for its end and go together
-                    self._outbox[subject] = _Outbox()
-                    if self._flush_handle is None:
-                        self._flush_handle = loop.call_soon(self._flush)
+                self._writer.publish(subject, data, self._base + token)
             return await future
         finally:
             pending.pop(token, None)
@@ -422,7 +489,7 @@ class _ReplyMux:
             data = envelope.pack_batch(items)
             reply = self._base + batch
         try:
-            _publish_now(self._nc, subject, data, reply)
+            self._writer.publish(subject, data, reply)
         except Exception as exc:  # the connection is gone: every request of the box fails
             self._batches.pop(reply[len(self._base) :], None)
             for token, _ in items:
@@ -430,7 +497,7 @@ class _ReplyMux:
 
     def _publish_one(self, subject: str, data: bytes, token: str) -> None:
         try:
-            _publish_now(self._nc, subject, data, self._base + token)
+            self._writer.publish(subject, data, self._base + token)
         except Exception as exc:  # the connection is gone
             self._settle(token, exc)
 
@@ -439,14 +506,14 @@ class ReplyBatch:
     """The replies to one batch of requests, sent together when ready together (each
     message kept well under the server's max_payload)."""
 
-    __slots__ = ("_handle", "_items", "_limit", "_nc", "_reply", "_size")
+    __slots__ = ("_handle", "_items", "_limit", "_reply", "_size", "_writer")
 
-    def __init__(self, nc: _NatsClient, reply: str) -> None:
-        self._nc = nc
+    def __init__(self, writer: _Writer, reply: str, limit: int) -> None:
+        self._writer = writer
         self._reply = reply
         self._items: list[tuple[str, bytes]] = []
         self._size = 0
-        self._limit = _batch_bytes(nc)
+        self._limit = limit
         self._handle: asyncio.Handle | None = None
 
     def add(self, token: str, data: bytes) -> None:
@@ -468,7 +535,8 @@ class ReplyBatch:
         if not items or not self._reply:
             return
         try:
-            _publish_now(self._nc, self._reply, envelope.pack_batch(items))
+            # replies to batches (calls under load) go with the rest of this turn's
+            self._writer.publish(self._reply, envelope.pack_batch(items), now=False)
         except Exception as exc:
             # the callers will time out and retry elsewhere; the responder must keep going
             log.debug("could not reply on %s: %s", self._reply, exc)
@@ -480,7 +548,8 @@ class Connection:
     def __init__(self, nc: _NatsClient) -> None:
         self._nc = nc
         self._js = nc.jetstream()
-        self._mux = _ReplyMux(nc)
+        self._writer = _Writer(nc)
+        self._mux = _ReplyMux(nc, self._writer)
 
     @property
     def is_connected(self) -> bool:
@@ -509,7 +578,7 @@ class Connection:
 
     def reply_batch(self, msg: Message) -> ReplyBatch:
         """Where the replies to the batch of requests in ``msg`` are collected."""
-        return ReplyBatch(self._nc, msg.reply)
+        return ReplyBatch(self._writer, msg.reply, _batch_bytes(self._nc))
 
     def new_inbox(self) -> str:
         return str(self._nc.new_inbox())
@@ -534,7 +603,7 @@ class Connection:
         if not msg.reply:
             return
         try:
-            await self._nc.publish(msg.reply, data)
+            self._writer.publish(msg.reply, data)
         except Exception as exc:
             # the caller will time out and retry elsewhere; the responder must keep going
             log.debug("could not reply on %s: %s", msg.reply, exc)
