@@ -137,6 +137,31 @@ async def test_a_full_buffer_drops_new_events_and_counts_them(conn: Connection) 
     await writer.stop()
 
 
+async def test_events_recorded_for_later_are_written_and_a_broken_one_is_counted(
+    conn: Connection,
+) -> None:
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+
+    def broken(n: int) -> EventRow:
+        raise ValueError("a bug in who built it")
+
+    for n in range(3):
+        writer.record_soon(event, n)
+    writer.record_soon(broken, 3)
+    # built at the end of this turn, never inside the call that recorded them
+    assert writer.pending == 4
+    await asyncio.sleep(0)
+    assert writer.dropped == 1
+    for n in range(4, 6):
+        writer.record_soon(event, n)
+    # stopping builds and writes what is still waiting for the end of the turn
+    await writer.stop()
+    ids = [e.call_id for e in await count_events(conn)]
+    assert ids == [f"c-{n}" for n in (0, 1, 2, 4, 5)]
+
+
 async def test_reading_a_stream_that_does_not_exist_is_a_clear_error(conn: Connection) -> None:
     with pytest.raises(ReachError, match="REACH_AUDIT does not exist"):
         await count_events(conn)

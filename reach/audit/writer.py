@@ -16,7 +16,9 @@ import contextlib
 import logging
 import secrets
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from reach import subjects
 from reach.audit.events import CAPABILITY_INDEX, EventRow, RowSummary, encode_rows, pack_row
@@ -72,6 +74,9 @@ class AuditWriter:
         #: batches being filled, one per capability (packed rows: nothing for the GC)
         self._open: dict[str, _Open] = {}
         self._filling = 0  # events in them
+        #: events to build and record at the end of this turn of the event loop
+        self._soon: list[tuple[Callable[..., EventRow], tuple[Any, ...]]] = []
+        self._soon_handle: asyncio.Handle | None = None
         self._batches: deque[_Batch] = deque()
         self._held = 0  # events in unsent batches
         self._wake = asyncio.Event()
@@ -87,7 +92,29 @@ class AuditWriter:
     @property
     def pending(self) -> int:
         """Events recorded but not yet acked by the stream."""
-        return self._filling + self._held
+        return len(self._soon) + self._filling + self._held
+
+    def record_soon(self, build: Callable[..., EventRow], *args: Any) -> None:
+        """Record the event ``build(*args)`` at the end of this turn of the event loop.
+
+        For the call path: the call returns before its event is built and packed, and the
+        events of a turn are then built together. ``args`` must not change until then.
+        """
+        self._soon.append((build, args))
+        if self._soon_handle is None:
+            self._soon_handle = asyncio.get_running_loop().call_soon(self._record_soon)
+
+    def _record_soon(self) -> None:
+        self._soon_handle = None
+        soon, self._soon = self._soon, []
+        for build, args in soon:
+            try:
+                event = build(*args)
+            except Exception:  # a bug in who built it: counted, never raised into the loop
+                self.dropped += 1
+                log.exception("audit: an event could not be built")
+                continue
+            self.record(event)
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
@@ -125,6 +152,9 @@ class AuditWriter:
         """Write what is buffered (waiting at most ``timeout``), then stop."""
         if self._task is None:
             return
+        if self._soon_handle is not None:
+            self._soon_handle.cancel()
+            self._record_soon()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), timeout)
         await cancel_and_wait([self._task])
