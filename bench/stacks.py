@@ -25,6 +25,7 @@ registered only when that framework imports; otherwise :data:`UNAVAILABLE` says 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -36,9 +37,11 @@ from nats.micro import add_service
 from nats.micro.request import Request
 
 from bench.payload import PAYLOAD_SCHEMA
+from reach import envelope
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.registry import RouteCache
+from reach.transport import Message, connect
 
 __all__ = ["STACKS", "UNAVAILABLE", "Call", "Context", "Stack", "register"]
 
@@ -248,6 +251,64 @@ register(
     )
 )
 
+
+# -- Agent-Reach's transport alone: the floor under its features ----------------------
+
+
+@asynccontextmanager
+async def _transport_responder(ctx: Context) -> AsyncIterator[None]:
+    conn = await connect([ctx.url], name=f"bench-responder-{ctx.stack}")
+    pending: set[asyncio.Task[None]] = set()
+
+    def echo(data: bytes) -> bytes:
+        reply: bytes = msgpack.packb(msgpack.unpackb(data), use_bin_type=True)
+        return reply
+
+    def on_request(msg: Message) -> None:
+        if envelope.is_batch(msg.data):
+            batch = conn.reply_batch(msg)
+            for token, request in envelope.unpack_batch(msg.data):
+                batch.add(token, echo(request))
+            batch.flush()
+        else:
+            task = asyncio.ensure_future(conn.respond(msg, echo(msg.data)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+    await conn.subscribe_inline(ctx.subject, on_request)
+    await conn.flush()
+    try:
+        yield
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def _transport_caller(ctx: Context) -> AsyncIterator[Call]:
+    conn = await connect([ctx.url], name=f"bench-caller-{ctx.stack}")
+    request = conn.raw_request
+    subject = ctx.subject
+
+    async def call(payload: dict[str, Any]) -> Any:
+        data = await request(subject, msgpack.packb(payload, use_bin_type=True), 5.0, True)
+        return msgpack.unpackb(data)
+
+    try:
+        yield call
+    finally:
+        await conn.close()
+
+
+register(
+    Stack(
+        "reach-transport",
+        "Agent-Reach's transport alone: its request mux and batches, a subscriber echoing"
+        " each request (msgpack) into reply batches; no envelope, token, contract, routing"
+        " or audit (the floor under Agent-Reach's features)",
+        _transport_responder,
+        _transport_caller,
+    )
+)
 
 # -- frameworks users would otherwise pick ---------------------------------------------
 
