@@ -316,11 +316,11 @@ class _ReplyMux:
     every call; measured side by side at 128 in flight this mux answered about twice as
     many requests per second. "No responders" (a 503 status reply) is reported the same.
 
-    Batching: while other requests are in flight, the first request to a subject in a turn
-    of the event loop goes out at once and the others to that subject wait for the end of
-    the turn, to travel as one message (``reach.envelope`` "Batch"). Every message costs
-    parsing, dispatch and a protocol line on caller, server and callee; a batch pays them
-    once. A request alone in flight is never held back.
+    Batching: while other requests are in flight, the requests to a subject in a turn of
+    the event loop wait for the end of the turn, to travel as one message
+    (``reach.envelope`` "Batch"). Every message costs parsing, dispatch and a protocol
+    line on caller, server and callee; a batch pays them once. A request alone in flight
+    is never held back: it goes to the socket at once (``_Writer``).
     """
 
     def __init__(self, nc: _NatsClient, writer: _Writer) -> None:
