@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -402,7 +403,11 @@ class ReachClient:
     ) -> EventRow:
         """The caller's audit event of a call: a row in EVENT_FIELDS order
         (reach.audit.events), cheap to build and to pack."""
-        candidates = [inst.agent_id for inst in state.instances]
+        instances = state.instances
+        if not isinstance(instances, Sized):
+            instances = list(instances)
+        # the first few by name and how many: not a walk over every instance of the capability
+        first = tuple(inst.agent_id for inst in itertools.islice(instances, _AUDIT_CANDIDATES))
         return (
             "caller",
             state.started_at,
@@ -417,8 +422,8 @@ class ReachClient:
             code,
             description,
             latency_ms,
-            tuple(candidates[:16]),
-            len(candidates),
+            first,
+            len(instances),
             tuple(state.skipped),
             route,
             fallback.source if fallback is not None else None,
@@ -784,3 +789,5 @@ async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool)
 
 
 _BACKOFF_BASE = 0.2
+#: candidates an audit event names (it counts them all); ``AuditEvent.candidates``
+_AUDIT_CANDIDATES = 16
