@@ -41,6 +41,7 @@ from reach import envelope
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.registry import RouteCache
+from reach.tasks import step_now
 from reach.transport import Message, connect
 
 __all__ = ["STACKS", "UNAVAILABLE", "Call", "Context", "Stack", "register"]
@@ -271,9 +272,11 @@ async def _transport_responder(ctx: Context) -> AsyncIterator[None]:
                 batch.add(token, echo(request))
             batch.flush()
         else:
-            task = asyncio.ensure_future(conn.respond(msg, echo(msg.data)))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            # answered right here, as the agent answers a call (a task only if it waits)
+            task = step_now(conn.respond(msg, echo(msg.data)))
+            if task is not None:
+                pending.add(task)
+                task.add_done_callback(pending.discard)
 
     await conn.subscribe_inline(ctx.subject, on_request)
     await conn.flush()
