@@ -38,7 +38,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence, Sized
+from collections.abc import AsyncIterator, Callable, Sequence, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,7 +176,7 @@ _LOOKUPS = (
     ("find_capability", "cache.find(cap)"),
     ("find_capability_tag", "cache.find(cap, tags=[region])"),
     ("find_tag", "cache.find(tags=[team]): tag only, no capability"),
-    ("choose", "client choice: for_capability + rank() + breaker, as ReachClient._choose"),
+    ("choose", "client choice: entries + choose() + breaker, as ReachClient._choose"),
     ("choose_tag", "client choice with a tag: candidates from the (capability, tag) index"),
 )
 
@@ -279,18 +279,15 @@ class _Chooser:
         """What ReachClient does before every call: candidates, their contract, the choice."""
         from reach.routing import choose
 
-        wanted = tuple(tags)
-        instances: Iterable[Any] = self.cache.for_capability(capability, wanted)
-        for inst in instances:  # ReachClient._spec: the capability's contract
-            if inst.manifest.capability(capability) is not None:
-                break
+        candidates = self.cache.entries(capability, tags)
+        if candidates:  # ReachClient._spec: the capability's contract
+            candidates[0].spec  # noqa: B018
         chosen, _ = choose(
-            instances,
+            candidates,
             capability,
             latency=self.latency,
             outstanding=self.outstanding,
             breakers=self.breakers,
-            sample=(lambda c, k: self.cache.sample(c, k, wanted)) if wanted else self.cache.sample,
         )
         return chosen
 

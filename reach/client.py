@@ -11,13 +11,11 @@ speaks its contract, and fails only when it must — then says which layer faile
 from __future__ import annotations
 
 import asyncio
-import functools
-import itertools
 import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +47,7 @@ from reach.errors import (
 )
 from reach.fallback import MISSING, Fallback, FallbackInfo, ResultCache
 from reach.jobs import JobHandle, JobStore
-from reach.models import Capability, Instance
+from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
 from reach.resilience import (
@@ -59,7 +57,7 @@ from reach.resilience import (
     stop_at_deadline,
     wait_backoff,
 )
-from reach.routing import LatencyTracker, choose
+from reach.routing import LatencyTracker, RouteEntry, choose
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
@@ -129,10 +127,10 @@ class _Attempt:
     __slots__ = (
         "attempt_timeout",
         "attempts",
+        "candidates",
         "capability",
         "deadline",
         "failed",
-        "instances",
         "last_target",
         "retry_timeouts",
         "route",
@@ -149,14 +147,14 @@ class _Attempt:
         deadline: float,
         attempt_timeout: float,
         started_at: float,
-        instances: Iterable[Instance],
+        candidates: Sequence[RouteEntry],
         tags: tuple[str, ...] = (),
     ) -> None:
         self.capability = capability
         self.deadline = deadline
         #: wall time the call started (audit) and the candidates it was routed among
         self.started_at = started_at
-        self.instances = instances
+        self.candidates = candidates
         #: one attempt waits at most 1.5 × SLA, so a slow instance leaves time for another
         self.attempt_timeout = attempt_timeout
         self.attempts = 0
@@ -344,14 +342,14 @@ class ReachClient:
         state: _Attempt | None = None
         meta: envelope.RequestMeta | None = None
         try:
-            state, instances, meta, body = self._prepare(
+            state, meta, body = self._prepare(
                 capability, payload, timeout, tuple(tags), idempotency_key
             )
             try:
                 # the first attempt needs no retry machinery: the common case stays cheap
-                value = await self._attempt(state, instances, meta, body)
+                value = await self._attempt(state, meta, body)
             except ReachError as exc:
-                value = await self._retry(exc, state, instances, meta, body)
+                value = await self._retry(exc, state, meta, body)
         except ReachError as exc:
             if fb is None or not _falls_back(exc):
                 self._record(capability, state, meta, started, exc)
@@ -403,11 +401,9 @@ class ReachClient:
     ) -> EventRow:
         """The caller's audit event of a call: a row in EVENT_FIELDS order
         (reach.audit.events), cheap to build and to pack."""
-        instances = state.instances
-        if not isinstance(instances, Sized):
-            instances = list(instances)
+        candidates = state.candidates
         # the first few by name and how many: not a walk over every instance of the capability
-        first = tuple(inst.agent_id for inst in itertools.islice(instances, _AUDIT_CANDIDATES))
+        first = tuple(entry.agent_id for entry in candidates[:_AUDIT_CANDIDATES])
         return (
             "caller",
             state.started_at,
@@ -423,7 +419,7 @@ class ReachClient:
             description,
             latency_ms,
             first,
-            len(instances),
+            len(candidates),
             tuple(state.skipped),
             route,
             fallback.source if fallback is not None else None,
@@ -485,13 +481,6 @@ class ReachClient:
         if self.telemetry.metrics_on:
             self.telemetry.record_call(event)
 
-    def _spec(self, capability: str, instances: Iterable[Instance]) -> Capability | None:
-        for inst in instances:
-            spec = inst.manifest.capability(capability)
-            if spec is not None:
-                return spec
-        return None
-
     def _prepare(
         self,
         capability: str,
@@ -499,10 +488,11 @@ class ReachClient:
         timeout: float | None,
         tags: tuple[str, ...],
         idempotency_key: str | None,
-    ) -> tuple[_Attempt, Iterable[Instance], envelope.RequestMeta, bytes]:
+    ) -> tuple[_Attempt, envelope.RequestMeta, bytes]:
         """Candidates, deadline, contract pre-check and the encoded body of a call."""
-        instances = self.routes.for_capability(capability, tags)
-        spec = self._spec(capability, instances)
+        candidates = self.routes.entries(capability, tags)
+        # every candidate offers the capability: the first one's contract is the contract
+        spec = candidates[0].spec if candidates else None
         sla_ms = spec.latency_sla_ms if spec is not None else DEFAULT_SLA_MS
         now = self._clock.time()
         attempt_timeout = 1.5 * sla_ms / 1000.0
@@ -515,7 +505,7 @@ class ReachClient:
         # the callee checks depth, element count and key types when it decodes; here only
         # the size limit (and that the value can be encoded at all) is checked
         body = codec.encode(payload, checked=False)
-        state = _Attempt(capability, deadline, attempt_timeout, now, instances, tags)
+        state = _Attempt(capability, deadline, attempt_timeout, now, candidates, tags)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         # W3C trace context: the caller's span is the callee's parent, even without an SDK
         traceparent = parent.traceparent if parent is not None else None
@@ -533,13 +523,12 @@ class ReachClient:
             traceparent=traceparent,
         )
         self.retry_budget.record_call()
-        return state, instances, meta, body
+        return state, meta, body
 
     async def _retry(
         self,
         first_error: ReachError,
         state: _Attempt,
-        instances: Iterable[Instance],
         meta: envelope.RequestMeta,
         body: bytes,
     ) -> Any:
@@ -551,7 +540,7 @@ class ReachClient:
         # responders" the first retry goes to another instance at once: the request
         # reached nobody, so waiting spares no one and only adds latency.
         first_wait = wait_backoff(base=_BACKOFF_BASE).delay(1)
-        if isinstance(first_error, NoResponders) and _has_other(instances, state):
+        if isinstance(first_error, NoResponders) and _has_other(state):
             first_wait = 0.0
         if self.max_retries == 0 or self._clock.time() + first_wait >= state.deadline:
             raise first_error
@@ -574,7 +563,7 @@ class ReachClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._attempt(state, instances, meta, body)
+                    return await self._attempt(state, meta, body)
         except ReachError as exc:
             raise RetriesExhausted(
                 f"{state.capability}: {state.attempts} attempts failed,"
@@ -608,19 +597,14 @@ class ReachClient:
             return False
         return self.retry_budget.try_spend()
 
-    def _choose(self, state: _Attempt, instances: Iterable[Instance]) -> Instance | None:
+    def _choose(self, state: _Attempt) -> Instance | None:
         inst, state.score = choose(
-            instances,
+            state.candidates,
             state.capability,
             latency=self.latency,
             outstanding=self._outstanding,
             breakers=self.breakers,
             failed=state.failed,
-            sample=(
-                functools.partial(_sample_tagged, self.routes, state.tags)
-                if state.tags
-                else self.routes.sample
-            ),
             skipped=state.skipped,
         )
         return inst
@@ -628,7 +612,6 @@ class ReachClient:
     async def _attempt(
         self,
         state: _Attempt,
-        instances: Iterable[Instance],
         meta: envelope.RequestMeta,
         body: bytes,
     ) -> Any:
@@ -642,7 +625,7 @@ class ReachClient:
             raise ReachTimeout(
                 f"{state.capability}: deadline passed before attempt {state.attempts}"
             )
-        inst = self._choose(state, instances)
+        inst = self._choose(state)
         if inst is None:
             if state.tags:  # the queue group would reach instances without them
                 raise NotFound(
@@ -773,15 +756,9 @@ class ReachClient:
         )
 
 
-def _sample_tagged(
-    routes: RouteCache, tags: tuple[str, ...], capability: str, k: int
-) -> list[Instance]:
-    return routes.sample(capability, k, tags)
-
-
-def _has_other(instances: Iterable[Instance], state: _Attempt) -> bool:
+def _has_other(state: _Attempt) -> bool:
     """Is there a healthy-looking candidate this call has not failed on yet?"""
-    return any(i.agent_id not in state.failed and i.status != "unhealthy" for i in instances)
+    return any(e.agent_id not in state.failed and not e.unhealthy for e in state.candidates)
 
 
 async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool) -> bytes:

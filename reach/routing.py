@@ -12,11 +12,12 @@ calls in flight); cheap enough to run on every call.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sized
-from typing import Final
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
+from operator import itemgetter
+from typing import Final, NamedTuple, TypeVar
 
 from reach.errors import CircuitOpen, ConfigurationError, NoHealthyInstance
-from reach.models import HealthStatus, Instance, RoutingFacts
+from reach.models import Capability, HealthStatus, Instance
 from reach.resilience import BreakerBoard
 
 __all__ = [
@@ -24,13 +25,20 @@ __all__ = [
     "RANK_ALL",
     "RANK_SAMPLE",
     "LatencyTracker",
+    "RouteEntry",
     "choose",
     "rank",
+    "route_entries",
+    "route_entry",
+    "sample",
     "score_instance",
 ]
 
+_T = TypeVar("_T")
+_SCORE = itemgetter(0)
+
 #: up to this many candidates are all ranked; beyond, a random sample of RANK_SAMPLE is
-#: (ranking costs ~2 µs per candidate: 10,000 instances of one capability would cost ms)
+#: (scoring costs about half a µs per candidate: 10,000 of one capability would cost ms)
 RANK_ALL = 16
 RANK_SAMPLE = 8
 
@@ -73,18 +81,22 @@ def score_instance(
 def _score(
     status: HealthStatus, stable: bool, sla_ms: float, avg_latency_ms: float | None, load: float
 ) -> float:
-    if avg_latency_ms is None:
-        latency = UNKNOWN_LATENCY_TERM
-    else:
-        latency = 1.0 - avg_latency_ms / sla_ms
-        latency = 0.0 if latency < 0.0 else 1.0 if latency > 1.0 else latency
-    load = 0.0 if load < 0.0 else 1.0 if load > 1.0 else load
-    return (
-        W_HEALTH * HEALTH_SCORES[status]
-        + W_LATENCY * latency
-        + W_LOAD * (1.0 - load)
-        + W_STABLE * (1.0 if stable else PRERELEASE)
+    latency = (
+        UNKNOWN_LATENCY_TERM if avg_latency_ms is None else _latency_term(avg_latency_ms / sla_ms)
     )
+    load = 0.0 if load < 0.0 else 1.0 if load > 1.0 else load
+    return _base(status, stable) + W_LOAD * (1.0 - load) + W_LATENCY * latency
+
+
+def _base(status: HealthStatus, stable: bool) -> float:
+    """The terms of the score that depend on the record alone: health and stability."""
+    return W_HEALTH * HEALTH_SCORES[status] + W_STABLE * (1.0 if stable else PRERELEASE)
+
+
+def _latency_term(share_of_sla: float) -> float:
+    """1 − avg_latency/latency_sla, clamped to [0, 1]."""
+    term = 1.0 - share_of_sla
+    return 0.0 if term < 0.0 else 1.0 if term > 1.0 else term
 
 
 class LatencyTracker:
@@ -121,6 +133,147 @@ class LatencyTracker:
         return len(self._avg)
 
 
+class RouteEntry(NamedTuple):
+    """One instance as a route to one capability: what a choice reads of it, gathered once
+    per registry record (the route cache builds it as the record arrives), never per call.
+
+    Among thousands of instances each candidate is a cache miss, so a choice touches this
+    one tuple and the caller's own observations, not the record's objects."""
+
+    agent_id: str
+    unhealthy: bool
+    #: the terms of the score a call does not change: W_HEALTH·health + W_STABLE·stable
+    base: float
+    #: 1 / the capability's latency_sla_ms
+    per_sla_ms: float
+    #: in-flight calls at the instance's last heartbeat
+    in_flight: int
+    #: 1 / the instance's max_concurrency
+    per_slot: float
+    instance: Instance
+    #: the capability as the instance declares it (its contract and SLA)
+    spec: Capability
+
+
+def route_entry(instance: Instance, capability: str) -> RouteEntry | None:
+    """``instance`` as a route to ``capability``; None if it does not offer it."""
+    facts = instance.routing_facts
+    spec = instance.manifest.capability(capability)
+    if spec is None:
+        return None
+    sla_ms = facts.sla_ms[capability]
+    return RouteEntry(
+        facts.agent_id,
+        facts.status == "unhealthy",
+        _shared(_base(facts.status, facts.stable)),
+        _shared(1.0 / sla_ms),
+        facts.in_flight,
+        _shared(1.0 / (facts.max_concurrency or 1)),
+        instance,
+        spec,
+    )
+
+
+def _shared(value: float) -> float:
+    """One float object per distinct value (there are few: a handful of SLAs and pool
+    sizes), so a choice among thousands of entries reads values that stay in the CPU
+    cache instead of one scattered object per entry."""
+    if len(_SHARED) >= _SHARED_MAX:
+        return value
+    return _SHARED.setdefault(value, value)
+
+
+_SHARED: dict[float, float] = {}
+_SHARED_MAX = 4096
+
+
+def route_entries(instances: Iterable[Instance], capability: str) -> list[RouteEntry]:
+    """The instances that offer ``capability``, as routes to it (for lists of records that
+    do not come from a route cache, which keeps them ready)."""
+    return [e for e in (route_entry(i, capability) for i in instances) if e is not None]
+
+
+def sample(items: Sequence[_T], k: int) -> list[_T]:
+    """``k`` distinct items picked at random (all of them if there are no more than ``k``),
+    in O(k) when picking few from many."""
+    n = len(items)
+    if n <= k:
+        return list(items)
+    if n < 4 * k:
+        return random.sample(items, k)
+    # few from many: k draws with a rare redraw (random.sample costs several times more)
+    draw = random.random
+    picked = {int(draw() * n) for _ in range(k)}
+    while len(picked) < k:
+        picked.add(int(draw() * n))
+    return [items[i] for i in picked]
+
+
+def _scored(
+    entries: Iterable[RouteEntry],
+    latency: LatencyTracker,
+    outstanding: Mapping[str, int],
+    exclude: Container[str],
+) -> list[tuple[float, RouteEntry]]:
+    """The entries that can take a call with their scores, in the order given.
+
+    Load is the larger of the instance's own in-flight count (from its last heartbeat,
+    possibly stale) and the caller's own calls in flight to it (``outstanding``, always
+    current), over its ``max_concurrency``. An instance whose latency this caller has not
+    observed yet is scored with the best latency observed among the candidates (so a new
+    instance gets tried and measured instead of starved), or as half the SLA if none is.
+    """
+    scored: list[tuple[float, RouteEntry]] = []
+    unmeasured: list[int] = []
+    best_known: float | None = None
+    observed_of = latency._avg.get  # per candidate: a dict access, not a method call
+    mine_of = outstanding.get
+    # RouteEntry's fields by position: attribute access costs more, thousands of times
+    for entry in entries:
+        agent_id = entry[0]
+        if entry[1] or agent_id in exclude:
+            continue
+        in_flight = entry[4]
+        mine = mine_of(agent_id, 0)
+        load = (in_flight if in_flight > mine else mine) * entry[5]
+        score = entry[2] + W_LOAD * (1.0 - (0.0 if load < 0.0 else 1.0 if load > 1.0 else load))
+        observed = observed_of(agent_id)
+        if observed is None:
+            unmeasured.append(len(scored))
+        else:
+            if best_known is None or observed < best_known:
+                best_known = observed
+            term = 1.0 - observed * entry[3]
+            score += W_LATENCY * (0.0 if term < 0.0 else 1.0 if term > 1.0 else term)
+        scored.append((score, entry))
+    for n in unmeasured:
+        score, entry = scored[n]
+        term = (
+            UNKNOWN_LATENCY_TERM
+            if best_known is None
+            else _latency_term(best_known * entry.per_sla_ms)
+        )
+        scored[n] = (score + W_LATENCY * term, entry)
+    return scored
+
+
+def _ranked(
+    scored: list[tuple[float, RouteEntry]], rng: Callable[[], float]
+) -> list[tuple[float, RouteEntry]]:
+    """``scored`` best first; scores within ``TIE_BAND`` of the best in random order."""
+    if len(scored) < 2:
+        return scored
+    # the index settles equal scores, so entries are never compared
+    order = sorted(((score, n) for n, (score, _) in enumerate(scored)), reverse=True)
+    floor = order[0][0] - TIE_BAND
+    cut = next((i for i, (score, _) in enumerate(order) if score < floor), len(order))
+    if cut > 1:
+        ties = order[:cut]
+        draws = [rng() for _ in ties]
+        order[:cut] = [ties[i] for i in sorted(range(cut), key=draws.__getitem__)]
+    return [scored[n] for _, n in order]
+
+
 def rank(
     instances: Iterable[Instance],
     capability: str,
@@ -148,101 +301,62 @@ def rank(
     latency observed among the candidates, so a new instance gets tried and measured
     instead of starved.
     """
-    # per candidate only its routing facts (gathered once per record) and two dict lookups:
-    # among thousands of instances each candidate is a cache miss, so fewer objects is faster
-    candidates: list[tuple[Instance, RoutingFacts, float, float, float | None]] = []
-    best_known: float | None = None
-    observed_of = latency.get
-    mine_of = outstanding.get
-    for inst in instances:
-        facts = inst.routing_facts
-        agent_id = facts.agent_id
-        if facts.status == "unhealthy" or agent_id in exclude:
-            continue
-        sla_ms = facts.sla_ms.get(capability)
-        if sla_ms is None:
-            continue
-        in_flight = facts.in_flight
-        mine = mine_of(agent_id, 0)
-        load = (in_flight if in_flight > mine else mine) / (facts.max_concurrency or 1)
-        observed = observed_of(agent_id)
-        if observed is not None and (best_known is None or observed < best_known):
-            best_known = observed
-        candidates.append((inst, facts, sla_ms, load, observed))
-    scored: list[tuple[float, int, Instance]] = []
-    for i, (inst, facts, sla_ms, load, observed) in enumerate(candidates):
-        score = _score(
-            facts.status,
-            facts.stable,
-            sla_ms,
-            observed if observed is not None else best_known,
-            load,
-        )
-        # the index settles equal scores, so Instances are never compared
-        scored.append((score, i, inst))
-    if len(scored) < 2:
-        return [(score, inst) for score, _, inst in scored]
-    scored.sort(reverse=True)
-    floor = scored[0][0] - TIE_BAND
-    cut = next((n for n, entry in enumerate(scored) if entry[0] < floor), len(scored))
-    if cut > 1:
-        ties = scored[:cut]
-        draws = [rng() for _ in ties]
-        order = sorted(range(cut), key=draws.__getitem__)
-        scored[:cut] = [ties[n] for n in order]
-    return [(score, inst) for score, _, inst in scored]
+    scored = _scored(route_entries(instances, capability), latency, outstanding, exclude)
+    return [(score, entry.instance) for score, entry in _ranked(scored, rng)]
 
 
 def choose(
-    instances: Iterable[Instance],
+    entries: Sequence[RouteEntry],
     capability: str,
     *,
     latency: LatencyTracker,
     outstanding: Mapping[str, int],
     breakers: BreakerBoard,
     failed: Collection[str] = (),
-    sample: Callable[[str, int], list[Instance]] | None = None,
     skipped: list[str] | None = None,
 ) -> tuple[Instance | None, float | None]:
     """The instance a call goes to, and its score (None: the only candidate, not ranked).
 
-    ``(None, None)`` when no instance is known (the capability's queue subject decides).
-    Beyond ``RANK_ALL`` candidates a random ``RANK_SAMPLE`` are ranked (the power of k
-    choices), taken with ``sample(capability, k)`` when ``instances`` is not a list; the
-    whole set is ranked if the sample has nobody to offer. Instances in ``failed`` are
-    tried only when nothing else is left. Instances passed over because their breaker is
-    open are appended to ``skipped``. NoHealthyInstance if every known instance is
-    unhealthy; CircuitOpen (saying when to try again) if every breaker is open.
+    ``entries`` are the capability's instances as routes to it (``RouteCache.entries``, or
+    ``route_entries`` of a list of records); ``(None, None)`` when there are none (the
+    capability's queue subject decides). Beyond ``RANK_ALL`` candidates a random
+    ``RANK_SAMPLE`` are scored (the power of k choices); all of them if the sample has
+    nobody to offer. The best one goes, or one picked at random among those within
+    ``TIE_BAND`` of the best (see ``rank``). Instances in ``failed`` are tried only when
+    nothing else is left. Instances passed over because their breaker is open are appended
+    to ``skipped``. NoHealthyInstance if every known instance is unhealthy; CircuitOpen
+    (saying when to try again) if every breaker is open.
     """
-    if isinstance(instances, Sized) and len(instances) == 1 and not failed:
-        (only,) = instances
-        if only.status != "unhealthy" and breakers.get(only.agent_id).allow():
-            return only, None
-    pool: Iterable[Instance] = instances
-    if isinstance(instances, Sized) and len(instances) > RANK_ALL:
-        if isinstance(instances, list):
-            pool = random.sample(instances, RANK_SAMPLE)
-        elif sample is not None:
-            pool = sample(capability, RANK_SAMPLE)
-    ranked = rank(pool, capability, latency=latency, outstanding=outstanding, exclude=failed)
-    if not ranked and pool is not instances:
-        ranked = rank(
-            instances, capability, latency=latency, outstanding=outstanding, exclude=failed
-        )
-    if not ranked and failed:
-        ranked = rank(instances, capability, latency=latency, outstanding=outstanding)
-    if not ranked:
-        known = list(instances)
-        if not known:
+    if len(entries) == 1 and not failed:
+        only = entries[0]
+        if not only.unhealthy and breakers.get(only.agent_id).allow():
+            return only.instance, None
+    pool = sample(entries, RANK_SAMPLE) if len(entries) > RANK_ALL else entries
+    scored = _scored(pool, latency, outstanding, failed)
+    if not scored and pool is not entries:
+        scored = _scored(entries, latency, outstanding, failed)
+    if not scored and failed:
+        scored = _scored(entries, latency, outstanding, ())
+    if not scored:
+        if not entries:
             return None, None
-        why = ", ".join(f"{i.agent_id} {i.status} ({i.status_reason})" for i in known[:5])
+        why = ", ".join(
+            f"{e.agent_id} {e.instance.status} ({e.instance.status_reason})" for e in entries[:5]
+        )
         raise NoHealthyInstance(f"no healthy instance of {capability}: {why}")
-    for score, inst in ranked:
-        if breakers.get(inst.agent_id).allow():
-            return inst, score
-        if skipped is not None and inst.agent_id not in skipped:
-            skipped.append(inst.agent_id)
-    targets = [inst.agent_id for _, inst in ranked]
+    # the common case without a sort: one of the best, and its breaker lets it through
+    floor = max(scored, key=_SCORE)[0] - TIE_BAND
+    best = [item for item in scored if item[0] >= floor]
+    score, entry = best[int(random.random() * len(best))] if len(best) > 1 else best[0]
+    if breakers.get(entry.agent_id).allow():
+        return entry.instance, score
+    refused = entry
+    for score, entry in _ranked(scored, random.random):
+        if entry is not refused and breakers.get(entry.agent_id).allow():
+            return entry.instance, score
+        if skipped is not None and entry.agent_id not in skipped:
+            skipped.append(entry.agent_id)
+    targets = [entry.agent_id for _, entry in scored]
     retry_at = breakers.earliest_retry_at(targets)
     retry_in = max(0.0, retry_at - breakers.clock.monotonic())
     raise CircuitOpen(capability, retry_at, retry_in=retry_in)

@@ -92,6 +92,13 @@ def test_lookups_by_tag_find_exactly_the_instances_whose_capability_carries_them
             }
             found = [i.agent_id for i in cache.for_capability(capability, wanted)]
             assert sorted(found) == sorted(expected)
+            # the routes a choice reads: the same instances, each as the latest record has it
+            routes = cache.entries(capability, wanted)
+            assert sorted(e.agent_id for e in routes) == sorted(expected)
+            for e in routes:
+                assert e.instance is cache.get(e.agent_id)
+                assert e.spec is e.instance.manifest.capability(capability)
+                assert e.per_sla_ms == 1 / e.spec.latency_sla_ms
             assert {i.agent_id for i in cache.sample(capability, 10_000, wanted)} == expected
             picked = {i.agent_id for i in cache.sample(capability, 2, wanted)}
             assert len(picked) == min(2, len(expected))

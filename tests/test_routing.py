@@ -241,13 +241,14 @@ def test_rank_handles_a_thousand_instances() -> None:
 
 def test_choice_among_many_samples_but_never_misses_the_one_healthy_instance() -> None:
     from reach.resilience import BreakerBoard
-    from reach.routing import RANK_ALL, choose
+    from reach.routing import RANK_ALL, choose, route_entries
 
     many = [instance(f"a-{n}", status="unhealthy") for n in range(10 * RANK_ALL)]
     many[37] = instance("a-37")
+    routes = route_entries(many, "echo")
     for _ in range(20):
         chosen, score = choose(
-            many, "echo", latency=LatencyTracker(), outstanding={}, breakers=BreakerBoard()
+            routes, "echo", latency=LatencyTracker(), outstanding={}, breakers=BreakerBoard()
         )
         assert chosen is not None
         assert chosen.agent_id == "a-37"
@@ -256,9 +257,9 @@ def test_choice_among_many_samples_but_never_misses_the_one_healthy_instance() -
 
 def test_choice_spreads_over_many_equal_instances() -> None:
     from reach.resilience import BreakerBoard
-    from reach.routing import choose
+    from reach.routing import choose, route_entries
 
-    many = [instance(f"a-{n}") for n in range(1000)]
+    many = route_entries([instance(f"a-{n}") for n in range(1000)], "echo")
     board = BreakerBoard()
     picked = Counter(
         choose(many, "echo", latency=LatencyTracker(), outstanding={}, breakers=board)[0].agent_id  # type: ignore[union-attr]
@@ -279,3 +280,58 @@ def test_a_copied_record_is_routed_on_its_own_facts() -> None:
     assert copy.batches
     assert rank([copy], "echo", latency=LatencyTracker(), outstanding={}) == []
     assert inst.routing_facts.status == "healthy"  # the original keeps its own
+
+
+def _open(board: Any, agent_id: str) -> None:
+    breaker = board.get(agent_id)
+    for _ in range(board.config.min_calls):
+        assert breaker.allow()
+        breaker.record_failure()
+    assert not breaker.allow()
+
+
+def test_choice_passes_over_open_breakers_and_says_which() -> None:
+    from reach.errors import CircuitOpen
+    from reach.resilience import BreakerBoard
+    from reach.routing import choose, route_entries
+
+    tracker = LatencyTracker()
+    for agent_id, ms in (("best", 10.0), ("next", 200.0), ("last", 400.0)):
+        tracker.observe(agent_id, ms)
+    routes = route_entries([instance(a) for a in ("last", "best", "next")], "echo")
+    board = BreakerBoard()
+    _open(board, "best")
+    skipped: list[str] = []
+    chosen, score = choose(
+        routes, "echo", latency=tracker, outstanding={}, breakers=board, skipped=skipped
+    )
+    assert chosen is not None
+    assert chosen.agent_id == "next"
+    assert score == pytest.approx(0.4 + 0.3 * (1 - 200 / 500) + 0.2 + 0.1)
+    assert skipped == ["best"]
+    _open(board, "next")
+    _open(board, "last")
+    with pytest.raises(CircuitOpen):
+        choose(routes, "echo", latency=tracker, outstanding={}, breakers=board)
+
+
+def test_choice_goes_back_to_a_failed_instance_only_when_nothing_else_is_left() -> None:
+    from reach.resilience import BreakerBoard
+    from reach.routing import choose, route_entries
+
+    routes = route_entries([instance("a"), instance("b")], "echo")
+    board = BreakerBoard()
+    for _ in range(50):
+        chosen, _ = choose(
+            routes, "echo", latency=LatencyTracker(), outstanding={}, breakers=board, failed={"a"}
+        )
+        assert chosen is not None
+        assert chosen.agent_id == "b"
+    chosen, _ = choose(
+        routes, "echo", latency=LatencyTracker(), outstanding={}, breakers=board, failed={"a", "b"}
+    )
+    assert chosen is not None
+    assert choose([], "echo", latency=LatencyTracker(), outstanding={}, breakers=board) == (
+        None,
+        None,
+    )

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from reach import subjects
 from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.store import RegistryStore
+from reach.routing import RouteEntry, route_entry, sample
 from reach.tasks import cancel_and_wait
 
 __all__ = ["RouteCache", "version_matches"]
@@ -32,45 +32,32 @@ def version_matches(version: str, wanted: str | None) -> bool:
 
 
 class _Members:
-    """The instances under one index key: a dict by agent id for lookups, and the same
-    as a list with each one's position, so a random sample is O(k)."""
+    """The instances under one index key: a dict by agent id for lookups, and the same as
+    a list of routes with each one's position, so a random sample is O(k) and a choice
+    reads routes ready-made."""
 
-    __slots__ = ("by_id", "items", "pos")
+    __slots__ = ("by_id", "entries", "pos")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Instance] = {}
-        self.items: list[Instance] = []
+        self.entries: list[RouteEntry] = []
         self.pos: dict[str, int] = {}
 
-    def add(self, inst: Instance) -> None:
-        self.by_id[inst.agent_id] = inst
-        self.pos[inst.agent_id] = len(self.items)
-        self.items.append(inst)
+    def add(self, entry: RouteEntry) -> None:
+        self.by_id[entry.agent_id] = entry.instance
+        self.pos[entry.agent_id] = len(self.entries)
+        self.entries.append(entry)
 
     def remove(self, agent_id: str) -> bool:
         """Take ``agent_id`` out; True if nobody is left."""
         self.by_id.pop(agent_id, None)
         at = self.pos.pop(agent_id, None)
         if at is not None:
-            last = self.items.pop()
-            if at < len(self.items):  # move the last one into the hole
-                self.items[at] = last
+            last = self.entries.pop()
+            if at < len(self.entries):  # move the last one into the hole
+                self.entries[at] = last
                 self.pos[last.agent_id] = at
-        return not self.items
-
-    def sample(self, k: int) -> list[Instance]:
-        items = self.items
-        n = len(items)
-        if n <= k:
-            return list(items)
-        if n < 4 * k:
-            return random.sample(items, k)
-        # few from many: k draws with a rare redraw (random.sample costs several times more)
-        draw = random.random
-        picked = {int(draw() * n) for _ in range(k)}
-        while len(picked) < k:
-            picked.add(int(draw() * n))
-        return [items[i] for i in picked]
+        return not self.entries
 
 
 _NOBODY = _Members()
@@ -153,11 +140,14 @@ class RouteCache:
         self._changed = asyncio.Event()
 
     def _index(self, inst: Instance) -> None:
-        inst.routing_facts  # noqa: B018 - gathered now, as the record arrives, not on a call
         for cap in inst.manifest.capabilities:
-            self._by_capability.setdefault(cap.name, _Members()).add(inst)
+            # gathered now, as the record arrives, not on a call
+            entry = route_entry(inst, cap.name)
+            if entry is None:  # pragma: no cover - every capability has its SLA
+                continue
+            self._by_capability.setdefault(cap.name, _Members()).add(entry)
             for tag in cap.tags:
-                self._by_cap_tag.setdefault((cap.name, tag), _Members()).add(inst)
+                self._by_cap_tag.setdefault((cap.name, tag), _Members()).add(entry)
                 self._by_tag.setdefault(tag, set()).add((inst.agent_id, cap.name))
 
     def _unindex(self, inst: Instance) -> None:
@@ -187,22 +177,28 @@ class RouteCache:
     def sample(self, capability: str, k: int, tags: Iterable[str] = ()) -> list[Instance]:
         """Up to ``k`` instances of a capability (carrying all ``tags``) picked at random
         (all if there are fewer)."""
-        wanted = tuple(tags)
-        if len(wanted) <= 1:
-            return self._members(capability, wanted).sample(k)
-        matching = list(self.for_capability(capability, wanted))
-        return matching if len(matching) <= k else random.sample(matching, k)
+        return [entry.instance for entry in sample(self.entries(capability, tags), k)]
 
     def for_capability(self, capability: str, tags: Iterable[str] = ()) -> Iterable[Instance]:
         """Every known instance of a capability whose entry carries all ``tags``, healthy
-        or not (the routing hot path: a dictionary access for no tag or one, and a walk of
-        the smallest tag's members for more)."""
+        or not (a dictionary access for no tag or one, a walk of the smallest tag's
+        members for more)."""
         wanted = tuple(tags)
         if len(wanted) <= 1:
             return self._members(capability, wanted).by_id.values()
-        sets = sorted((self._members(capability, (t,)) for t in wanted), key=lambda m: len(m.items))
+        return [entry.instance for entry in self.entries(capability, wanted)]
+
+    def entries(self, capability: str, tags: Iterable[str] = ()) -> Sequence[RouteEntry]:
+        """``for_capability`` as routes to the capability, ready for ``reach.routing.choose``
+        (the routing hot path: the index's own list for no tag or one; do not change it)."""
+        wanted = tuple(tags)
+        if len(wanted) <= 1:
+            return self._members(capability, wanted).entries
+        sets = sorted(
+            (self._members(capability, (t,)) for t in wanted), key=lambda m: len(m.entries)
+        )
         rest = [m.by_id for m in sets[1:]]
-        return [i for i in sets[0].items if all(i.agent_id in m for m in rest)]
+        return [e for e in sets[0].entries if all(e.agent_id in m for m in rest)]
 
     def _members(self, capability: str, tags: tuple[str, ...]) -> _Members:
         if tags:
