@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import os
 import secrets
 import time
@@ -403,7 +404,7 @@ class ReachClient:
         (reach.audit.events), cheap to build and to pack."""
         candidates = state.candidates
         # the first few by name and how many: not a walk over every instance of the capability
-        first = tuple(entry.agent_id for entry in candidates[:_AUDIT_CANDIDATES])
+        first = tuple(map(_AGENT_ID, candidates[:_AUDIT_CANDIDATES]))
         return (
             "caller",
             state.started_at,
@@ -768,3 +769,4 @@ async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool)
 _BACKOFF_BASE = 0.2
 #: candidates an audit event names (it counts them all); ``AuditEvent.candidates``
 _AUDIT_CANDIDATES = 16
+_AGENT_ID = operator.attrgetter("agent_id")

@@ -13,8 +13,8 @@ import datetime
 import heapq
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import nats
@@ -930,6 +930,8 @@ class StreamMessage:
     time: float
     #: messages after this one that match the reader's filter
     pending: int
+    #: the message's headers (a reader asking for headers only gets these and no data)
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class Stream:
@@ -939,11 +941,24 @@ class Stream:
         self.name = name
         self._js = js
 
-    async def publish(self, subject: str, data: bytes, *, msg_id: str, timeout: float) -> int:
-        """Store ``data`` once: a resend with the same ``msg_id`` is not stored twice."""
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str,
+        timeout: float,
+        headers: Mapping[str, str] | None = None,
+    ) -> int:
+        """Store ``data`` (with ``headers``) once: a resend with the same ``msg_id`` is not
+        stored twice."""
         try:
             ack = await self._js.publish(
-                subject, data, timeout=timeout, stream=self.name, headers={"Nats-Msg-Id": msg_id}
+                subject,
+                data,
+                timeout=timeout,
+                stream=self.name,
+                headers={**(headers or {}), "Nats-Msg-Id": msg_id},
             )
         except nats.js.errors.NoStreamResponseError as exc:
             raise NoResponders(f"no stream answers on {subject} ({self.name})") from exc
@@ -958,9 +973,12 @@ class Stream:
         since: float | None = None,
         new_only: bool = False,
         follow: bool = False,
+        headers_only: bool = False,
     ) -> AsyncIterator[StreamMessage]:
         """Stored messages from ``since`` (Unix seconds; all when None, none with
-        ``new_only``) in order; then, with ``follow``, new ones as they arrive."""
+        ``new_only``) in order; then, with ``follow``, new ones as they arrive. With
+        ``headers_only`` the server sends their headers alone (``data`` is empty; ``get``
+        fetches a message's data by its sequence)."""
         if new_only:
             policy, start = DeliverPolicy.NEW, None
         elif since is not None:
@@ -975,6 +993,7 @@ class Stream:
                 ordered_consumer=True,
                 deliver_policy=policy,
                 config=ConsumerConfig(opt_start_time=start) if start else None,
+                headers_only=headers_only or None,
             )
         except Exception as exc:
             raise translate_error(exc, f"read {self.name}") from exc
@@ -999,9 +1018,18 @@ class Stream:
                     int(meta.sequence.stream),
                     meta.timestamp.timestamp(),
                     int(meta.num_pending),
+                    dict(msg.headers or {}),
                 )
                 if not follow and not meta.num_pending:
                     return
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def get(self, seq: int) -> bytes:
+        """The data of the message stored as ``seq``."""
+        try:
+            msg = await self._js.get_msg(self.name, seq)
+        except Exception as exc:
+            raise translate_error(exc, f"get message {seq} of {self.name}") from exc
+        return bytes(msg.data or b"")

@@ -185,10 +185,15 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
 
     from reach.audit.events import (
         ATTEMPT_FIELDS,
+        CALLS_HEADER,
         EVENT_FIELDS,
+        NOTABLE_HEADER,
+        RowSummary,
         encode_batch,
         make_event,
         read_counts,
+        read_header_counts,
+        summary_headers,
     )
 
     def row(error: str | None = None, capability: str = "query") -> tuple[Any, ...]:
@@ -204,6 +209,16 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
     )  # fmt: skip
     assert read_counts(old_writer) is None
     assert read_counts(b"\xc1") is None
+    # the same summary as headers, for readers that ask the server for headers only
+    summary = RowSummary()
+    summary.add_all([row()] * 30 + [row(capability="other")] * 2)
+    assert read_header_counts(summary_headers(summary)) == {"query": 30, "other": 2}
+    summary.add(row("breaker"))
+    assert read_header_counts(summary_headers(summary)) is None
+    assert read_header_counts({}) is None  # an older writer: no headers
+    assert read_header_counts({CALLS_HEADER: "[1]", NOTABLE_HEADER: "0"}) is None
+    assert read_header_counts({CALLS_HEADER: "{", NOTABLE_HEADER: "0"}) is None
+    assert read_header_counts({CALLS_HEADER: '{"q": 1}', NOTABLE_HEADER: "x"}) is None
     for first in (plain, old_writer):  # 30 calls counted either way ...
         engine = AlertEngine(clock=ManualClock())
         assert engine.observe_batch(first) == []

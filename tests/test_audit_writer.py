@@ -162,6 +162,82 @@ async def test_events_recorded_for_later_are_written_and_a_broken_one_is_counted
     assert ids == [f"c-{n}" for n in (0, 1, 2, 4, 5)]
 
 
+async def test_a_turns_events_are_packed_together_and_an_unpackable_one_is_counted(
+    conn: Connection,
+) -> None:
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01, batch_max=7))
+    await writer.start()
+    events = [event(n, "echo" if n % 4 else "report") for n in range(40)]
+    events[9] = event(9, description=object())  # msgpack cannot pack it: the rest is kept
+    writer.record_all(events)
+    assert writer.dropped == 1
+    await asyncio.wait_for(writer.flush(), 10)
+    await writer.stop()
+    stored = await count_events(conn)
+    assert sorted(e.call_id for e in stored) == sorted(f"c-{n}" for n in range(40) if n != 9)
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    # no batch over batch_max, whatever the size of the turn that filled it
+    assert all(len(decode_batch(m.data)[0]) <= 7 for m in [m async for m in stream.read()])
+
+
+async def test_a_full_batch_goes_at_once_and_a_young_one_waits_for_company(
+    conn: Connection,
+) -> None:
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=30.0, batch_max=5))
+    await writer.start()
+    writer.record_all([event(n) for n in range(5)] + [event(n, "report") for n in (5, 6)])
+    async with asyncio.timeout(10):
+        while writer.written < 5:  # noqa: ASYNC110 - the writer has no event to wait on
+            await asyncio.sleep(0.01)
+    assert writer.pending == 2  # the report batch is not due for 30 s: no tiny message
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    assert [m.subject async for m in stream.read()] == [subjects.audit("echo")]
+    await writer.stop()  # stopping writes it
+    assert writer.written == 7
+    assert writer.pending == 0
+
+
+async def test_batches_stay_under_their_byte_limit(conn: Connection) -> None:
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01, batch_max_bytes=2000))
+    await writer.start()
+    writer.record_all([event(n, description="x" * 100) for n in range(100)])
+    await asyncio.wait_for(writer.flush(), 10)
+    await writer.stop()
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    sizes = [len(m.data) async for m in stream.read()]
+    assert len(sizes) > 5
+    assert max(sizes) < 2000 + 1000  # the limit plus the last row and the batch's head
+    assert len(await count_events(conn)) == 100
+
+
+async def test_a_batch_carries_its_summary_in_headers_for_headers_only_readers(
+    conn: Connection,
+) -> None:
+    from reach.audit.events import read_counts, read_header_counts
+
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    writer.record_all([event(n) for n in range(5)])
+    retried = {"agent_id": "echo-2", "outcome": "timeout"}
+    writer.record(event(5, capability="report", attempts=[retried, {"agent_id": "echo-1"}]))
+    await asyncio.wait_for(writer.flush(), 10)
+    await writer.stop()
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    light = {m.subject: m async for m in stream.read(headers_only=True)}
+    assert set(light) == {subjects.audit("echo"), subjects.audit("report")}
+    plain, notable = light[subjects.audit("echo")], light[subjects.audit("report")]
+    assert plain.data == notable.data == b""  # the server sent headers alone
+    assert read_header_counts(plain.headers) == {"echo": 5}
+    assert read_header_counts(notable.headers) is None  # a retried call: read its rows
+    full = await stream.get(notable.seq)
+    assert [e.call_id for e in decode_batch(full)[0]] == ["c-5"]
+    assert read_counts(await stream.get(plain.seq)) == {"echo": 5}
+
+
 async def test_reading_a_stream_that_does_not_exist_is_a_clear_error(conn: Connection) -> None:
     with pytest.raises(ReachError, match="REACH_AUDIT does not exist"):
         await count_events(conn)

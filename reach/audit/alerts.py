@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -27,7 +28,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
-from reach.audit.events import read_counts
+from reach.audit.events import read_counts, read_header_counts
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
@@ -183,8 +184,7 @@ class AlertEngine:
         or breaker rejections need a closer look; the rest are only counted."""
         counts = read_counts(data)
         if counts is not None:  # nothing to look at: count without unpacking the rows
-            for capability, n in counts.items():
-                self._count_calls(capability, n)
+            self.count_calls(counts)
             return []
         try:
             batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -220,6 +220,11 @@ class AlertEngine:
             caller = str(row[i_agent] or row[i_caller] or "anonymous")
             alerts += self._observe_call(row[i_cap], caller, tried, row[i_error])
         return alerts
+
+    def count_calls(self, counts: Mapping[str, int]) -> None:
+        """Calls by capability of a batch in which no row needs a closer look."""
+        for capability, n in counts.items():
+            self._count_calls(capability, n)
 
     def _count_calls(self, capability: str, n: int) -> None:
         calls = self._calls.get(capability)
@@ -376,8 +381,16 @@ class AlertWatcher:
     async def _follow_audit(self, audit: Stream) -> None:
         while True:
             try:
-                async for msg in audit.read(subjects.audit("*"), new_only=True, follow=True):
-                    alerts = self.engine.observe_batch(msg.data)
+                # headers only: a batch's summary is in its headers, and its rows (tens of
+                # kB) are fetched only when the summary says some need a closer look
+                async for msg in audit.read(
+                    subjects.audit("*"), new_only=True, follow=True, headers_only=True
+                ):
+                    counts = read_header_counts(msg.headers)
+                    if counts is not None:
+                        self.engine.count_calls(counts)
+                        continue
+                    alerts = self.engine.observe_batch(await audit.get(msg.seq))
                     if alerts:
                         await self._publish(alerts)
             except ReachError as exc:

@@ -10,7 +10,8 @@ is written a few times a second instead of once per call.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import msgpack
@@ -32,9 +33,11 @@ from reach.errors import (
 
 __all__ = [
     "ATTEMPT_FIELDS",
+    "CALLS_HEADER",
     "CAPABILITY_INDEX",
     "EVENT_FIELDS",
     "EVENT_VERSION",
+    "NOTABLE_HEADER",
     "REGISTRY_CAPABILITY",
     "AuditAttempt",
     "AuditBatch",
@@ -51,7 +54,10 @@ __all__ = [
     "error_class",
     "make_event",
     "pack_row",
+    "pack_rows",
     "read_counts",
+    "read_header_counts",
+    "summary_headers",
 ]
 
 EVENT_VERSION = 1
@@ -279,6 +285,14 @@ _SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "at
 pack_row = msgpack.Packer(use_bin_type=True).pack
 
 
+def pack_rows(rows: Sequence[EventRow]) -> memoryview:
+    """Rows packed one after another, as ``pack_row`` would each (in one call into
+    msgpack: packed as an array, whose header is left off)."""
+    n = len(rows)
+    header = 1 if n < 16 else 3 if n < 0x10000 else 5
+    return memoryview(pack_row(rows))[header:]
+
+
 class RowSummary:
     """What the batch of packed rows says about them: calls per capability, notable rows."""
 
@@ -290,11 +304,16 @@ class RowSummary:
         self.notable = 0
 
     def add(self, row: EventRow) -> None:
-        if row[_SIDE] == "caller":
-            capability = row[CAPABILITY_INDEX]
-            self.calls[capability] = self.calls.get(capability, 0) + 1
-            if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
-                self.notable += 1
+        self.add_all((row,))
+
+    def add_all(self, rows: Sequence[EventRow]) -> None:
+        calls = self.calls
+        for row in rows:
+            if row[_SIDE] == "caller":
+                capability = row[CAPABILITY_INDEX]
+                calls[capability] = calls.get(capability, 0) + 1
+                if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
+                    self.notable += 1
 
 
 #: the constant entries of every batch (without their map's header)
@@ -304,7 +323,7 @@ _HEAD = msgpack.packb(
 )[1:]
 
 
-def encode_rows(rows: bytes | bytearray, count: int, summary: RowSummary) -> bytes:
+def encode_rows(rows: bytes | bytearray | memoryview, count: int, summary: RowSummary) -> bytes:
     """One stream message (``AuditBatch``) from ``count`` rows packed by ``pack_row``:
     ``{"v", "fields", "attempt_fields", "calls", "notable", "events": [row, ...]}``."""
     packer = msgpack.Packer(use_bin_type=True)
@@ -326,9 +345,40 @@ def encode_rows(rows: bytes | bytearray, count: int, summary: RowSummary) -> byt
 def encode_batch(events: Sequence[EventRow]) -> bytes:
     """One stream message from event rows (see ``encode_rows``)."""
     summary = RowSummary()
-    for row in events:
-        summary.add(row)
-    return encode_rows(b"".join(pack_row(row) for row in events), len(events), summary)
+    summary.add_all(events)
+    return encode_rows(pack_rows(events), len(events), summary)
+
+
+#: headers of a batch message that repeat its summary, for readers that ask the server for
+#: headers only (the alert watcher): calls by capability as JSON, notable rows
+CALLS_HEADER = "Reach-Calls"
+NOTABLE_HEADER = "Reach-Notable"
+
+
+def summary_headers(summary: RowSummary) -> dict[str, str]:
+    """The headers that carry ``summary`` beside a batch."""
+    return {
+        CALLS_HEADER: json.dumps(summary.calls, separators=(",", ":")),
+        NOTABLE_HEADER: str(summary.notable),
+    }
+
+
+def read_header_counts(headers: Mapping[str, str]) -> dict[str, int] | None:
+    """``read_counts`` from a batch's headers alone; None when its rows must be read."""
+    try:
+        notable = int(headers[NOTABLE_HEADER])
+        calls = json.loads(headers[CALLS_HEADER])
+    except (KeyError, ValueError, TypeError):
+        return None
+    return _plain_counts(calls) if notable == 0 else None
+
+
+def _plain_counts(calls: Any) -> dict[str, int] | None:
+    if type(calls) is not dict:
+        return None
+    if not all(type(k) is str and k and type(n) is int and n > 0 for k, n in calls.items()):
+        return None
+    return calls
 
 
 def read_counts(data: bytes) -> dict[str, int] | None:
@@ -352,11 +402,7 @@ def read_counts(data: bytes) -> dict[str, int] | None:
                 unpacker.skip()
     except Exception:
         return None
-    if notable != 0 or type(calls) is not dict:
-        return None
-    if not all(type(k) is str and k and type(n) is int and n > 0 for k, n in calls.items()):
-        return None
-    return calls
+    return _plain_counts(calls) if notable == 0 else None
 
 
 def _row_to_map(row: Any, fields: Sequence[str], attempt_fields: Sequence[str]) -> Any:

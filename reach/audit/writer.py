@@ -15,13 +15,22 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from reach import subjects
-from reach.audit.events import CAPABILITY_INDEX, EventRow, RowSummary, encode_rows, pack_row
+from reach.audit.events import (
+    CAPABILITY_INDEX,
+    EventRow,
+    RowSummary,
+    encode_rows,
+    pack_row,
+    pack_rows,
+    summary_headers,
+)
 from reach.errors import NoResponders, ReachError
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
@@ -35,8 +44,11 @@ log = logging.getLogger("reach.audit")
 class WriterConfig:
     #: events held while the stream cannot be written (then new ones are dropped, counted)
     max_buffer: int = 100_000
-    #: events per stream message
-    batch_max: int = 512
+    #: events per stream message at most: every message costs each reader (the registrar's
+    #: alert watcher, `reach audit tail`) and the server a fixed price, so fewer is cheaper
+    batch_max: int = 2048
+    #: packed rows per stream message at most (and never over half the server's max_payload)
+    batch_max_bytes: int = 256 * 1024
     #: how long an event may wait for company before its batch is written
     flush_interval: float = 0.1
     #: wait for a stream ack
@@ -49,12 +61,14 @@ class WriterConfig:
 class _Open:
     """The batch being filled for one capability: rows packed as they are recorded."""
 
-    __slots__ = ("count", "rows", "summary")
+    __slots__ = ("count", "due", "rows", "summary")
 
-    def __init__(self) -> None:
+    def __init__(self, due: float) -> None:
         self.rows = bytearray()
         self.count = 0
         self.summary = RowSummary()
+        #: monotonic time at which it is written even if not full
+        self.due = due
 
 
 @dataclass(slots=True)
@@ -63,6 +77,7 @@ class _Batch:
     msg_id: str
     data: bytes
     count: int
+    headers: dict[str, str]
 
 
 class AuditWriter:
@@ -83,6 +98,10 @@ class AuditWriter:
         self._task: asyncio.Task[None] | None = None
         self._stream: Stream | None = None
         self._writer_id = secrets.token_hex(8)
+        self._max_bytes = self.config.batch_max_bytes
+        self._row_bytes = 256  # packed size of a row, as last seen
+        #: flush() wants every batch written now, full or not
+        self._flushing = False
         self._batch_seq = 0
         #: events acked by the stream / dropped because the buffer was full
         self.written = 0
@@ -107,37 +126,80 @@ class AuditWriter:
     def _record_soon(self) -> None:
         self._soon_handle = None
         soon, self._soon = self._soon, []
+        events: list[EventRow] = []
         for build, args in soon:
             try:
-                event = build(*args)
+                events.append(build(*args))
             except Exception:  # a bug in who built it: counted, never raised into the loop
                 self.dropped += 1
                 log.exception("audit: an event could not be built")
-                continue
-            self.record(event)
+        self.record_all(events)
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
-        if self._filling + self._held >= self.config.max_buffer:
-            self.dropped += 1
+        self.record_all((event,))
+
+    def record_all(self, events: Sequence[EventRow]) -> None:
+        """Queue event rows; never blocks, never raises. Those of one capability are packed
+        together (one call into msgpack for a turn's events, not one per event)."""
+        room = self.config.max_buffer - self._filling - self._held
+        if len(events) > room:
+            self.dropped += len(events) - max(room, 0)
+            events = events[: max(room, 0)]
+        if not events:
             return
-        capability = event[CAPABILITY_INDEX]
-        try:
-            data = pack_row(event)
-        except (TypeError, ValueError, OverflowError) as exc:  # a bug in who built it
-            self.dropped += 1
-            log.error("audit: an event of %s cannot be packed: %s", capability, exc)
+        first = events[0][CAPABILITY_INDEX]
+        if all(event[CAPABILITY_INDEX] == first for event in events):
+            self._add(first, events)
             return
-        batch = self._open.get(capability)
-        if batch is None:
-            batch = self._open[capability] = _Open()
-        batch.rows += data
-        batch.count += 1
-        batch.summary.add(event)
-        self._filling += 1
-        if batch.count >= self.config.batch_max:
-            self._seal(capability)
-            self._wake.set()
+        by_capability: dict[str, list[EventRow]] = {}
+        for event in events:
+            by_capability.setdefault(event[CAPABILITY_INDEX], []).append(event)
+        for capability, rows in by_capability.items():
+            self._add(capability, rows)
+
+    def _add(self, capability: str, events: Sequence[EventRow]) -> None:
+        """Pack ``events`` of one capability into its open batch, sealing full batches."""
+        limit = self.config.batch_max
+        while events:
+            batch = self._open.get(capability)
+            if batch is None:
+                due = time.monotonic() + self.config.flush_interval
+                batch = self._open[capability] = _Open(due)
+            # as many as fit by count and, at the size of the rows seen so far, by bytes
+            room = (self._max_bytes - len(batch.rows)) // self._row_bytes + 1
+            take = events[: max(1, min(limit - batch.count, room))]
+            events = events[len(take) :]
+            before = len(batch.rows)
+            try:
+                batch.rows += pack_rows(take)
+            except (TypeError, ValueError, OverflowError):
+                take = self._pack_each(batch, capability, take)
+            else:
+                batch.count += len(take)
+            if take:
+                self._row_bytes = max(1, (len(batch.rows) - before) // len(take))
+            batch.summary.add_all(take)
+            self._filling += len(take)
+            if batch.count >= limit or len(batch.rows) >= self._max_bytes:
+                self._seal(capability)
+                self._wake.set()
+
+    def _pack_each(
+        self, batch: _Open, capability: str, events: Sequence[EventRow]
+    ) -> list[EventRow]:
+        """Pack rows one by one, dropping (and counting) those that cannot be packed."""
+        packed = []
+        for event in events:
+            try:
+                batch.rows += pack_row(event)
+            except (TypeError, ValueError, OverflowError) as exc:  # a bug in who built it
+                self.dropped += 1
+                log.error("audit: an event of %s cannot be packed: %s", capability, exc)
+                continue
+            batch.count += 1
+            packed.append(event)
+        return packed
 
     def reconnected(self) -> None:
         """NATS is back: write what is waiting now rather than after the back-off."""
@@ -146,6 +208,7 @@ class AuditWriter:
     async def start(self) -> None:
         if self._task is None:
             self._stream = await self._conn.stream(subjects.AUDIT_STREAM, check=False)
+            self._max_bytes = min(self.config.batch_max_bytes, self._conn.max_payload // 2)
             self._task = asyncio.create_task(self._run(), name="reach-audit-writer")
 
     async def stop(self, timeout: float = 5.0) -> None:
@@ -165,6 +228,7 @@ class AuditWriter:
     async def flush(self) -> None:
         """Return once every event recorded so far is acked by the stream."""
         while self.pending:
+            self._flushing = True
             self._wake.set()
             await asyncio.sleep(self.config.retry_min)
 
@@ -173,17 +237,17 @@ class AuditWriter:
     async def _run(self) -> None:
         delay = self.config.retry_min
         while True:
-            if not self._filling and not self._batches:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.config.flush_interval)
-                continue
             if not self._batches:
-                # let the batch fill for one interval: fewer, larger stream writes
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.config.flush_interval)
-            self._pack()
+                # wait for a full batch (recording wakes us), or for the oldest one to be due
+                due = min((b.due for b in self._open.values()), default=None)
+                wait = self.config.flush_interval if due is None else due - time.monotonic()
+                if wait > 0 and not self._flushing:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), wait)
+            self._seal_due(time.monotonic())
+            if not self._batches:
+                continue
             try:
                 await self._send_all()
             except ReachError as exc:
@@ -195,10 +259,13 @@ class AuditWriter:
             else:
                 delay = self.config.retry_min
 
-    def _pack(self) -> None:
-        """Seal the batches being filled: each becomes one stream message."""
-        for capability in list(self._open):
-            self._seal(capability)
+    def _seal_due(self, now: float) -> None:
+        """Seal the batches whose time has come (all of them when flushing): each becomes
+        one stream message. Younger ones keep filling: fewer, larger stream writes."""
+        flushing, self._flushing = self._flushing, False
+        for capability, batch in list(self._open.items()):
+            if flushing or batch.due <= now:
+                self._seal(capability)
 
     def _seal(self, capability: str) -> None:
         batch = self._open.pop(capability)
@@ -210,6 +277,7 @@ class AuditWriter:
                 msg_id=f"{self._writer_id}.{self._batch_seq}",
                 data=encode_rows(batch.rows, batch.count, batch.summary),
                 count=batch.count,
+                headers=summary_headers(batch.summary),
             )
         )
         self._held += batch.count
@@ -219,7 +287,11 @@ class AuditWriter:
         while self._batches:
             batch = self._batches[0]
             await self._stream.publish(
-                batch.subject, batch.data, msg_id=batch.msg_id, timeout=self.config.ack_timeout
+                batch.subject,
+                batch.data,
+                msg_id=batch.msg_id,
+                timeout=self.config.ack_timeout,
+                headers=batch.headers,
             )
             self._batches.popleft()
             self._held -= batch.count
