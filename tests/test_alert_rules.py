@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reach.audit.alerts import AlertEngine, AlertRules, decode_alert, encode_alert
 from reach.clock import ManualClock
@@ -227,3 +229,44 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
         assert [a.rule for a in engine.observe_batch(encode_batch([row("breaker")]))] == [
             "breaker_rejections"
         ]
+
+
+_SUMMARY_ROWS = st.lists(
+    st.tuples(
+        st.sampled_from(["caller", "callee", "registrar"]),
+        st.sampled_from(["query", "other"]),
+        st.sampled_from([None, "breaker", "timeout", "denied"]),
+        st.integers(0, 3),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=_SUMMARY_ROWS)
+def test_a_summary_of_many_rows_is_the_sum_of_their_summaries(rows: list[Any]) -> None:
+    from reach.audit.events import RowSummary, make_event
+
+    events = [
+        make_event(
+            ts=0.0,
+            side=side,
+            capability=cap,
+            outcome="ok",
+            error=error,
+            attempts=[{"agent_id": f"a-{n}"} for n in range(attempts)],
+        )  # fmt: skip
+        for side, cap, error, attempts in rows
+    ]
+    together, one_by_one = RowSummary(), RowSummary()
+    together.add_all(events)
+    for event in events:
+        one_by_one.add(event)
+    expected_calls: dict[str, int] = {}
+    for side, cap, _, _ in rows:
+        if side == "caller":
+            expected_calls[cap] = expected_calls.get(cap, 0) + 1
+    notable = sum(1 for s, _, e, a in rows if s == "caller" and (a > 1 or e == "breaker"))
+    for summary in (together, one_by_one):
+        assert summary.calls == expected_calls
+        assert summary.notable == notable

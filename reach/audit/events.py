@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Literal
 
 import msgpack
@@ -277,6 +278,9 @@ def denial_event(
 
 
 _SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "attempts"))
+_GET_SIDE, _GET_ERROR, _GET_ATTEMPTS, _GET_CAPABILITY = (
+    itemgetter(i) for i in (_SIDE, _ERROR, _ATTEMPTS, CAPABILITY_INDEX)
+)
 
 #: packs one event row: the writer packs each row as it is recorded, so the events that
 #: wait for their batch are bytes, which CPython's cyclic GC never tracks. Rows of tuples
@@ -307,11 +311,30 @@ class RowSummary:
         self.add_all((row,))
 
     def add_all(self, rows: Sequence[EventRow]) -> None:
-        calls = self.calls
+        if not rows:
+            return
+        if list(map(_GET_SIDE, rows)).count("caller") != len(rows):
+            self._add_each(rows)
+            return
+        capability = rows[0][CAPABILITY_INDEX]
+        if list(map(_GET_CAPABILITY, rows)).count(capability) == len(rows):
+            # the call path's case, a turn of calls to one capability: counted in C
+            self.calls[capability] = self.calls.get(capability, 0) + len(rows)
+            errors = list(map(_GET_ERROR, rows))
+            if max(map(len, map(_GET_ATTEMPTS, rows))) <= 1:
+                self.notable += errors.count("breaker")
+                return
+            self.notable += sum(
+                1 for row in rows if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker"
+            )
+            return
+        self._add_each(rows)
+
+    def _add_each(self, rows: Sequence[EventRow]) -> None:
         for row in rows:
             if row[_SIDE] == "caller":
                 capability = row[CAPABILITY_INDEX]
-                calls[capability] = calls.get(capability, 0) + 1
+                self.calls[capability] = self.calls.get(capability, 0) + 1
                 if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
                     self.notable += 1
 
