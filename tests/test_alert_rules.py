@@ -255,7 +255,7 @@ def test_a_summary_of_many_rows_is_the_sum_of_their_summaries(rows: list[Any]) -
             outcome="ok",
             error=error,
             attempts=[{"agent_id": f"a-{n}"} for n in range(attempts)],
-        )  # fmt: skip
+        )
         for side, cap, error, attempts in rows
     ]
     together, one_by_one = RowSummary(), RowSummary()
