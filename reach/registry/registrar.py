@@ -112,6 +112,10 @@ class Registrar:
         self._synced = asyncio.Event()
         self._probe_slots = asyncio.Semaphore(self.config.max_concurrent_probes)
         self._started_at = 0.0
+        #: when this registrar last could not keep the registry current (a heartbeat it
+        #: could not write, its watch failing, a failed sweep): silence is counted from
+        #: then, not from the record, since heartbeats may have arrived and been lost
+        self._trouble_at = 0.0
         self._stopping = False
         self._security = FabricSecurity()
         self._audit: AuditWriter | None = None
@@ -217,6 +221,7 @@ class Registrar:
             except ReachError as exc:
                 # NATS busy or away (a KV write timed out): one line, the sender retries;
                 # a traceback per message would only add load when load is the problem
+                self._trouble()
                 log.warning("registrar could not handle %s: %s", msg.subject, exc)
             except Exception:
                 log.exception("registrar failed on %s", msg.subject)
@@ -535,6 +540,7 @@ class Registrar:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self._trouble()
                 log.warning("registry watch failed (%s); restarting", exc)
                 await asyncio.sleep(0.5)
 
@@ -577,10 +583,20 @@ class Registrar:
         log.warning("gave up updating %s after %d conflicts", agent_id, _CAS_ATTEMPTS)
         return None
 
-    async def _remove(self, agent_id: str, instance_id: str | None, reason: str) -> bool:
+    async def _remove(
+        self,
+        agent_id: str,
+        instance_id: str | None,
+        reason: str,
+        still: Callable[[Instance], bool] | None = None,
+    ) -> bool:
+        """Delete the record (of ``instance_id`` if given) with compare-and-set; after a
+        conflict the fresh record is checked again, and kept unless ``still(record)``."""
         for _ in range(_CAS_ATTEMPTS):
             current = self._records.get(agent_id)
             if current is None or (instance_id and current[0].instance_id != instance_id):
+                return False
+            if still is not None and not still(current[0]):
                 return False
             try:
                 await self.store.delete(agent_id, last=current[1])
@@ -592,6 +608,15 @@ class Registrar:
             log.info("removed %s: %s", agent_id, reason)
             return True
         return False
+
+    def _silence(self, inst: Instance, now: float) -> float:
+        """How long the instance has not been heard from, as far as this registrar knows:
+        since its last recorded heartbeat, but never counting time before this registrar
+        started or before it last had trouble keeping the registry current."""
+        return now - max(inst.last_heartbeat_at, self._started_at, self._trouble_at)
+
+    def _trouble(self) -> None:
+        self._trouble_at = self._clock.time()
 
     def _owns(self, agent_id: str) -> bool:
         cached = self._owner_cache.get(agent_id)
@@ -641,6 +666,7 @@ class Registrar:
             try:
                 tick = await self._sweep()
             except ReachError as exc:
+                self._trouble()
                 log.warning("sweep failed: %s", exc)
             await asyncio.sleep(tick)
 
@@ -653,10 +679,16 @@ class Registrar:
             tick = min(tick, health.interval_sec / 4)
             if not self._owns(agent_id):
                 continue
-            silence = now - max(inst.last_heartbeat_at, self._started_at)
-            if silence >= self.config.evict_after_intervals * health.interval_sec:
+            silence = self._silence(inst, now)
+            evict_after = self.config.evict_after_intervals * health.interval_sec
+            if silence >= evict_after:
+                # checked again on the record as it is now if it changed meanwhile (a
+                # heartbeat another registrar wrote, which this one's watch has not shown)
+                def silent(cur: Instance, limit: float = evict_after) -> bool:
+                    return self._silence(cur, now) >= limit
+
                 await self._remove(
-                    agent_id, inst.instance_id, f"silent for {silence:.1f}s: evicted"
+                    agent_id, inst.instance_id, f"silent for {silence:.1f}s: evicted", silent
                 )
                 continue
             missed = int(silence / health.interval_sec)
@@ -664,6 +696,10 @@ class Registrar:
                 reason = f"missed {missed} heartbeats ({silence:.1f}s silent)"
 
                 def mark(cur: Instance, reason: str = reason) -> Instance | None:
+                    cur_health = cur.manifest.health
+                    quiet = cur_health.interval_sec * cur_health.failures_before_unhealthy
+                    if self._silence(cur, now) < quiet:
+                        return cur  # a heartbeat came in meanwhile
                     return self._with_status(cur, "unhealthy", reason, now)
 
                 await self._mutate(agent_id, mark)

@@ -1,0 +1,122 @@
+"""A registrar evicts instances that went silent, never ones whose heartbeats it missed.
+
+Against a real nats-server; the registrar's clock is a ManualClock so that "silent for 3
+intervals" is reached by advancing it, not by waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from reach.agent import Agent
+from reach.clock import ManualClock
+from reach.errors import ReachTimeout
+from reach.models import Instance, Manifest
+from reach.registry import Registrar, RegistrarConfig
+from reach.registry.store import RegistryStore
+from reach.testing import NatsServer
+from reach.transport import Connection, connect
+
+from .conftest import manifest
+
+INTERVAL = 1.0
+
+
+@pytest.fixture
+async def clock_registrar(
+    nats_server: NatsServer,
+) -> AsyncIterator[tuple[Registrar, ManualClock, Connection]]:
+    clock = ManualClock(wall=1_700_000_000.0)
+    conn = await connect([nats_server.url], name="test-registrar")
+    other = await connect([nats_server.url], name="test-other-writer")
+    reg = Registrar(conn, RegistrarConfig(clock=clock, liveness_interval_sec=3600.0))
+    await reg.start()
+    yield reg, clock, other
+    await reg.stop()
+    await other.close()
+    await conn.close()
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110 - the registrar has no event to wait on
+            await asyncio.sleep(0.01)
+
+
+def _record(agent_id: str, heard_at: float) -> Instance:
+    return Instance(
+        manifest=Manifest.model_validate(manifest(agent_id, interval=INTERVAL)),
+        instance_id=f"{agent_id}-i",
+        registered_at=heard_at,
+        last_heartbeat_at=heard_at,
+    )
+
+
+async def test_an_eviction_is_checked_again_on_the_record_as_it_is_now(
+    clock_registrar: tuple[Registrar, ManualClock, Connection],
+) -> None:
+    """A heartbeat another registrar recorded, which this one's registry watch has not
+    shown yet, keeps the instance: the eviction's compare-and-set fails, and the fresh
+    record is not silent."""
+    reg, clock, other = clock_registrar
+    store = await RegistryStore.open(other, create=False)
+    revision = await store.create(_record("quiet-1", clock.time()))
+    await _until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
+    # this registrar's view stops here (its watch lags behind, as after a reconnect) ...
+    watch = reg._loops[0]
+    watch.cancel()
+    await asyncio.gather(watch, return_exceptions=True)
+    clock.advance(5 * INTERVAL)
+    # ... while another registrar records a heartbeat
+    heard = _record("quiet-1", clock.time()).model_copy(update={"registered_at": 0.0})
+    await store.update(heard, revision)
+    await reg._sweep()
+    kept = await store.get("quiet-1")
+    assert kept is not None
+    assert kept[0].last_heartbeat_at == clock.time()
+    # really silent now: evicted
+    clock.advance(5 * INTERVAL)
+    await reg._sweep()
+    assert await store.get("quiet-1") is None
+
+
+async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
+    clock_registrar: tuple[Registrar, ManualClock, Connection],
+    nats_server: NatsServer,
+) -> None:
+    """While the registry cannot be written (a JetStream leader election in a cluster),
+    heartbeats still arrive; once writes work again the instance is not evicted for the
+    silence of the record."""
+    reg, clock, _ = clock_registrar
+    agent = Agent(manifest("steady-1", interval=INTERVAL), servers=[nats_server.url])
+
+    @agent.capability("echo")
+    async def echo(request: Any) -> Any:
+        return request
+
+    await agent.start()
+    try:
+        await _until(lambda: "steady-1" in reg._records, "announced")
+        store = reg.store
+        write = store.update
+        refused = 0
+
+        async def leaderless(instance: Instance, last: int) -> int:
+            nonlocal refused
+            refused += 1
+            raise ReachTimeout("no reply from the registry in time (no stream leader)")
+
+        store.update = leaderless  # type: ignore[method-assign]
+        clock.advance(5 * INTERVAL)  # the record's heartbeat is now 5 intervals old
+        seen = refused
+        await _until(lambda: refused > seen, "a heartbeat the registrar could not write")
+        store.update = write  # type: ignore[method-assign]
+        await reg._sweep()
+        assert "steady-1" in reg._records
+        assert await store.get("steady-1") is not None
+    finally:
+        await agent.stop()
