@@ -13,7 +13,13 @@ import msgpack
 
 from reach.errors import CodecError
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "check_value", "decode", "encode"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "check_value", "decode", "encode", "packb"]
+
+#: ``msgpack.packb(value, use_bin_type=True)`` without a new Packer (and its buffer) per
+#: call, which costs as much as the packing of a small message. Safe to share: a pack
+#: runs in C from start to end (no ``default`` hook calls back into Python), and a
+#: failed one leaves the packer empty.
+packb = msgpack.Packer(use_bin_type=True).pack
 
 _SCALARS = (str, int, float, bool, bytes, type(None))
 
@@ -84,7 +90,7 @@ def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True)
     if checked:
         check_value(value, limits)
     try:
-        data: bytes = msgpack.packb(value, use_bin_type=True)
+        data: bytes = packb(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"cannot encode value: {exc}", rule="type") from None
     if len(data) > limits.max_bytes:

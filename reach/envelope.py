@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from reach.codec import not_msgpack, reject_ext
+from reach.codec import not_msgpack, packb, reject_ext
 from reach.errors import CodecError
 
 __all__ = [
@@ -101,7 +101,7 @@ def pack_request(meta: RequestMeta, body: bytes) -> bytes:
         env["ts"] = meta.tracestate
     if meta.caller is not None:
         env["from"] = meta.caller
-    data: bytes = msgpack.packb(env, use_bin_type=True)
+    data: bytes = packb(env)
     return data
 
 
@@ -161,7 +161,7 @@ def pack_ok(body: bytes, by: str = "", job: str = "") -> bytes:
         env["by"] = by
     if job:
         env["job"] = job
-    data: bytes = msgpack.packb(env, use_bin_type=True)
+    data: bytes = packb(env)
     return data
 
 
@@ -173,7 +173,7 @@ def pack_error(kind: str, code: str, description: str, by: str = "") -> bytes:
     }
     if by:
         env["by"] = by
-    data: bytes = msgpack.packb(env, use_bin_type=True)
+    data: bytes = packb(env)
     return data
 
 
@@ -206,7 +206,7 @@ def is_batch(data: bytes) -> bool:
 
 def pack_batch(items: list[tuple[str, bytes]]) -> bytes:
     """``[[token, envelope], ...]``: requests (or replies) that travel together."""
-    data: bytes = msgpack.packb(items, use_bin_type=True)
+    data: bytes = packb(items)
     return data
 
 

@@ -448,3 +448,29 @@ def test_envelope_shaped_maps_unpack_or_raise_codec_error(env: dict[str, Any]) -
     for unpack in (envelope.unpack_request, envelope.unpack_reply):
         with contextlib.suppress(CodecError):
             unpack(data)
+
+
+def test_the_shared_packer_is_clean_after_a_failure_and_across_threads() -> None:
+    """codec.packb reuses one msgpack Packer: a failed pack must leave nothing behind,
+    and packs from several threads (sync handlers run in worker threads) never mix."""
+    import threading
+
+    from reach.codec import packb
+
+    with pytest.raises(TypeError):
+        packb({"ok": 1, "bad": object()})
+    assert msgpack.unpackb(packb({"after": [1, 2]})) == {"after": [1, 2]}
+    values = [{"n": n, "s": "x" * (n % 300), "l": list(range(n % 50))} for n in range(2000)]
+    failures: list[int] = []
+
+    def pack_all() -> None:
+        for n, value in enumerate(values):
+            if msgpack.unpackb(packb(value)) != value:
+                failures.append(n)
+
+    threads = [threading.Thread(target=pack_all) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

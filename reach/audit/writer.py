@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from reach import subjects
@@ -38,6 +39,8 @@ from reach.transport import Connection, Stream
 __all__ = ["AuditWriter", "WriterConfig"]
 
 log = logging.getLogger("reach.audit")
+
+_CAPABILITY = itemgetter(CAPABILITY_INDEX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +152,7 @@ class AuditWriter:
         if not events:
             return
         first = events[0][CAPABILITY_INDEX]
-        if all(event[CAPABILITY_INDEX] == first for event in events):
+        if list(map(_CAPABILITY, events)).count(first) == len(events):  # the common case
             self._add(first, events)
             return
         by_capability: dict[str, list[EventRow]] = {}
