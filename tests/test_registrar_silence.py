@@ -120,3 +120,41 @@ async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
         assert await store.get("steady-1") is not None
     finally:
         await agent.stop()
+
+
+async def test_a_registrar_behind_on_its_messages_evicts_nobody(nats_server: NatsServer) -> None:
+    """Overloaded (heartbeats waiting to be handled), a registrar must not read the
+    records those heartbeats would refresh as silence: no eviction until it catches up."""
+    clock = ManualClock(wall=1_700_000_000.0)
+    conn = await connect([nats_server.url], name="test-registrar")
+    reg = Registrar(conn, RegistrarConfig(clock=clock, liveness_interval_sec=3600.0, max_backlog=2))
+    await reg.start()
+    interval = 0.2
+    agent = Agent(manifest("busy-1", interval=interval), servers=[nats_server.url])
+
+    @agent.capability("echo")
+    async def echo(request: Any) -> Any:
+        return request
+
+    await agent.start()
+    gate = asyncio.Event()
+    try:
+        await _until(lambda: "busy-1" in reg._records, "announced")
+        store = reg.store
+        write = store.update
+
+        async def slow(instance: Instance, last: int) -> int:
+            await gate.wait()  # a registry that answers late: heartbeats pile up
+            return await write(instance, last)
+
+        store.update = slow  # type: ignore[method-assign]
+        await _until(lambda: reg._handling > 2, "heartbeats waiting to be handled")
+        clock.advance(10 * interval)  # the record now looks silent for 10 intervals
+        await reg._sweep()
+        assert "busy-1" in reg._records
+        assert await store.get("busy-1") is not None
+    finally:
+        gate.set()
+        await agent.stop()
+        await reg.stop()
+        await conn.close()

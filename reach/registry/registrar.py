@@ -83,6 +83,11 @@ class RegistrarConfig:
     duplicate_grace_sec: float = 1.0
     max_message_bytes: int = 256 * 1024
     max_concurrent_probes: int = 512
+    #: announces, heartbeats and byes being handled at once above which this registrar is
+    #: behind: it then evicts nobody and marks nobody unhealthy for silence until it has
+    #: caught up (their heartbeats may be among those waiting), rather than turning its own
+    #: overload into evictions, re-announces and more load
+    max_backlog: int = 1000
     transitions_kept: int = 20
     job_retention_sec: float = JOB_RETENTION_SEC
     #: retention and replicas of REACH_AUDIT / REACH_ALERTS (replicas follow ``replicas``)
@@ -116,6 +121,8 @@ class Registrar:
         #: could not write, its watch failing, a failed sweep): silence is counted from
         #: then, not from the record, since heartbeats may have arrived and been lost
         self._trouble_at = 0.0
+        #: messages being handled now (see ``RegistrarConfig.max_backlog``)
+        self._handling = 0
         self._stopping = False
         self._security = FabricSecurity()
         self._audit: AuditWriter | None = None
@@ -225,10 +232,13 @@ class Registrar:
                 log.warning("registrar could not handle %s: %s", msg.subject, exc)
             except Exception:
                 log.exception("registrar failed on %s", msg.subject)
+            finally:
+                self._handling -= 1
 
         async def dispatch(msg: Message) -> None:
             if self._stopping:
                 return
+            self._handling += 1
             task = asyncio.create_task(run(msg))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -674,6 +684,13 @@ class Registrar:
         """One pass over owned records: evict the silent, mark missed heartbeats, start probes."""
         now = self._clock.time()
         tick = 1.0
+        if self._handling > self.config.max_backlog:
+            if now - self._trouble_at > 10.0:
+                log.warning(
+                    "registrar behind: %d messages being handled; no eviction until caught up",
+                    self._handling,
+                )
+            self._trouble()
         for agent_id, (inst, _) in list(self._records.items()):
             health = inst.manifest.health
             tick = min(tick, health.interval_sec / 4)
