@@ -16,9 +16,12 @@ from reach.errors import CodecError
 __all__ = ["DEFAULT_LIMITS", "Limits", "check_value", "decode", "encode", "packb"]
 
 #: ``msgpack.packb(value, use_bin_type=True)`` without a new Packer (and its buffer) per
-#: call, which costs as much as the packing of a small message. Safe to share: a pack
-#: runs in C from start to end (no ``default`` hook calls back into Python), and a
-#: failed one leaves the packer empty.
+#: call, which costs as much as the packing of a small message. Only for values this
+#: library builds of exact built-in types (envelopes: a dict of str, int and bytes): for
+#: those a pack runs in C from start to end, so packs never interleave. Subclasses of
+#: dict, list, tuple or int make msgpack call back into Python mid-pack, and a payload
+#: can be anything a user passed, so payloads get a Packer of their own (``encode``).
+#: The buffer grows to the largest envelope packed, which the size limits bound.
 packb = msgpack.Packer(use_bin_type=True).pack
 
 _SCALARS = (str, int, float, bool, bytes, type(None))
@@ -90,7 +93,7 @@ def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True)
     if checked:
         check_value(value, limits)
     try:
-        data: bytes = packb(value)
+        data: bytes = msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"cannot encode value: {exc}", rule="type") from None
     if len(data) > limits.max_bytes:

@@ -213,6 +213,29 @@ async def test_batches_stay_under_their_byte_limit(conn: Connection) -> None:
     assert len(await count_events(conn)) == 100
 
 
+async def test_rows_of_any_size_never_make_a_batch_over_its_limit_nor_stall_the_writer(
+    conn: Connection,
+) -> None:
+    await ensure_streams(conn)
+    limit = 64 * 1024
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01, batch_max_bytes=limit))
+    await writer.start()
+    writer.record_all([event(n, "small") for n in range(10)])  # rows of ~150 bytes seen
+    big = [event(n, "big", description="x" * 2000) for n in range(10, 400)]
+    big[7] = event(17, "big", description=object())  # cannot be packed
+    big[9] = event(19, "big", description="y" * (2 * limit))  # alone over the limit
+    writer.record_all(big)
+    writer.record_all([("caller",), event(400, "small")])  # a row without a capability
+    assert writer.dropped == 3  # each counted once, though its chunk was packed twice
+    await asyncio.wait_for(writer.flush(), 20)
+    await writer.stop()
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    sizes = [len(m.data) async for m in stream.read()]
+    assert max(sizes) <= limit + 1024  # the rows within the limit, plus the batch's head
+    ids = {e.call_id for e in await count_events(conn)}
+    assert ids == {f"c-{n}" for n in range(401)} - {"c-17", "c-19"}
+
+
 async def test_a_batch_carries_its_summary_in_headers_for_headers_only_readers(
     conn: Connection,
 ) -> None:

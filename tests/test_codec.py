@@ -451,8 +451,9 @@ def test_envelope_shaped_maps_unpack_or_raise_codec_error(env: dict[str, Any]) -
 
 
 def test_the_shared_packer_is_clean_after_a_failure_and_across_threads() -> None:
-    """codec.packb reuses one msgpack Packer: a failed pack must leave nothing behind,
-    and packs from several threads (sync handlers run in worker threads) never mix."""
+    """codec.packb reuses one msgpack Packer for envelopes: a failed pack must leave
+    nothing behind, and packs from several threads (sync handlers run in worker threads)
+    never mix."""
     import threading
 
     from reach.codec import packb
@@ -460,7 +461,7 @@ def test_the_shared_packer_is_clean_after_a_failure_and_across_threads() -> None
     with pytest.raises(TypeError):
         packb({"ok": 1, "bad": object()})
     assert msgpack.unpackb(packb({"after": [1, 2]})) == {"after": [1, 2]}
-    values = [{"n": n, "s": "x" * (n % 300), "l": list(range(n % 50))} for n in range(2000)]
+    values = [{"v": 1, "id": f"c-{n}", "b": b"x" * (n % 300), "dl": n} for n in range(2000)]
     failures: list[int] = []
 
     def pack_all() -> None:
@@ -474,3 +475,17 @@ def test_the_shared_packer_is_clean_after_a_failure_and_across_threads() -> None
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+def test_a_payload_whose_packing_calls_back_into_python_is_packed_whole() -> None:
+    """A dict subclass makes msgpack call its items() mid-pack; a payload doing so (and
+    packing something else meanwhile) must still come out whole: payloads do not share
+    the envelopes' packer."""
+
+    class Chatty(dict[str, Any]):
+        def items(self) -> Any:
+            envelope.pack_ok(b"meanwhile", by="x")
+            return super().items()
+
+    data = codec.encode(Chatty(a=1, b=[1, 2]), checked=False)
+    assert msgpack.unpackb(data) == {"a": 1, "b": [1, 2]}

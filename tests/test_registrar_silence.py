@@ -88,9 +88,9 @@ async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
     clock_registrar: tuple[Registrar, ManualClock, Connection],
     nats_server: NatsServer,
 ) -> None:
-    """While the registry cannot be written (a JetStream leader election in a cluster),
-    heartbeats still arrive; once writes work again the instance is not evicted for the
-    silence of the record."""
+    """While the registry cannot take an instance's heartbeats (a JetStream leader
+    election in a cluster), they still arrive: the instance is not evicted for the silence
+    of its record. A silent one beside it still is."""
     reg, clock, _ = clock_registrar
     agent = Agent(manifest("steady-1", interval=INTERVAL), servers=[nats_server.url])
 
@@ -102,6 +102,8 @@ async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
     try:
         await _until(lambda: "steady-1" in reg._records, "announced")
         store = reg.store
+        await store.create(_record("gone-1", clock.time()))  # never heard from again
+        await _until(lambda: "gone-1" in reg._records, "the silent record seen")
         write = store.update
         refused = 0
 
@@ -114,10 +116,11 @@ async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
         clock.advance(5 * INTERVAL)  # the record's heartbeat is now 5 intervals old
         seen = refused
         await _until(lambda: refused > seen, "a heartbeat the registrar could not write")
-        store.update = write  # type: ignore[method-assign]
         await reg._sweep()
+        store.update = write  # type: ignore[method-assign]
         assert "steady-1" in reg._records
         assert await store.get("steady-1") is not None
+        assert await store.get("gone-1") is None
     finally:
         await agent.stop()
 

@@ -105,3 +105,33 @@ def test_lookups_by_tag_find_exactly_the_instances_whose_capability_carries_them
             assert picked <= expected
             listed = cache.find(capability, tags=wanted, include_unhealthy=True)
             assert [i.agent_id for i in listed] == sorted(expected)
+
+
+def test_a_tag_listed_twice_leaves_one_route_and_none_once_gone() -> None:
+    from reach.models import Instance, Manifest
+
+    def record(n: int) -> Instance:
+        manifest = Manifest.model_validate(
+            {
+                "agent_id": "a",
+                "agent_name": "a",
+                "version": "1.0.0",
+                "capabilities": [{"name": "echo", "tags": ["t", "t"], "latency_sla_ms": 100}],
+            }
+        )
+        return Instance(
+            manifest=manifest,
+            instance_id="a-i",
+            registered_at=1.0,
+            last_heartbeat_at=float(n),
+            in_flight=n,
+        )
+
+    cache = RouteCache(store=None)  # type: ignore[arg-type]  # _apply needs no store
+    for revision in range(1, 6):  # announced, then four heartbeats
+        cache._apply("a", record(revision), revision)
+        routes = cache.entries("echo", ["t"])
+        assert [(e.agent_id, e.in_flight) for e in routes] == [("a", revision)]
+    cache._apply("a", None, 6)
+    assert list(cache.entries("echo", ["t"])) == []
+    assert list(cache.for_capability("echo", ["t"])) == []

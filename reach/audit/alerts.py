@@ -390,7 +390,12 @@ class AlertWatcher:
                     if counts is not None:
                         self.engine.count_calls(counts)
                         continue
-                    alerts = self.engine.observe_batch(await audit.get(msg.seq))
+                    try:
+                        data = await audit.get(msg.seq)
+                    except ReachError as exc:  # gone (retention) or no answer: skip this one
+                        log.warning("alerts: audit batch %d not read: %s", msg.seq, exc)
+                        continue
+                    alerts = self.engine.observe_batch(data)
                     if alerts:
                         await self._publish(alerts)
             except ReachError as exc:

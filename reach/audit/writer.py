@@ -32,7 +32,7 @@ from reach.audit.events import (
     pack_rows,
     summary_headers,
 )
-from reach.errors import NoResponders, ReachError
+from reach.errors import ConfigurationError, NoResponders, ReachError
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
 
@@ -81,6 +81,28 @@ class _Batch:
     data: bytes
     count: int
     headers: dict[str, str]
+
+
+def _pack(
+    events: Sequence[EventRow],
+) -> tuple[bytes | memoryview, Sequence[EventRow], list[Exception]]:
+    """The rows packed, which they are, and why the others could not be packed: all of
+    them in one call, or one by one when that fails."""
+    try:
+        return pack_rows(events), events, []
+    except (TypeError, ValueError, OverflowError):
+        pass
+    parts: list[bytes] = []
+    packed: list[EventRow] = []
+    errors: list[Exception] = []
+    for event in events:
+        try:
+            parts.append(pack_row(event))
+        except (TypeError, ValueError, OverflowError) as exc:
+            errors.append(exc)
+            continue
+        packed.append(event)
+    return b"".join(parts), packed, errors
 
 
 class AuditWriter:
@@ -151,58 +173,69 @@ class AuditWriter:
             events = events[: max(room, 0)]
         if not events:
             return
-        first = events[0][CAPABILITY_INDEX]
-        if list(map(_CAPABILITY, events)).count(first) == len(events):  # the common case
-            self._add(first, events)
+        try:
+            capabilities = list(map(_CAPABILITY, events))
+        except (IndexError, TypeError, KeyError):
+            capabilities = []  # a malformed row among them: sorted out one by one below
+        if capabilities and capabilities.count(capabilities[0]) == len(events):
+            self._add(capabilities[0], events)  # the common case: a turn of one capability
             return
         by_capability: dict[str, list[EventRow]] = {}
         for event in events:
-            by_capability.setdefault(event[CAPABILITY_INDEX], []).append(event)
+            try:
+                by_capability.setdefault(event[CAPABILITY_INDEX], []).append(event)
+            except (IndexError, TypeError, KeyError) as exc:  # a bug in who built it
+                self.dropped += 1
+                log.error("audit: an event without a capability was dropped: %s", exc)
         for capability, rows in by_capability.items():
             self._add(capability, rows)
 
     def _add(self, capability: str, events: Sequence[EventRow]) -> None:
-        """Pack ``events`` of one capability into its open batch, sealing full batches."""
+        """Pack ``events`` of one capability into its open batch; a batch is sealed when
+        it holds ``batch_max`` events or would exceed its byte limit with one more."""
         limit = self.config.batch_max
-        while events:
+        at = 0
+        most = limit  # events packed at a time: halved when a chunk turns out too big
+        while at < len(events):
             batch = self._open.get(capability)
             if batch is None:
                 due = time.monotonic() + self.config.flush_interval
                 batch = self._open[capability] = _Open(due)
-            # as many as fit by count and, at the size of the rows seen so far, by bytes
-            room = (self._max_bytes - len(batch.rows)) // self._row_bytes + 1
-            take = events[: max(1, min(limit - batch.count, room))]
-            events = events[len(take) :]
-            before = len(batch.rows)
-            try:
-                batch.rows += pack_rows(take)
-            except (TypeError, ValueError, OverflowError):
-                take = self._pack_each(batch, capability, take)
-            else:
-                batch.count += len(take)
-            if take:
-                self._row_bytes = max(1, (len(batch.rows) - before) // len(take))
-            batch.summary.add_all(take)
-            self._filling += len(take)
+            # as many as fit by count and, at the size of the rows seen last, by bytes
+            fit = (self._max_bytes - len(batch.rows)) // self._row_bytes
+            chunk = events[at : at + max(1, min(limit - batch.count, fit, most))]
+            data, rows, errors = _pack(chunk)
+            if rows and len(batch.rows) + len(data) > self._max_bytes:
+                self._row_bytes = max(1, len(data) // len(rows))
+                if len(chunk) > 1:
+                    most = len(chunk) // 2
+                elif batch.count:
+                    self._seal(capability)  # the row starts a batch of its own
+                else:  # alone it is more than a stream message may carry
+                    at += 1
+                    self.dropped += 1
+                    log.error(
+                        "audit: an event of %s is %d bytes packed, more than a batch may"
+                        " carry (%d): dropped",
+                        capability,
+                        len(data),
+                        self._max_bytes,
+                    )
+                continue
+            at += len(chunk)
+            most = limit
+            for error in errors:  # a bug in who built them: counted, never raised
+                self.dropped += 1
+                log.error("audit: an event of %s cannot be packed: %s", capability, error)
+            if rows:
+                batch.rows += data
+                batch.count += len(rows)
+                batch.summary.add_all(rows)
+                self._filling += len(rows)
+                self._row_bytes = max(1, len(data) // len(rows))
             if batch.count >= limit or len(batch.rows) >= self._max_bytes:
                 self._seal(capability)
                 self._wake.set()
-
-    def _pack_each(
-        self, batch: _Open, capability: str, events: Sequence[EventRow]
-    ) -> list[EventRow]:
-        """Pack rows one by one, dropping (and counting) those that cannot be packed."""
-        packed = []
-        for event in events:
-            try:
-                batch.rows += pack_row(event)
-            except (TypeError, ValueError, OverflowError) as exc:  # a bug in who built it
-                self.dropped += 1
-                log.error("audit: an event of %s cannot be packed: %s", capability, exc)
-                continue
-            batch.count += 1
-            packed.append(event)
-        return packed
 
     def reconnected(self) -> None:
         """NATS is back: write what is waiting now rather than after the back-off."""
@@ -272,6 +305,8 @@ class AuditWriter:
 
     def _seal(self, capability: str) -> None:
         batch = self._open.pop(capability)
+        if not batch.count:  # every event of it was dropped: nothing to write
+            return
         self._filling -= batch.count
         self._batch_seq += 1
         self._batches.append(
@@ -289,13 +324,22 @@ class AuditWriter:
         assert self._stream is not None
         while self._batches:
             batch = self._batches[0]
-            await self._stream.publish(
-                batch.subject,
-                batch.data,
-                msg_id=batch.msg_id,
-                timeout=self.config.ack_timeout,
-                headers=batch.headers,
-            )
+            try:
+                await self._stream.publish(
+                    batch.subject,
+                    batch.data,
+                    msg_id=batch.msg_id,
+                    timeout=self.config.ack_timeout,
+                    headers=batch.headers,
+                )
+            except ConfigurationError as exc:
+                # refused for good (larger than the server takes): resending cannot help,
+                # and holding it would hold up every batch behind it
+                self._batches.popleft()
+                self._held -= batch.count
+                self.dropped += batch.count
+                log.error("audit: a batch of %d event(s) was refused: %s", batch.count, exc)
+                continue
             self._batches.popleft()
             self._held -= batch.count
             self.written += batch.count

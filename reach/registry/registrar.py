@@ -117,11 +117,13 @@ class Registrar:
         self._synced = asyncio.Event()
         self._probe_slots = asyncio.Semaphore(self.config.max_concurrent_probes)
         self._started_at = 0.0
-        #: when this registrar last could not keep the registry current (a heartbeat it
-        #: could not write, its watch failing, a failed sweep): silence is counted from
+        #: when this registrar last could not keep the registry current (its watch
+        #: failing, a failed sweep, a backlog of heartbeats): silence is counted from
         #: then, not from the record, since heartbeats may have arrived and been lost
         self._trouble_at = 0.0
-        #: messages being handled now (see ``RegistrarConfig.max_backlog``)
+        #: per instance: when a heartbeat of it arrived that could not be written
+        self._unrecorded: dict[str, float] = {}
+        #: heartbeats being handled now (see ``RegistrarConfig.max_backlog``)
         self._handling = 0
         self._stopping = False
         self._security = FabricSecurity()
@@ -174,9 +176,12 @@ class Registrar:
             (subjects.HEARTBEAT_ALL, self._on_heartbeat),
             (subjects.BYE_ALL, self._on_bye),
         ):
+            counted = subject == subjects.HEARTBEAT_ALL
             self._subs.append(
                 await self._conn.subscribe(
-                    subject, self._spawning(handler), queue=subjects.REGISTRAR_QUEUE
+                    subject,
+                    self._spawning(handler, counted=counted),
+                    queue=subjects.REGISTRAR_QUEUE,
                 )
             )
         self._subs.append(await self._conn.subscribe(subjects.REGISTRAR_PING, self._on_ping))
@@ -219,29 +224,34 @@ class Registrar:
 
     # -- message handlers -------------------------------------------------------------
 
-    def _spawning(self, handler: MessageHandler) -> MessageHandler:
+    def _spawning(self, handler: MessageHandler, *, counted: bool = False) -> MessageHandler:
         # Each message is handled in its own task so one slow announce (which may probe)
         # never holds up heartbeats; errors are logged, never raised into nats-py.
+        # ``counted``: the tasks in flight make the backlog (``RegistrarConfig.max_backlog``)
         async def run(msg: Message) -> None:
             try:
                 await handler(msg)
             except ReachError as exc:
                 # NATS busy or away (a KV write timed out): one line, the sender retries;
                 # a traceback per message would only add load when load is the problem
-                self._trouble()
                 log.warning("registrar could not handle %s: %s", msg.subject, exc)
             except Exception:
                 log.exception("registrar failed on %s", msg.subject)
-            finally:
-                self._handling -= 1
+
+        def handled(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            self._handling -= 1
 
         async def dispatch(msg: Message) -> None:
             if self._stopping:
                 return
-            self._handling += 1
             task = asyncio.create_task(run(msg))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if counted:
+                self._handling += 1
+                task.add_done_callback(handled)
+            else:
+                task.add_done_callback(self._tasks.discard)
 
         return dispatch
 
@@ -407,7 +417,14 @@ class Registrar:
         except (CodecError, ContractError, _Denied) as exc:
             await self._reply_bad_message(msg, exc)
             return
-        reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
+        try:
+            reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
+        except ReachError:
+            # it is alive, the registry could not take it (a JetStream leader election):
+            # its silence is not counted from the record's older heartbeat
+            if hb.agent_id in self._records:
+                self._unrecorded[hb.agent_id] = self._clock.time()
+            raise
         if msg.reply:
             await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
 
@@ -564,6 +581,7 @@ class Registrar:
         if current is not None and current[1] < revision:
             del self._records[agent_id]
             self._last_probe.pop(agent_id, None)
+            self._unrecorded.pop(agent_id, None)
             self._owner_cache.pop(agent_id, None)
 
     async def _reload(self, agent_id: str) -> None:
@@ -615,6 +633,7 @@ class Registrar:
                 continue
             self._records.pop(agent_id, None)
             self._last_probe.pop(agent_id, None)
+            self._unrecorded.pop(agent_id, None)
             log.info("removed %s: %s", agent_id, reason)
             return True
         return False
@@ -623,7 +642,8 @@ class Registrar:
         """How long the instance has not been heard from, as far as this registrar knows:
         since its last recorded heartbeat, but never counting time before this registrar
         started or before it last had trouble keeping the registry current."""
-        return now - max(inst.last_heartbeat_at, self._started_at, self._trouble_at)
+        heard = max(inst.last_heartbeat_at, self._unrecorded.get(inst.agent_id, 0.0))
+        return now - max(heard, self._started_at, self._trouble_at)
 
     def _trouble(self) -> None:
         self._trouble_at = self._clock.time()

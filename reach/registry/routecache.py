@@ -45,6 +45,10 @@ class _Members:
 
     def add(self, entry: RouteEntry) -> None:
         self.by_id[entry.agent_id] = entry.instance
+        at = self.pos.get(entry.agent_id)
+        if at is not None:  # already here (a tag listed twice): one entry per instance
+            self.entries[at] = entry
+            return
         self.pos[entry.agent_id] = len(self.entries)
         self.entries.append(entry)
 
