@@ -312,3 +312,43 @@ def test_batches_decode_robustly() -> None:
     assert decode_batch(packed) == ([], 1)
     with pytest.raises(ValueError, match="unknown"):
         make_event(ts=1.0, capability="x", outcome="ok", colour="red")
+
+
+async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_next(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notable batch whose rows cannot be fetched (gone by retention, no answer) is
+    skipped; the watcher goes on with the next batch instead of resubscribing (which
+    would miss what is published meanwhile)."""
+    from reach.audit.alerts import AlertWatcher
+    from reach.errors import ReachTimeout
+    from reach.transport import Stream
+
+    await ensure_streams(conn)
+    fetch = Stream.get
+    failed = asyncio.Event()
+
+    async def first_fetch_fails(self: Stream, seq: int) -> bytes:
+        if not failed.is_set():
+            failed.set()
+            raise ReachTimeout(f"no reply for message {seq} in time")
+        return await fetch(self, seq)
+
+    monkeypatch.setattr(Stream, "get", first_fetch_fails)
+    watcher = AlertWatcher(conn)
+    await watcher.start()
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    retried = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
+    try:
+        await asyncio.sleep(0.2)  # the watcher's consumer is in place
+        writer.record(event(0, attempts=retried))
+        await asyncio.wait_for(failed.wait(), 10)
+        writer.record_all([event(n, attempts=retried) for n in range(1, 12)])  # 11 retries
+        async with asyncio.timeout(10):
+            while not watcher.fired:  # noqa: ASYNC110 - the watcher has no event to wait on
+                await asyncio.sleep(0.02)
+        assert [a.rule for a in watcher.fired] == ["retry_storm"]
+    finally:
+        await writer.stop()
+        await watcher.stop()
