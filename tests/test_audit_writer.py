@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -352,3 +353,32 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
     finally:
         await writer.stop()
         await watcher.stop()
+
+
+async def test_a_flush_does_not_cut_the_back_off_short_while_the_stream_is_away(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No REACH_AUDIT: every write fails. Someone waiting in flush() must not turn the
+    writer's doubling back-off into a write attempt every retry_min."""
+    from reach.transport import Stream
+
+    publish = Stream.publish
+    attempts = 0
+
+    async def counted(self: Stream, *args: Any, **kwargs: Any) -> int:
+        nonlocal attempts
+        attempts += 1
+        return await publish(self, *args, **kwargs)
+
+    monkeypatch.setattr(Stream, "publish", counted)
+    config = WriterConfig(flush_interval=0.01, retry_min=0.05, retry_max=1.0)
+    writer = AuditWriter(conn, config)
+    await writer.start()
+    writer.record(event(0))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(writer.flush(), 1.6)
+    # back-off 0.05, 0.1, 0.2, 0.4, 0.8 s: at most 6 attempts in 1.6 s (32 at one per 50 ms)
+    assert 2 <= attempts <= 7
+    assert writer.pending == 1
+    assert writer.dropped == 0
+    await writer.stop(timeout=0.1)

@@ -120,6 +120,7 @@ class AuditWriter:
         self._batches: deque[_Batch] = deque()
         self._held = 0  # events in unsent batches
         self._wake = asyncio.Event()
+        self._retry_now = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stream: Stream | None = None
         self._writer_id = secrets.token_hex(8)
@@ -239,6 +240,7 @@ class AuditWriter:
 
     def reconnected(self) -> None:
         """NATS is back: write what is waiting now rather than after the back-off."""
+        self._retry_now.set()
         self._wake.set()
 
     async def start(self) -> None:
@@ -288,9 +290,10 @@ class AuditWriter:
                 await self._send_all()
             except ReachError as exc:
                 self._warn(exc)
-                self._wake.clear()
+                # back off: new events or a flush() do not cut it short, a reconnect does
+                self._retry_now.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    await asyncio.wait_for(self._retry_now.wait(), delay)
                 delay = min(self.config.retry_max, delay * 2)
             else:
                 delay = self.config.retry_min
