@@ -550,6 +550,18 @@ class Connection:
         self._js = nc.jetstream()
         self._writer = _Writer(nc)
         self._mux = _ReplyMux(nc, self._writer)
+        self._reconnect_listeners: list[Callable[[], None]] = []
+
+    def on_reconnect(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` each time the connection is back after a disconnect."""
+        self._reconnect_listeners.append(listener)
+
+    def _reconnected(self) -> None:
+        for listener in self._reconnect_listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not break reconnecting
+                log.exception("a reconnect listener failed")
 
     @property
     def is_connected(self) -> bool:
@@ -849,8 +861,12 @@ async def connect(
             if refusals > _FIRST_CONNECT_ATTEMPTS:
                 refused.set()
 
+    made: list[Connection] = []
+
     async def _reconnected() -> None:
         log.info("%s reconnected", name)
+        for conn in made:
+            conn._reconnected()
         if on_reconnect is not None:
             await on_reconnect()
 
@@ -895,7 +911,8 @@ async def connect(
             ) from exc
         raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
-    return Connection(nc)
+    made.append(Connection(nc))
+    return made[0]
 
 
 def _is_refusal(exc: BaseException) -> bool:

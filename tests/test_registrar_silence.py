@@ -161,3 +161,52 @@ async def test_a_registrar_behind_on_its_messages_evicts_nobody(nats_server: Nat
         await agent.stop()
         await reg.stop()
         await conn.close()
+
+
+async def test_time_a_registrar_spends_disconnected_is_not_silence(nats_server: NatsServer) -> None:
+    """Cut off from NATS it hears no heartbeats: once back, instances get their full
+    eviction window from then (the connection tells it when it is back)."""
+    clock = ManualClock(wall=1_700_000_000.0)
+    conn = await connect([nats_server.url], name="test-registrar")
+    reg = Registrar(conn, RegistrarConfig(clock=clock, liveness_interval_sec=3600.0))
+    await reg.start()
+    other = await connect([nats_server.url], name="test-other-writer")
+    try:
+        store = await RegistryStore.open(other, create=False)
+        await store.create(_record("quiet-1", clock.time()))
+        await _until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
+        await asyncio.to_thread(nats_server.stop_now)
+        clock.advance(5 * INTERVAL)  # away for 5 intervals
+        await asyncio.to_thread(nats_server.start_now)
+        await _until(lambda: conn.is_connected and reg._trouble_at == clock.time(), "back")
+        await reg._sweep()
+        assert await store.get("quiet-1") is not None
+        clock.advance(5 * INTERVAL)  # now really silent since it is back
+        await reg._sweep()
+        assert await store.get("quiet-1") is None
+    finally:
+        await reg.stop()
+        await other.close()
+        await conn.close()
+
+
+async def test_reconnect_listeners_run_each_time_and_a_failing_one_harms_none(
+    nats_server: NatsServer,
+) -> None:
+    conn = await connect([nats_server.url], name="test-listener")
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise RuntimeError("a bug in a listener")
+
+    conn.on_reconnect(broken)
+    conn.on_reconnect(lambda: calls.append("ok"))
+    try:
+        for n in (1, 2):
+            await asyncio.to_thread(nats_server.restart)
+            await _until(lambda n=n: calls.count("ok") == n, f"reconnect {n}")  # type: ignore[misc]
+            assert conn.is_connected
+        assert calls == ["broken", "ok", "broken", "ok"]
+    finally:
+        await conn.close()

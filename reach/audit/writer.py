@@ -246,6 +246,7 @@ class AuditWriter:
     async def start(self) -> None:
         if self._task is None:
             self._stream = await self._conn.stream(subjects.AUDIT_STREAM, check=False)
+            self._conn.on_reconnect(self.reconnected)
             self._max_bytes = min(self.config.batch_max_bytes, self._conn.max_payload // 2)
             self._task = asyncio.create_task(self._run(), name="reach-audit-writer")
 

@@ -118,8 +118,9 @@ class Registrar:
         self._probe_slots = asyncio.Semaphore(self.config.max_concurrent_probes)
         self._started_at = 0.0
         #: when this registrar last could not keep the registry current (its watch
-        #: failing, a failed sweep, a backlog of heartbeats): silence is counted from
-        #: then, not from the record, since heartbeats may have arrived and been lost
+        #: failing, a failed sweep, a backlog of heartbeats, its connection coming back):
+        #: silence is counted from then, not from the record, since heartbeats may have
+        #: arrived and been lost
         self._trouble_at = 0.0
         #: per instance: when a heartbeat of it arrived that could not be written
         self._unrecorded: dict[str, float] = {}
@@ -168,6 +169,8 @@ class Registrar:
             self._alerts = AlertWatcher(self._conn, self.config.alerts, self._clock)
             await self._alerts.start()
         self._started_at = self._clock.time()
+        # disconnected, it heard no heartbeats: silence counts from when it is back
+        self._conn.on_reconnect(self._trouble)
         self._loops.append(asyncio.create_task(self._watch_loop(), name="registrar-watch"))
         await asyncio.wait_for(self._synced.wait(), 30)
         await self._refresh_liveness()
