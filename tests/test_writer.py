@@ -31,6 +31,10 @@ async def _collect(url: str, subject: str, count: int) -> tuple[nats.NATS, list[
         got.append(msg.data)  # type: ignore[attr-defined]
 
     await nc.subscribe(subject, cb=on)
+    # twice: nats-py writes flush()'s PING ahead of the SUB still in its buffer, so one PONG
+    # does not prove the subscription is in place (see Connection.flush). Under CPU load
+    # the server read the SUB after this test's publishes from the other connection.
+    await nc.flush()
     await nc.flush()
     return nc, got
 
