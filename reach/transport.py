@@ -287,6 +287,20 @@ class _Writer:
         nc._pending_data_size = 0
 
 
+async def _barrier(nc: _NatsClient, timeout: int = 5) -> None:
+    """Return once the server has processed everything this client sent so far.
+
+    nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of commands
+    still in the client's buffer, so its PONG alone does not prove that a SUB sent just
+    before is in place (seen as "no responders" from another connection right after, and
+    as a subscription the server read after another connection's publishes). The buffer
+    is written first here (nats-py's flusher, waited for), then the PING follows it.
+    """
+    if nc._pending_data_size:
+        await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
+    await nc.flush(timeout=timeout)
+
+
 def _batch_bytes(nc: _NatsClient) -> int:
     """The most a batch may carry: well under the server's max_payload."""
     return min(_BATCH_BYTES, int(nc.max_payload) // 2)
@@ -348,8 +362,7 @@ class _ReplyMux:
                 return
             base = str(self._nc.new_inbox())  # under the client's own inbox prefix
             await _subscribe_inline(self._nc, base + ".*", self._on_reply)
-            await self._nc.flush()
-            await self._nc.flush()  # see Connection.flush
+            await _barrier(self._nc)
             self._base = base + "."
 
     def _on_reply(self, msg: _NatsMsg) -> None:
@@ -645,17 +658,9 @@ class Connection:
         return Subscription(sub)
 
     async def flush(self, timeout: int = 5) -> None:
-        """Return once the server has processed everything sent so far (SUBs included).
-
-        nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of
-        commands still in the client's buffer, so one PONG does not prove a new
-        subscription is in place (seen as "no responders" from another connection right
-        after). While the first flush waits, the buffer is written; the second PING
-        follows it, and its PONG does.
-        """
+        """Return once the server has processed everything sent so far (SUBs included)."""
         try:
-            await self._nc.flush(timeout=timeout)
-            await self._nc.flush(timeout=timeout)
+            await _barrier(self._nc, timeout)
         except Exception as exc:
             raise translate_error(exc, "flush") from exc
 

@@ -309,9 +309,7 @@ class AuthCallout:
                 await self._settle()  # the server stops sending us requests from here on
 
     async def _settle(self) -> None:
-        # nats-py 2.16 writes flush()'s PING straight to the socket, ahead of a SUB/UNSUB that
-        # still waits in its buffer: the second round trip is the one that follows it
-        await self._conn.flush()
+        # the UNSUB reached the server before this returns (see Connection.flush)
         await self._conn.flush()
         for task in list(self._tasks):
             task.cancel()
