@@ -17,11 +17,11 @@ __all__ = ["DEFAULT_LIMITS", "Limits", "check_value", "decode", "encode", "packb
 
 #: ``msgpack.packb(value, use_bin_type=True)`` without a new Packer (and its buffer) per
 #: call, which costs as much as the packing of a small message. Only for values this
-#: library builds of exact built-in types (envelopes: a dict of str, int and bytes): for
-#: those a pack runs in C from start to end, so packs never interleave. Subclasses of
-#: dict, list, tuple or int make msgpack call back into Python mid-pack, and a payload
-#: can be anything a user passed, so payloads get a Packer of their own (``encode``).
-#: The buffer grows to the largest envelope packed, which the size limits bound.
+#: library builds of exact built-in types (envelopes, audit rows): for those a pack runs
+#: in C from start to end, so packs never interleave. Subclasses of dict, list, tuple or
+#: int make msgpack call back into Python mid-pack, and a payload can be anything a user
+#: passed, so payloads get a Packer of their own (``encode``). The buffer grows to the
+#: largest message packed, which the size limits bound (an envelope, an audit batch).
 packb = msgpack.Packer(use_bin_type=True).pack
 
 _SCALARS = (str, int, float, bool, bytes, type(None))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reach.codec import packb
 from reach.errors import (
     AuthError,
     CircuitOpen,
@@ -47,6 +48,7 @@ __all__ = [
     "EventRow",
     "Outcome",
     "RowSummary",
+    "capability_of",
     "decode_batch",
     "decode_raw",
     "denial_event",
@@ -278,15 +280,16 @@ def denial_event(
 
 
 _SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "attempts"))
-_GET_SIDE, _GET_ERROR, _GET_ATTEMPTS, _GET_CAPABILITY = (
-    itemgetter(i) for i in (_SIDE, _ERROR, _ATTEMPTS, CAPABILITY_INDEX)
-)
+_GET_SIDE, _GET_ERROR, _GET_ATTEMPTS = (itemgetter(i) for i in (_SIDE, _ERROR, _ATTEMPTS))
+#: the capability of an event row
+capability_of = itemgetter(CAPABILITY_INDEX)
 
-#: packs one event row: the writer packs each row as it is recorded, so the events that
+#: packs one event row: the writer packs rows as they are recorded, so the events that
 #: wait for their batch are bytes, which CPython's cyclic GC never tracks. Rows of tuples
 #: waiting there made the collector run (and walk the whole heap now and then) where the
-#: rest of the call path leaves it nothing to do.
-pack_row = msgpack.Packer(use_bin_type=True).pack
+#: rest of the call path leaves it nothing to do. Rows are built here of exact built-in
+#: types, so the library's shared packer serves (see ``reach.codec.packb``).
+pack_row = packb
 
 
 def pack_rows(rows: Sequence[EventRow]) -> memoryview:
@@ -317,18 +320,17 @@ class RowSummary:
             self._add_each(rows)
             return
         capability = rows[0][CAPABILITY_INDEX]
-        if list(map(_GET_CAPABILITY, rows)).count(capability) == len(rows):
-            # the call path's case, a turn of calls to one capability: counted in C
-            self.calls[capability] = self.calls.get(capability, 0) + len(rows)
-            errors = list(map(_GET_ERROR, rows))
-            if max(map(len, map(_GET_ATTEMPTS, rows))) <= 1:
-                self.notable += errors.count("breaker")
-                return
+        if list(map(capability_of, rows)).count(capability) != len(rows):
+            self._add_each(rows)
+            return
+        # the call path's case, a turn of calls to one capability: counted in C
+        self.calls[capability] = self.calls.get(capability, 0) + len(rows)
+        if max(map(len, map(_GET_ATTEMPTS, rows))) <= 1:
+            self.notable += list(map(_GET_ERROR, rows)).count("breaker")
+        else:
             self.notable += sum(
                 1 for row in rows if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker"
             )
-            return
-        self._add_each(rows)
 
     def _add_each(self, rows: Sequence[EventRow]) -> None:
         for row in rows:

@@ -19,7 +19,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 from reach import subjects
@@ -27,6 +26,7 @@ from reach.audit.events import (
     CAPABILITY_INDEX,
     EventRow,
     RowSummary,
+    capability_of,
     encode_rows,
     pack_row,
     pack_rows,
@@ -39,8 +39,6 @@ from reach.transport import Connection, Stream
 __all__ = ["AuditWriter", "WriterConfig"]
 
 log = logging.getLogger("reach.audit")
-
-_CAPABILITY = itemgetter(CAPABILITY_INDEX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +173,7 @@ class AuditWriter:
         if not events:
             return
         try:
-            capabilities = list(map(_CAPABILITY, events))
+            capabilities = list(map(capability_of, events))
         except (IndexError, TypeError, KeyError):
             capabilities = []  # a malformed row among them: sorted out one by one below
         if capabilities and capabilities.count(capabilities[0]) == len(events):
