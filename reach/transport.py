@@ -2,7 +2,8 @@
 
 It owns connecting (reconnect forever, with jitter), request/reply, subscriptions and
 the JetStream KV operations the registry needs, and translates every nats-py error
-into the Agent-Reach tree at this one seam.
+into the Agent-Reach tree at this one seam. What each call costs on the wire (direct
+socket writes, the request mux, batches) lives in ``reach.wire``, beneath it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import heapq
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,9 +31,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.protocol.command import pub_cmd as _pub_cmd
 
-from reach import envelope
 from reach.errors import (
     AuthenticationFailed,
     ConfigurationError,
@@ -43,7 +41,7 @@ from reach.errors import (
     ReachTimeout,
     TransportError,
 )
-from reach.tasks import step_now
+from reach.wire import ReplyBatch, ReplyMux, Writer, barrier, batch_bytes, subscribe_inline
 
 __all__ = [
     "Connection",
@@ -149,420 +147,14 @@ def translate_error(exc: BaseException, what: str) -> ReachError:
     return TransportError(f"{what}: {type(exc).__name__}: {exc}")
 
 
-class _InlineDelivery:
-    """Stands in for a nats-py subscription's pending queue: each message goes to
-    ``deliver`` as soon as the connection's reader task has parsed it.
-
-    nats-py queues every message for a task of the subscription's own; that hop (a queue
-    put, a task wake-up, one more trip through the event loop) is several µs per message,
-    paid once on each side of every call. ``deliver`` must not block and should not raise
-    (an exception is logged and the message dropped, the connection keeps reading).
-    """
-
-    __slots__ = ("_deliver", "_sub")
-
-    def __init__(self, sub: _NatsSubscription, deliver: Callable[[_NatsMsg], None]) -> None:
-        self._sub = sub
-        self._deliver = deliver
-
-    def put_nowait(self, msg: _NatsMsg) -> None:
-        self._sub._pending_size -= len(msg.data)  # nats-py counted it as queued
-        try:
-            self._deliver(msg)
-        except Exception:
-            log.exception("handler of %s failed", msg.subject)
-
-    # what nats-py asks of a pending queue besides put_nowait: it is always empty
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        return None
-
-
-async def _subscribe_inline(
-    nc: _NatsClient, subject: str, deliver: Callable[[_NatsMsg], None], queue: str = ""
-) -> _NatsSubscription:
-    async def _cb(msg: _NatsMsg) -> None:  # only if this nats-py has no pending queue
-        deliver(msg)
-
-    sub = await nc.subscribe(subject, queue=queue, cb=_cb, pending_msgs_limit=65536)
-    task = getattr(sub, "_wait_for_msgs_task", None)
-    if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue) and task is not None:
-        task.cancel()  # not started yet: it never takes a message
-        sub._wait_for_msgs_task = None
-        sub._pending_queue = _InlineDelivery(sub, deliver)  # type: ignore[assignment]
-    return sub
-
-
-#: a batch of requests to one subject is sent once it holds this many (or this many bytes);
-#: small enough that several batches are in flight at high concurrency, so caller, server
-#: and callee keep working side by side instead of taking turns on one big batch
-_BATCH_ITEMS = 16
-_BATCH_BYTES = 64 * 1024
-#: what a request adds to a batch besides its bytes: its token and msgpack framing
-_ITEM_OVERHEAD = 24
-
-
-#: publishes that had to wait for the outgoing buffer to drain, kept until they are done
-_finishing: set[asyncio.Task[None]] = set()
-
-
-def _run_now(coro: Coroutine[Any, Any, Any]) -> None:
-    """Run a nats-py coroutine from synchronous code; its errors (first step) are raised."""
-    task = step_now(coro)
-    if task is not None:  # the outgoing buffer was full: a flush is under way
-        _finishing.add(task)
-        task.add_done_callback(_finishing.discard)
-
-
-class _Writer:
-    """The call path's publishes: written to the socket by this module, not nats-py's flusher.
-
-    nats-py queues a publish for its flusher task, which writes on a later turn of the
-    event loop, through a queue, a future and a task step each time. On the call path that
-    is a turn of latency per message. Here a message goes out at once when the connection
-    is otherwise quiet (the first write of this turn, nothing queued before it: order is
-    kept); what follows in the same turn is queued in nats-py's own buffer and written in
-    one piece at the end of the turn. Anything unusual (disconnected, a message over
-    max_payload, a socket that is not keeping up, a transport without a stream writer)
-    takes nats-py's path, with its errors, buffering and flow control.
-    """
-
-    __slots__ = ("_nc", "_turn")
-
-    def __init__(self, nc: _NatsClient) -> None:
-        self._nc = nc
-        #: a write happened (or is queued) in this turn; the turn's end writes the rest
-        self._turn = False
-
-    def _socket(self, size: int) -> Any:
-        """The asyncio transport to write to now, or None (use nats-py's publish)."""
-        nc = self._nc
-        if not nc.is_connected or size > nc._max_payload:
-            return None
-        transport = getattr(getattr(nc._transport, "_io_writer", None), "transport", None)
-        if transport is None or transport.get_write_buffer_size():
-            return None  # the socket is behind: nats-py's flusher drains it
-        return transport
-
-    def publish(self, subject: str, data: bytes, reply: str = "", *, now: bool = True) -> None:
-        """Publish from synchronous code; nats-py's errors are raised. ``now=False``: with
-        the rest of this turn's messages, even if it would be the first."""
-        nc = self._nc
-        transport = self._socket(len(data))
-        if transport is None:
-            _run_now(nc.publish(subject, data, reply=reply))
-            return
-        cmd = _pub_cmd(subject, reply, data)
-        stats = nc.stats
-        stats["out_msgs"] += 1
-        stats["out_bytes"] += len(data)
-        if now and not self._turn and not nc._pending_data_size:
-            transport.write(cmd)
-        else:
-            nc._pending.append(cmd)
-            nc._pending_data_size += len(cmd)
-        if not self._turn:
-            self._turn = True
-            asyncio.get_running_loop().call_soon(self._end_turn)
-
-    def _end_turn(self) -> None:
-        self._turn = False
-        nc = self._nc
-        if not nc._pending_data_size:
-            return
-        transport = self._socket(0)
-        if transport is None:
-            _run_now(nc._flush_pending())  # nats-py's flusher writes (or buffers) them
-            return
-        transport.writelines(nc._pending)
-        nc._pending = []
-        nc._pending_data_size = 0
-
-
-async def _barrier(nc: _NatsClient, timeout: int = 5) -> None:
-    """Return once the server has processed everything this client sent so far.
-
-    nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of commands
-    still in the client's buffer, so its PONG alone does not prove that a SUB sent just
-    before is in place (seen as "no responders" from another connection right after, and
-    as a subscription the server read after another connection's publishes). The buffer
-    is written first here (nats-py's flusher, waited for), then the PING follows it.
-    """
-    if nc._pending_data_size:
-        await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
-    await nc.flush(timeout=timeout)
-
-
-def _batch_bytes(nc: _NatsClient) -> int:
-    """The most a batch may carry: well under the server's max_payload."""
-    return min(_BATCH_BYTES, int(nc.max_payload) // 2)
-
-
-class _Outbox:
-    """Requests to one subject waiting for the end of this turn of the event loop."""
-
-    __slots__ = ("items", "size", "until")
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, bytes]] = []
-        self.size = 0
-        self.until = 0.0  # the latest deadline of its requests
-
-
-def _is_no_responders(msg: _NatsMsg) -> bool:
-    headers = msg.headers
-    return headers is not None and headers.get("Status") == "503"
-
-
-class _ReplyMux:
-    """Request/reply for the call hot path: one wildcard inbox subscription, a counter for
-    reply tokens, one timer for all requests (a heap of their deadlines), and batching.
-
-    nats-py's ``request`` pays for a NUID, ``asyncio.wait_for`` and its bookkeeping on
-    every call; measured side by side at 128 in flight this mux answered about twice as
-    many requests per second. "No responders" (a 503 status reply) is reported the same.
-
-    Batching: while other requests are in flight, the requests to a subject in a turn of
-    the event loop wait for the end of the turn, to travel as one message
-    (``reach.envelope`` "Batch"). Every message costs parsing, dispatch and a protocol
-    line on caller, server and callee; a batch pays them once. A request alone in flight
-    is never held back: it goes to the socket at once (``_Writer``).
-    """
-
-    def __init__(self, nc: _NatsClient, writer: _Writer) -> None:
-        self._nc = nc
-        self._writer = writer
-        self._base = ""
-        self._seq = 0
-        self._pending: dict[str, asyncio.Future[bytes]] = {}
-        #: reply token of a batch ("z…", never a request's hex token) → its subject and its
-        #: requests (token, data), kept until its first reply in case it must go again
-        self._batches: dict[str, tuple[str, list[tuple[str, bytes]]]] = {}
-        self._outbox: dict[str, _Outbox] = {}
-        self._flush_handle: asyncio.Handle | None = None
-        self._ready: asyncio.Lock = asyncio.Lock()
-        # (loop time, token) of every request not yet past its deadline; answered ones are
-        # dropped when they reach the top: a heap push per request instead of a timer
-        # handle created, scheduled and cancelled in the loop's own heap
-        self._deadlines: list[tuple[float, str]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-
-    async def _start(self) -> None:
-        async with self._ready:
-            if self._base:
-                return
-            base = str(self._nc.new_inbox())  # under the client's own inbox prefix
-            await _subscribe_inline(self._nc, base + ".*", self._on_reply)
-            await _barrier(self._nc)
-            self._base = base + "."
-
-    def _on_reply(self, msg: _NatsMsg) -> None:
-        token = msg.subject[len(self._base) :]
-        future = self._pending.pop(token, None)
-        if future is not None:
-            if future.done():
-                return
-            if _is_no_responders(msg):
-                future.set_exception(nats.errors.NoRespondersError())
-            else:
-                future.set_result(msg.data)
-        elif token[:1] == "z":
-            self._on_batch_reply(token, msg)
-
-    def _settle(self, token: str, reply: bytes | BaseException) -> None:
-        """Answer request ``token`` (if it still waits) with ``reply`` or that error."""
-        future = self._pending.pop(token, None)
-        if future is None or future.done():
-            return
-        if isinstance(reply, BaseException):
-            future.set_exception(reply)
-        else:
-            future.set_result(reply)
-
-    def _on_batch_reply(self, batch: str, msg: _NatsMsg) -> None:
-        # a batch is refused or 503'd in one message, its first
-        subject, items = self._batches.pop(batch, ("", []))
-        if _is_no_responders(msg):
-            for token, _ in items:
-                self._settle(token, nats.errors.NoRespondersError())
-            return
-        data = msg.data
-        if not envelope.is_batch(data):
-            # Answered as a whole: the callee did not serve the requests one by one (it
-            # cannot read batches, or refused this one), so none of them ran. Each goes
-            # again on its own, as if it had never been batched.
-            for token, request in items:
-                if token in self._pending:
-                    self._publish_one(subject, request, token)
-            return
-        try:
-            items = envelope.unpack_batch(data)
-        except ReachError as exc:
-            log.warning("unreadable batch reply on %s: %s", msg.subject, exc)
-            return  # its requests time out
-        for token, reply in items:
-            self._settle(token, reply)
-
-    def _expire(self) -> None:
-        self._timer = None
-        self._timer_at = float("inf")
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        deadlines, pending, batches = self._deadlines, self._pending, self._batches
-        while deadlines and (
-            deadlines[0][0] <= now
-            or (deadlines[0][1] not in pending and deadlines[0][1] not in batches)
-        ):
-            _, token = heapq.heappop(deadlines)
-            batches.pop(token, None)
-            if token in pending:  # most were answered long ago: no error object for them
-                self._settle(token, nats.errors.TimeoutError())
-        if deadlines:
-            self._timer_at = deadlines[0][0]
-            self._timer = loop.call_at(self._timer_at, self._expire)
-
-    def _expire_at(self, loop: asyncio.AbstractEventLoop, when: float, token: str) -> None:
-        heapq.heappush(self._deadlines, (when, token))
-        if when < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = when
-            self._timer = loop.call_at(when, self._expire)
-
-    async def request(self, subject: str, data: bytes, timeout: float, batch: bool) -> bytes:
-        """The reply's bytes; with ``batch`` the request may travel with others to the
-        same subject (only for a responder that reads batches: an instance that announced
-        the "batch" feature)."""
-        if not self._base:
-            await self._start()
-        self._seq += 1
-        token = f"{self._seq:x}"
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bytes] = loop.create_future()
-        pending = self._pending
-        pending[token] = future
-        when = loop.time() + timeout
-        self._expire_at(loop, when, token)
-        try:
-            box = self._outbox.get(subject) if batch else None
-            size = len(data) + _ITEM_OVERHEAD
-            limit = _batch_bytes(self._nc)
-            if box is None and batch and len(pending) > 1 and size <= limit:
-                # others are in flight: the requests to this subject in this turn wait
-                # for its end and go together
-                box = self._outbox[subject] = _Outbox()
-                if self._flush_handle is None:
-                    self._flush_handle = loop.call_soon(self._flush)
-            if box is not None and size <= limit:
-                if box.size + size > limit:
-                    # it would not fit: what waits goes now, and this one after it
-                    self._send(loop, subject, box)
-                    box = self._outbox[subject] = _Outbox()
-                box.items.append((token, data))
-                box.size += size
-                if when > box.until:
-                    box.until = when
-                if len(box.items) >= _BATCH_ITEMS:
-                    del self._outbox[subject]
-                    self._send(loop, subject, box)
-            else:
-                self._writer.publish(subject, data, self._base + token)
-            return await future
-        finally:
-            pending.pop(token, None)
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        outbox, self._outbox = self._outbox, {}
-        loop = asyncio.get_running_loop()
-        for subject, box in outbox.items():
-            if box.items:
-                self._send(loop, subject, box)
-
-    def _send(self, loop: asyncio.AbstractEventLoop, subject: str, box: _Outbox) -> None:
-        """Publish what waited in ``box``: alone, or as a batch with a reply token of its own."""
-        items = box.items
-        if len(items) == 1:
-            token, data = items[0]
-            reply = self._base + token
-        else:
-            self._seq += 1
-            batch = f"z{self._seq:x}"
-            self._batches[batch] = (subject, items)
-            self._expire_at(loop, box.until, batch)  # forgotten at the latest then
-            data = envelope.pack_batch(items)
-            reply = self._base + batch
-        try:
-            self._writer.publish(subject, data, reply)
-        except Exception as exc:  # the connection is gone: every request of the box fails
-            self._batches.pop(reply[len(self._base) :], None)
-            for token, _ in items:
-                self._settle(token, exc)
-
-    def _publish_one(self, subject: str, data: bytes, token: str) -> None:
-        try:
-            self._writer.publish(subject, data, self._base + token)
-        except Exception as exc:  # the connection is gone
-            self._settle(token, exc)
-
-
-class ReplyBatch:
-    """The replies to one batch of requests, sent together when ready together (each
-    message kept well under the server's max_payload)."""
-
-    __slots__ = ("_handle", "_items", "_limit", "_reply", "_size", "_writer")
-
-    def __init__(self, writer: _Writer, reply: str, limit: int) -> None:
-        self._writer = writer
-        self._reply = reply
-        self._items: list[tuple[str, bytes]] = []
-        self._size = 0
-        self._limit = limit
-        self._handle: asyncio.Handle | None = None
-
-    def add(self, token: str, data: bytes) -> None:
-        """Queue the reply to request ``token``; it goes out at the end of this turn."""
-        size = len(data) + _ITEM_OVERHEAD
-        if self._items and self._size + size > self._limit:
-            self.flush()  # it would not fit: what waits goes now
-        self._items.append((token, data))
-        self._size += size
-        if self._handle is None:
-            self._handle = asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        """Send the queued replies now (one message)."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        items, self._items, self._size = self._items, [], 0
-        if not items or not self._reply:
-            return
-        try:
-            # replies to batches (calls under load) go with the rest of this turn's
-            self._writer.publish(self._reply, envelope.pack_batch(items), now=False)
-        except Exception as exc:
-            # the callers will time out and retry elsewhere; the responder must keep going
-            log.debug("could not reply on %s: %s", self._reply, exc)
-
-
 class Connection:
     """A connected NATS client, narrowed to what Agent-Reach uses."""
 
     def __init__(self, nc: _NatsClient) -> None:
         self._nc = nc
         self._js = nc.jetstream()
-        self._writer = _Writer(nc)
-        self._mux = _ReplyMux(nc, self._writer)
+        self._writer = Writer(nc)
+        self._mux = ReplyMux(nc, self._writer)
         self._reconnect_listeners: list[Callable[[], None]] = []
 
     def on_reconnect(self, listener: Callable[[], None]) -> None:
@@ -597,13 +189,13 @@ class Connection:
     def raw_request(self) -> RawRequest:
         """Request/reply for the call hot path: ``(subject, data, timeout, batch)`` → the
         reply's bytes (nats-py errors: ``translate_error``). With ``batch``, requests to one
-        subject made in one turn of the event loop may travel as one (see ``_ReplyMux``)."""
+        subject made in one turn of the event loop may travel as one (``reach.wire``)."""
         request: RawRequest = self._mux.request
         return request
 
     def reply_batch(self, msg: Message) -> ReplyBatch:
         """Where the replies to the batch of requests in ``msg`` are collected."""
-        return ReplyBatch(self._writer, msg.reply, _batch_bytes(self._nc))
+        return ReplyBatch(self._writer, msg.reply, batch_bytes(self._nc))
 
     def new_inbox(self) -> str:
         return str(self._nc.new_inbox())
@@ -652,7 +244,7 @@ class Connection:
         once and moves anything that waits into a task of its own.
         """
         try:
-            sub = await _subscribe_inline(self._nc, subject, handler, queue)
+            sub = await subscribe_inline(self._nc, subject, handler, queue)
         except Exception as exc:
             raise translate_error(exc, subject) from exc
         return Subscription(sub)
@@ -660,7 +252,7 @@ class Connection:
     async def flush(self, timeout: int = 5) -> None:
         """Return once the server has processed everything sent so far (SUBs included)."""
         try:
-            await _barrier(self._nc, timeout)
+            await barrier(self._nc, timeout)
         except Exception as exc:
             raise translate_error(exc, "flush") from exc
 
