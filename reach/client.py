@@ -570,6 +570,7 @@ class ReachClient:
                 f"{state.capability}: {state.attempts} attempts failed,"
                 f" last: {type(exc).__name__}: {exc}",
                 attempts=state.attempts,
+                last=exc,
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -36,7 +36,7 @@ class Limits:
     max_elements: int = 100_000
 
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS: Limits = Limits()
 
 
 def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:

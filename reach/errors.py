@@ -17,7 +17,7 @@ contract mismatch from a routing failure without reading logs::
     │   └── Disconnected                         the NATS connection is gone
     ├── Unavailable                              (retryable) instance alive but not taking calls
     ├── CircuitOpen(target, retry_at)            every candidate's breaker is open
-    ├── RetriesExhausted(attempts)               __cause__ is the last error
+    ├── RetriesExhausted(attempts, last)         last (= __cause__) is the last error
     ├── AuthError
     │   ├── AuthenticationFailed                 bad credentials, bad or expired token
     │   └── NotAuthorized(level_required, level_held)
@@ -159,14 +159,18 @@ class CircuitOpen(ReachError):
 
 
 class RetriesExhausted(ReachError):
-    """Every allowed attempt failed; ``__cause__`` is the last error."""
+    """Every allowed attempt failed; ``last`` (also ``__cause__``) is the last error."""
 
     layer = "routing"
     kind = "unavailable"
 
-    def __init__(self, message: str, *, attempts: int) -> None:
+    def __init__(self, message: str, *, attempts: int, last: BaseException | None = None) -> None:
         self.attempts = attempts
+        self.last = last
         super().__init__(message)
+        # set here, not only by ``raise … from``: the call path is compiled with mypyc,
+        # which does not implement ``from`` (the cause would be lost)
+        self.__cause__ = last
 
 
 class AuthError(ReachError):

@@ -85,8 +85,8 @@ ErrorClass = Literal[
 
 def error_class(exc: BaseException) -> ErrorClass:
     """The operator's name for what failed (a retried call: what the last attempt hit)."""
-    if isinstance(exc, RetriesExhausted) and isinstance(exc.__cause__, ReachError):
-        exc = exc.__cause__
+    if isinstance(exc, RetriesExhausted) and isinstance(exc.last, ReachError):
+        exc = exc.last
     if isinstance(exc, AuthError):
         return "denied"
     if isinstance(exc, CircuitOpen):

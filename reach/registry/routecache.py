@@ -239,9 +239,10 @@ class RouteCache:
         )
 
     async def wait_for(
-        self, predicate: Callable[[RouteCache], bool], timeout: float = 10.0
+        self, predicate: Callable[[RouteCache], object], timeout: float = 10.0
     ) -> None:
-        """Wait until ``predicate(cache)`` holds; TimeoutError after ``timeout`` seconds."""
+        """Wait until ``predicate(cache)`` is true (any truthy value, a list of instances
+        say); TimeoutError after ``timeout`` seconds."""
         async with asyncio.timeout(timeout):
             while not predicate(self):
                 await self._changed.wait()
