@@ -4,40 +4,59 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest demo up bench bench-smoke schemas clean
+.PHONY: test lint typecheck pytest demo up bench bench-smoke schemas build pure clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # with the bench extras: `make bench` needs them, and the benchmark's smoke test (part of
-# `make test`) measures every stack, FastStream's included (small pure-Python wheels)
+# `make test`) measures every stack, FastStream's included (small pure-Python wheels);
+# setuptools >= 77 in the venv too: `make build` runs setup.py with it
 $(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet --upgrade 'setuptools>=77'
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
+# The call path compiled with mypyc (setup.py lists the modules), built next to the
+# sources; rebuilt when any source changes, since mypyc compiles against the types of
+# everything they import (about a minute). Tests, demo and benchmarks run compiled;
+# `make pure` removes the compiled modules (the same code then runs as plain Python).
+SOURCES := $(shell find reach -name '*.py')
+NATIVE := $(VENV)/.native
+$(NATIVE): $(STAMP) setup.py $(SOURCES)
+	REACH_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace
+	find reach -name '*.so' -exec touch {} +
+	touch $(NATIVE)
+
+build: $(NATIVE)
+
+pure:
+	find reach -name '*.so' -delete
+	rm -f $(NATIVE)
+
 lint: $(STAMP)
-	$(BIN)/ruff check reach tests bench
-	$(BIN)/ruff format --check reach tests bench
+	$(BIN)/ruff check reach tests bench setup.py
+	$(BIN)/ruff format --check reach tests bench setup.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy reach
 	$(BIN)/mypy bench
 
-pytest: $(STAMP)
+pytest: $(NATIVE)
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
 
-demo: $(STAMP)
+demo: $(NATIVE)
 	$(BIN)/reach demo
 
-up: $(STAMP)
+up: $(NATIVE)
 	$(BIN)/reach up
 
 # Every suite, one after the other (about 15 minutes on 2 cores): call path, discovery,
 # failover, growth. Each writes bench/results/<suite>.json (+ PNG) and prints its table.
-bench: $(STAMP)
+bench: $(NATIVE)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.discovery
 	$(BIN)/python -m bench.failover
@@ -46,5 +65,5 @@ bench: $(STAMP)
 schemas: $(STAMP)
 	$(BIN)/reach schema export schemas
 
-clean:
-	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache
+clean: pure
+	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache build

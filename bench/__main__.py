@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.callpath import DEFAULT, QUICK, Settings, run_callpath
-from bench.report import build_document, format_tables, write_charts, write_json
+from bench.report import (
+    build_document,
+    format_tables,
+    require_fresh_build,
+    write_charts,
+    write_json,
+)
 from bench.stacks import STACKS
 
 _DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -76,6 +82,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_fresh_build()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, settings = parse_args(argv)
     stacks = [STACKS[name] for name in STACKS if name in args.stacks]

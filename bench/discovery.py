@@ -46,7 +46,7 @@ from typing import Any
 
 from bench.callpath import server_version
 from bench.procs import Child, cpu_seconds, log_dir
-from bench.report import machine_info, percentile, write_json
+from bench.report import machine_info, percentile, require_fresh_build, write_json
 
 __all__ = ["DEFAULT", "QUICK", "Settings", "main", "run_discovery"]
 
@@ -1287,6 +1287,7 @@ def _child_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_fresh_build()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["child"]:
         return _child_main(argv[1:])

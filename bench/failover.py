@@ -50,7 +50,15 @@ from typing import Any
 
 from bench.callpath import server_version
 from bench.procs import Child, log_dir
-from bench.report import _fmt, _table, machine_info, percentile, spread, write_json
+from bench.report import (
+    _fmt,
+    _table,
+    machine_info,
+    percentile,
+    require_fresh_build,
+    spread,
+    write_json,
+)
 
 __all__ = [
     "DEFAULT",
@@ -643,6 +651,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_fresh_build()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["agents"]:
         asyncio.run(_serve_agents(argv[1], json.loads(argv[2])))

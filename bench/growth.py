@@ -47,7 +47,7 @@ from typing import Any
 from bench.callpath import server_version
 from bench.failover import Fabric, echo_manifest, fabric, start_agents, start_child
 from bench.procs import Child, cpu_seconds
-from bench.report import _table, machine_info, percentile, write_json
+from bench.report import _table, machine_info, percentile, require_fresh_build, write_json
 
 __all__ = ["DEFAULT", "QUICK", "Settings", "format_tables", "main", "run_growth", "write_chart"]
 
@@ -533,6 +533,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_fresh_build()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["caller"]:
         asyncio.run(_serve_caller(argv[1], argv[2]))

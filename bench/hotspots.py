@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.callpath import QUICK, launch, measure_throughput, warm_up
 from bench.profiling import Profile, profiler_name
+from bench.report import require_fresh_build
 from bench.stacks import STACKS
 
 _DEFAULT_DIR = Path(__file__).resolve().parent / "results"
@@ -51,6 +52,7 @@ async def profile_stack(stack: str, concurrency: int, duration: float, out_dir: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    require_fresh_build()
     parser = argparse.ArgumentParser(prog="python -m bench.hotspots")
     parser.add_argument("--stack", default="reach", choices=list(STACKS))
     parser.add_argument("--concurrency", type=int, default=128)

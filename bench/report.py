@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.callpath import CallpathResult, Cpu, LatencyRun, StackRuns, ThroughputRun
 from bench.payload import payload_bytes
+from reach.native import compiled_modules, stale_sources
 
 __all__ = [
     "BASELINE",
@@ -223,6 +224,25 @@ def _git_state() -> tuple[str, list[str]]:
     return head + ("-dirty" if dirty else ""), [line[3:] for line in dirty]
 
 
+def require_fresh_build() -> None:
+    """Refuse to measure compiled modules older than their sources: not the code in the
+    tree (``make build`` rebuilds them; ``make pure`` removes them)."""
+    stale = stale_sources()
+    if stale:
+        raise SystemExit(
+            f"bench: the compiled call path is older than {', '.join(stale[:5])}:"
+            " run `make build` (or `make pure` to measure plain Python)"
+        )
+
+
+def _compiled() -> list[str]:
+    """The call path's modules that run compiled (mypyc) in this install."""
+    import reach.agent
+    import reach.client  # noqa: F401  (loaded, to be listed)
+
+    return compiled_modules()
+
+
 def machine_info(server_version: str) -> dict[str, Any]:
     affinity = getattr(os, "sched_getaffinity", None)
     commit, changed = _git_state()
@@ -236,6 +256,8 @@ def machine_info(server_version: str) -> dict[str, Any]:
         "nats_py": _version("nats-py"),
         "msgpack": _version("msgpack"),
         "agent_reach": _version("agent-reach"),
+        # the call path's modules compiled with mypyc (empty: plain Python)
+        "agent_reach_compiled": _compiled(),
         "git_commit": commit,
         "git_changed_files": changed,
         "load_average": [round(x, 2) for x in os.getloadavg()]

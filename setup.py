@@ -1,0 +1,48 @@
+"""Build: the call path compiled to C with mypyc, when asked.
+
+``REACH_COMPILE=1 python setup.py build_ext --inplace`` (what ``make`` runs) compiles the
+modules below next to their sources; a plain ``pip install`` builds pure Python, which
+behaves the same and is slower on the call path (README, "Compiled call path"). All
+other metadata lives in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from setuptools import setup
+
+#: what every call passes through on the caller and the callee, and what they import for
+#: it. Not here: modules with async generators (mypyc does not compile them yet), the
+#: CLI, the demo and the test helpers, where speed does not matter.
+COMPILED = [
+    "reach/agent.py",
+    "reach/audit/writer.py",
+    "reach/client.py",
+    "reach/codec.py",
+    "reach/context.py",
+    "reach/contract.py",
+    "reach/envelope.py",
+    "reach/registry/routecache.py",
+    "reach/resilience/_window.py",
+    "reach/resilience/breaker.py",
+    "reach/resilience/budget.py",
+    "reach/routing.py",
+    "reach/serving.py",
+    "reach/tasks.py",
+    "reach/telemetry.py",
+    "reach/wire.py",
+]
+
+
+def _extensions() -> list[Any]:
+    if os.environ.get("REACH_COMPILE") != "1":
+        return []
+    from mypyc.build import mypycify  # only needed here: the build's own dependency
+
+    # one shared library inside the package (reach/_native__mypyc…so), not at top level
+    return list(mypycify(COMPILED, opt_level="3", group_name="reach._native"))
+
+
+setup(ext_modules=_extensions())
