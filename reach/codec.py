@@ -41,6 +41,69 @@ DEFAULT_LIMITS: Limits = Limits()
 
 def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
     """Walk a decoded (or to-be-encoded) value: depth, element count, key and value types."""
+    if limits.max_depth <= _FAST_DEPTH:  # the fast walk recurses: only for bounded depths
+        elements = _elements(value, 1, limits.max_depth)
+        if 0 <= elements <= limits.max_elements:
+            return
+    _explain(value, limits)  # raises, naming the path and the rule (or finds it within)
+
+
+#: the deepest nesting the fast walk follows (it recurses once per level)
+_FAST_DEPTH = 64
+_INT_MIN = -(2**63)
+_INT_END = 2**64
+
+
+def _elements(item: Any, depth: int, max_depth: int) -> int:
+    """How many elements ``item`` holds, or -1 when it may break a rule (only exact
+    built-in types are vouched for: the careful walk decides the rest). The fast path of
+    ``check_value``: no paths built, no stack, for the payloads that are fine."""
+    kind = type(item)
+    if kind is dict:
+        return _map_elements(item, depth, max_depth)
+    if kind is list or kind is tuple:
+        return _seq_elements(item, depth, max_depth)
+    if kind is str or kind is float or kind is bool or kind is bytes or item is None:
+        return 0
+    if kind is int:
+        return 0 if _INT_MIN <= item < _INT_END else -1
+    return -1
+
+
+def _map_elements(item: dict[Any, Any], depth: int, max_depth: int) -> int:
+    if depth > max_depth:
+        return -1
+    count = len(item)
+    for key, sub in item.items():
+        if type(key) is not str:
+            return -1
+        kind = type(sub)
+        if kind is str or kind is float or kind is bool or sub is None:
+            continue
+        inner = _elements(sub, depth + 1, max_depth)
+        if inner < 0:
+            return -1
+        count += inner
+    return count
+
+
+def _seq_elements(item: list[Any] | tuple[Any, ...], depth: int, max_depth: int) -> int:
+    if depth > max_depth:
+        return -1
+    count = len(item)
+    for sub in item:
+        kind = type(sub)
+        if kind is str or kind is float or kind is bool or sub is None:
+            continue
+        inner = _elements(sub, depth + 1, max_depth)
+        if inner < 0:
+            return -1
+        count += inner
+    return count
+
+
+def _explain(value: Any, limits: Limits) -> None:
+    """The careful walk: raises the CodecError that names the path and the rule."""
     count = 0
     stack: list[tuple[Any, int, str]] = [(value, 1, "")]
     while stack:
@@ -142,28 +205,6 @@ def decode(data: bytes, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True
         raise CodecError("a string is not valid UTF-8", rule="format") from None
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise not_msgpack("not a valid msgpack message", exc) from None
-    if checked and _may_break_limits(data, limits):
+    if checked:
         check_value(value, limits)
     return value
-
-
-# Format bytes that start a map or an array (fix, 16 and 32 bit forms) ...
-_CONTAINER_MARKERS = bytes(range(0x80, 0xA0)) + bytes([0xDC, 0xDD, 0xDE, 0xDF])
-# ... and bin or ext values (bin could be a bytes map key; ext may be a timestamp).
-_BIN_EXT_MARKERS = bytes([0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, 0xD4, 0xD5, 0xD6, 0xD7, 0xD8])
-
-
-def _may_break_limits(data: bytes, limits: Limits) -> bool:
-    """False only when the bytes alone prove the value is within the limits.
-
-    Every element takes at least one byte, every nesting level one container marker,
-    and a bytes key or an ext value needs its marker byte: counting those bytes (they may
-    also occur inside strings, so the counts are upper bounds) lets typical payloads skip
-    the walk over the decoded value, which is the larger cost on the call path.
-    """
-    if len(data) > limits.max_elements:
-        return True
-    if len(data.translate(None, _BIN_EXT_MARKERS)) != len(data):
-        return True
-    containers = len(data) - len(data.translate(None, _CONTAINER_MARKERS))
-    return containers > limits.max_depth

@@ -286,6 +286,57 @@ def test_values_with_wild_integers_round_trip_or_raise_codec_error(value: Any) -
     assert codec.decode(data) == value
 
 
+class _Dict(dict[Any, Any]):
+    pass
+
+
+#: values the fast walk must not vouch for on its own: other key types, subclasses,
+#: huge integers, values msgpack cannot carry, all at any depth
+any_value = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=4)
+    | st.binary(max_size=4)
+    | st.sampled_from([object(), {1, 2}, 1j]),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(
+            st.text(max_size=3) | st.integers() | st.binary(max_size=2), children, max_size=4
+        )
+        | st.dictionaries(st.text(max_size=3), children, max_size=3).map(_Dict)
+    ),
+    max_leaves=30,
+)
+
+
+def _verdict(check: Any, value: Any, limits: Limits) -> str | None:
+    try:
+        check(value, limits)
+    except CodecError as exc:
+        return str(exc)
+    return None
+
+
+@FUZZ
+@given(any_value, st.integers(min_value=1, max_value=5), st.integers(min_value=0, max_value=40))
+def test_the_fast_walk_agrees_with_the_careful_walk(value: Any, depth: int, elements: int) -> None:
+    # check_value vouches for a value without building paths; whenever it would not, the
+    # careful walk decides and explains: so the two must reach the same verdict, with the
+    # same message, for any value and limits
+    limits = Limits(max_depth=depth, max_elements=elements)
+    assert _verdict(codec.check_value, value, limits) == _verdict(codec._explain, value, limits)
+
+
+def test_limits_deeper_than_the_fast_walk_follows_are_checked_by_the_careful_walk() -> None:
+    deep = Limits(max_depth=10_000)
+    codec.check_value(nested(5_000), deep)
+    with pytest.raises(CodecError, match="nested deeper than 10000"):
+        codec.check_value(nested(10_002), deep)
+
+
 # -- envelope --------------------------------------------------------------------------
 
 
