@@ -25,6 +25,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 SOURCES := $(shell find reach -name '*.py')
 NATIVE := $(VENV)/.native
 $(NATIVE): $(STAMP) setup.py $(SOURCES)
+	find reach -name '*.so' -delete  # a module no longer compiled must not linger
 	REACH_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace
 	find reach -name '*.so' -exec touch {} +
 	touch $(NATIVE)

@@ -30,7 +30,6 @@ COMPILED = [
     "reach/resilience/budget.py",
     "reach/routing.py",
     "reach/serving.py",
-    "reach/tasks.py",
     "reach/telemetry.py",
     "reach/wire.py",
 ]

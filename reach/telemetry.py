@@ -34,13 +34,17 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _rand = random.Random()
 
 
+_ZERO_SPAN = "0" * 16
+
+
 def new_traceparent(parent: str | None = None) -> str:
     """A W3C traceparent for a new span: the parent's trace id, or a new trace."""
-    span_id = _rand.getrandbits(64) or 1
+    ids = _rand.randbytes(24).hex()  # a trace id (32 hex digits), then a span id (16)
+    while ids[32:] == _ZERO_SPAN or ids[:32] == "0" * 32:  # all zeros is invalid
+        ids = _rand.randbytes(24).hex()
     if parent is not None and len(parent) == 55 and parent[2] == "-":
-        return f"{parent[:36]}{span_id:016x}-{parent[53:]}"
-    trace_id = _rand.getrandbits(128) or 1
-    return f"00-{trace_id:032x}-{span_id:016x}-01"
+        return f"{parent[:36]}{ids[32:]}-{parent[53:]}"
+    return f"00-{ids[:32]}-{ids[32:]}-01"
 
 
 def trace_id_of(traceparent: str | None) -> str:
