@@ -556,10 +556,11 @@ class ReachClient:
         parent = current_call()
         if parent is not None and parent.deadline_ms is not None:
             deadline = min(deadline, parent.deadline_ms / 1000.0)
+        # what cannot travel (too deep, too many elements, a non-string key) is refused
+        # first; the contract check then sees a value of bounded nesting
+        codec.check_value(payload)
         if self.validate and spec is not None and spec.input_schema:
-            self._validator(spec.input_schema).validate(payload)
-        # the callee checks depth, element count and key types when it decodes; here only
-        # the size limit (and that the value can be encoded at all) is checked
+            self._validator(spec.input_schema).validate(payload, bounded=True)
         body = codec.encode(payload, checked=False)
         state = _Attempt(capability, deadline, attempt_timeout, now, candidates, tags)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)

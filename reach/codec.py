@@ -13,7 +13,15 @@ import msgpack
 
 from reach.errors import CodecError
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "check_value", "decode", "encode", "packb"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Limits",
+    "check_value",
+    "decode",
+    "encode",
+    "packb",
+    "plain_within",
+]
 
 #: ``msgpack.packb(value, use_bin_type=True)`` without a new Packer (and its buffer) per
 #: call, which costs as much as the packing of a small message. Only for values this
@@ -46,6 +54,13 @@ def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
         if 0 <= elements <= limits.max_elements:
             return
     _explain(value, limits)  # raises, naming the path and the rule (or finds it within)
+
+
+def plain_within(value: Any, max_depth: int) -> bool:
+    """Whether ``value`` is built of exact built-in types only (string keys, integers of
+    at most 64 bits) nested at most ``max_depth`` deep (at most 64): what the fast walk
+    vouches for, and what may be handed to code that recurses without a limit."""
+    return _elements(value, 1, min(max_depth, _FAST_DEPTH)) >= 0
 
 
 #: the deepest nesting the fast walk follows (it recurses once per level)

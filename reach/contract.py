@@ -1,26 +1,23 @@
 """Payload contracts: JSON Schema checks fast enough for the call hot path.
 
 ``compile_schema`` turns a capability's ``input_schema``/``output_schema`` into a
-``Validator`` once. A supported subset of Draft 2020-12 is translated into a
-pydantic-core schema and answered in about a microsecond; any other schema runs on
-jsonschema's ``Draft202012Validator`` (tens of microseconds). Either way jsonschema
-has the last word and words the error, and it only runs when a payload fails::
+``Validator`` once. A payload is checked by jsonschema-rs (compiled Rust, Draft 2020-12,
+every keyword) in under a microsecond for a typical request; only when it says no does
+jsonschema (Python) look at the payload, to word the error or to disagree::
 
     validator = compile_schema(capability.input_schema)   # once, cached by canonical JSON
     validator.validate(payload)   # ContractError("items[2].n: must be >= 0, got -1")
 
-Schemas arrive over the network, so nothing here generates or executes Python code
-from them: a pydantic-core schema is data interpreted by Rust, and the few checks
-pydantic-core cannot express are fixed functions of this module parameterised by
-the schema's values. Remote ``$ref``s are never fetched.
+Where the two libraries differ, a payload either accepts is accepted:
 
-Fast subset: ``type`` (one or a list, ``"null"`` included), ``properties``,
-``required``, ``additionalProperties``, ``items``, ``enum``, ``const``, ``minimum``,
-``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``, ``minLength``, ``maxLength``,
-``pattern``, ``minItems``, ``maxItems``, ``minProperties``, ``maxProperties``,
-``allOf``, ``anyOf``, ``$ref`` to a JSON pointer inside the same schema (``#/$defs/X``,
-as pydantic's ``model_json_schema`` writes them), and the keywords that do not assert
-(``title``, ``description``, ``default``, ``examples``, ``format``, ``$comment``, …).
+* patterns follow ECMA-262 in jsonschema-rs, as JSON Schema specifies, and Python's
+  ``re`` in jsonschema: ``\\s`` differs on a few control characters and U+FEFF, ``$``
+  on a trailing newline;
+* a tuple is an array to jsonschema-rs (it travels as one in msgpack), not to jsonschema;
+* values JSON cannot hold (bytes, NaN, infinities) are left to jsonschema.
+
+Schemas arrive over the network, so nothing here generates or executes Python code
+from them, and remote ``$ref``s are never fetched (by either library).
 """
 
 from __future__ import annotations
@@ -29,18 +26,17 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, cast
-from urllib.parse import unquote
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from pydantic import BaseModel
-from pydantic_core import PydanticCustomError, SchemaValidator
-from pydantic_core import core_schema as cs
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
+from reach import codec
 from reach.errors import ConfigurationError, ContractError
 
 __all__ = ["ROOT", "Validator", "compile_schema", "schema_from_model"]
@@ -49,54 +45,8 @@ __all__ = ["ROOT", "Validator", "compile_schema", "schema_from_model"]
 ROOT = "<root>"
 
 _CACHE_SIZE = 512
-_DRAFT_2020_12 = frozenset(
-    {
-        "https://json-schema.org/draft/2020-12/schema",
-        "https://json-schema.org/draft/2020-12/schema#",
-    }
-)
-# Every keyword jsonschema acts on; those outside the fast subset send a schema to the
-# slow path. Keywords jsonschema ignores ($defs, title, x-anything, …) are ignored here too.
-_FAST_KEYWORDS = frozenset(
-    {
-        "type",
-        "enum",
-        "const",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "items",
-        "minItems",
-        "maxItems",
-        "properties",
-        "required",
-        "additionalProperties",
-        "minProperties",
-        "maxProperties",
-        "allOf",
-        "anyOf",
-        "$ref",
-        "format",  # an annotation unless a format checker is configured, and none is
-    }
-)
-_SLOW_KEYWORDS = frozenset(Draft202012Validator.VALIDATORS) - _FAST_KEYWORDS
-
-# The JSON kinds of value; "integer" is a "number" with a whole value.
-_KINDS = ("null", "boolean", "number", "string", "array", "object")
-_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_KIND_KEYWORDS: dict[str, tuple[str, ...]] = {
-    "null": (),
-    "boolean": (),
-    "number": _BOUNDS,
-    "string": ("minLength", "maxLength", "pattern"),
-    "array": ("items", "minItems", "maxItems"),
-    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
-}
-_MAX_EXACT_FLOAT_INT = 2**53
+#: the deepest nesting jsonschema-rs is given (the codec's default limit is 32)
+_FAST_DEPTH = 64
 _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _SHOW_MAX = 60
 _MESSAGE_MAX = 300
@@ -119,32 +69,38 @@ class Validator:
 
     @property
     def fast(self) -> bool:
-        """Whether valid payloads are confirmed by pydantic-core rather than jsonschema."""
+        """Whether jsonschema-rs checks payloads (else jsonschema alone: a schema it does
+        not compile, such as one with a remote ``$ref``)."""
         return self._fast is not None
 
-    def is_valid(self, value: Any) -> bool:
-        """Whether ``value`` (as msgpack decodes it) matches the schema."""
+    def _fast_accepts(self, value: Any, bounded: bool) -> bool:
         fast = self._fast
-        if fast is not None:
-            try:
-                if fast(value):
-                    return True
-            except Exception:  # the fast path must never decide a failure on its own
-                pass
+        if fast is None:
+            return False
+        # jsonschema-rs recurses without a limit (a value nested 100,000 deep overflows the
+        # C stack), so it only sees values whose nesting is known to be bounded
+        if not bounded and not codec.plain_within(value, _FAST_DEPTH):
+            return False
         try:
-            return bool(self._slow.is_valid(value))
-        except Unresolvable:
+            return fast(value)
+        except Exception:  # bytes, non-str keys, …: never a failure decided here
             return False
 
-    def validate(self, value: Any) -> None:
-        """Raise ``ContractError`` naming the field and the rule if ``value`` does not match."""
-        fast = self._fast
-        if fast is not None:
-            try:
-                if fast(value):
-                    return
-            except Exception:  # fall through: jsonschema decides and explains
-                pass
+    def is_valid(self, value: Any, *, bounded: bool = False) -> bool:
+        """Whether ``value`` (as msgpack decodes it) matches the schema. ``bounded``: the
+        value passed ``codec.check_value`` with the default limits (no second walk)."""
+        if self._fast_accepts(value, bounded):
+            return True
+        try:
+            return bool(self._slow.is_valid(value))
+        except (Unresolvable, RecursionError):
+            return False
+
+    def validate(self, value: Any, *, bounded: bool = False) -> None:
+        """Raise ``ContractError`` naming the field and the rule if ``value`` does not
+        match. ``bounded``: as for ``is_valid``."""
+        if self._fast_accepts(value, bounded):
+            return
         try:
             error = best_match(self._slow.iter_errors(value))
         except Unresolvable as exc:
@@ -152,6 +108,10 @@ class Validator:
                 f"{ROOT}: the schema has a $ref that cannot be resolved: {exc}",
                 path=ROOT,
                 rule="$ref",
+            ) from None
+        except RecursionError:
+            raise ContractError(
+                f"{ROOT}: nested too deeply to check against the schema", path=ROOT, rule="depth"
             ) from None
         if error is not None:
             raise _contract_error(error) from None
@@ -200,361 +160,25 @@ def _compile(canonical: str) -> Validator:
 
 
 # ---------------------------------------------------------------------------------------
-# The fast path: JSON Schema → pydantic-core schema
+# The fast path: jsonschema-rs
 
 
-class _Unsupported(Exception):
-    """The schema needs something the fast path does not translate."""
+def _no_remote(uri: str) -> Any:
+    """jsonschema-rs's retriever: schemas come from the network, so nothing is fetched."""
+    raise ValueError(f"remote $ref {uri} is never fetched")
 
 
 def _fast_check(schema: dict[str, Any] | bool) -> Callable[[Any], bool] | None:
     if schema is True or schema == {}:
         return _accept
     try:
-        core = _Translator(schema).build()
-        return SchemaValidator(core).isinstance_python
-    except Exception:  # _Unsupported, or a value pydantic-core cannot hold (a huge bound)
+        return jsonschema_rs.Draft202012Validator(schema, retriever=_no_remote).is_valid
+    except Exception:  # a $ref it cannot resolve, a pattern its regex engine refuses, …
         return None
 
 
 def _accept(value: Any) -> bool:
     return True
-
-
-class _Nothing:
-    """No payload is ever an instance of this: the core schema of ``false``."""
-
-
-def _never() -> cs.CoreSchema:
-    return cs.is_instance_schema(_Nothing)
-
-
-def _reject() -> PydanticCustomError:
-    return PydanticCustomError("contract", "does not match the schema")
-
-
-class _Translator:
-    """Translates one schema; each ``$ref`` target becomes a pydantic-core definition."""
-
-    def __init__(self, root: dict[str, Any] | bool) -> None:
-        self._root = root
-        self._definitions: dict[str, cs.CoreSchema] = {}
-        self._started: set[str] = set()
-        # refs entered since the payload was last descended into: meeting one of these
-        # again is a cycle that never consumes input, which jsonschema cannot finish either
-        self._unguarded: set[str] = set()
-
-    def build(self) -> cs.CoreSchema:
-        core = self.schema(self._root, root=True)
-        if self._definitions:
-            core = cs.definitions_schema(core, list(self._definitions.values()))
-        return core
-
-    def schema(self, schema: Any, *, root: bool = False) -> cs.CoreSchema:
-        if schema is True:
-            return cs.any_schema()
-        if schema is False:
-            return _never()
-        if not isinstance(schema, dict):
-            raise _Unsupported("not a schema")
-        if not _SLOW_KEYWORDS.isdisjoint(schema):
-            raise _Unsupported("keyword outside the fast subset")
-        # another $schema may switch jsonschema to another draft; a nested $id moves the base URI
-        if "$schema" in schema and (not root or schema["$schema"] not in _DRAFT_2020_12):
-            raise _Unsupported("$schema")
-        if "$id" in schema and not root:
-            raise _Unsupported("nested $id")
-        # all of these must hold: cheap yes/no checks first
-        steps: list[cs.CoreSchema] = []
-        if "enum" in schema:
-            steps.append(_one_of_values(schema["enum"]))
-        if "const" in schema:
-            steps.append(_one_of_values([schema["const"]]))
-        typed = self._typed(schema)
-        if typed is not None:
-            steps.append(typed)
-        if "$ref" in schema:
-            steps.append(self._ref(schema["$ref"]))
-        steps.extend(self.schema(sub) for sub in schema.get("allOf", ()))
-        if "anyOf" in schema:
-            steps.append(_union([self.schema(sub) for sub in schema["anyOf"]]))
-        if not steps:
-            return cs.any_schema()
-        # a step's output is an equal copy of its input, so a chain is an intersection
-        return steps[0] if len(steps) == 1 else cs.chain_schema(steps)
-
-    def _descend(self, schema: Any) -> cs.CoreSchema:
-        """Translate the schema of a part of the payload (a property, an item)."""
-        saved, self._unguarded = self._unguarded, set()
-        try:
-            return self.schema(schema)
-        finally:
-            self._unguarded = saved
-
-    def _ref(self, ref: Any) -> cs.CoreSchema:
-        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-            raise _Unsupported("only JSON pointers into the same schema")
-        name = ref
-        if name in self._unguarded:
-            raise _Unsupported("reference cycle")
-        if name not in self._started:
-            self._started.add(name)
-            target = _resolve_pointer(self._root, ref[1:])
-            self._unguarded.add(name)
-            try:
-                core = self.schema(target, root=ref == "#")
-            finally:
-                self._unguarded.discard(name)
-            self._definitions[name] = cast(cs.CoreSchema, {**core, "ref": name})
-        return cs.definition_reference_schema(name)
-
-    def _typed(self, schema: dict[str, Any]) -> cs.CoreSchema | None:
-        """The type and the keywords that apply to one kind of value only."""
-        declared = schema.get("type")
-        if declared is None:
-            kinds = [k for k in _KINDS if any(kw in schema for kw in _KIND_KEYWORDS[k])]
-            if not kinds:
-                return None
-            # keywords of one kind do not constrain values of the others
-            others = cs.no_info_plain_validator_function(_not_of_kinds(frozenset(kinds)))
-            return _union([*(self._kind(k, schema, whole=False) for k in kinds), others])
-        names = [declared] if isinstance(declared, str) else list(declared)
-        branches = []
-        for kind in _KINDS:
-            if kind == "number" and "number" not in names:
-                if "integer" in names:
-                    branches.append(self._kind("number", schema, whole=True))
-            elif kind in names:
-                branches.append(self._kind(kind, schema, whole=False))
-        return _union(branches)
-
-    def _kind(self, kind: str, schema: dict[str, Any], *, whole: bool) -> cs.CoreSchema:
-        if kind == "null":
-            return cs.none_schema()
-        if kind == "boolean":
-            return cs.bool_schema(strict=True)
-        if kind == "number":
-            return _number(schema, whole=whole)
-        if kind == "string":
-            pattern = schema.get("pattern")
-            return cs.str_schema(
-                strict=True,
-                min_length=_count(schema.get("minLength")),
-                max_length=_count(schema.get("maxLength")),
-                # Python's re.search, as jsonschema uses: unanchored, same dialect
-                pattern=pattern,
-                regex_engine="python-re" if pattern is not None else None,
-            )
-        if kind == "array":
-            if not any(kw in schema for kw in _KIND_KEYWORDS["array"]):
-                return cs.is_instance_schema(list)  # no copy
-            return cs.list_schema(
-                self._descend(schema.get("items", True)),
-                strict=True,
-                min_length=_count(schema.get("minItems")),
-                max_length=_count(schema.get("maxItems")),
-            )
-        return self._object(schema)
-
-    def _object(self, schema: dict[str, Any]) -> cs.CoreSchema:
-        properties: dict[str, Any] = schema.get("properties", {})
-        required: list[str] = schema.get("required", [])
-        additional = schema.get("additionalProperties", True)
-        steps: list[cs.CoreSchema] = []
-        min_size = _count(schema.get("minProperties"))
-        max_size = _count(schema.get("maxProperties"))
-        if min_size is not None or max_size is not None:
-            steps.append(cs.dict_schema(strict=True, min_length=min_size, max_length=max_size))
-        if properties or required or additional is not True:
-            fields = {
-                name: cs.typed_dict_field(self._descend(sub), required=name in required)
-                for name, sub in properties.items()
-            }
-            for name in required:
-                # a required property that is not listed is still an "additional" one
-                if name not in fields:
-                    fields[name] = cs.typed_dict_field(self._descend(additional), required=True)
-            steps.append(
-                cs.typed_dict_schema(
-                    fields,
-                    strict=True,
-                    extra_behavior="forbid" if additional is False else "allow",
-                    extras_schema=None
-                    if isinstance(additional, bool)
-                    else self._descend(additional),
-                )
-            )
-        if not steps:
-            return cs.is_instance_schema(dict)  # no copy
-        return steps[0] if len(steps) == 1 else cs.chain_schema(steps)
-
-
-def _union(choices: Sequence[cs.CoreSchema]) -> cs.CoreSchema:
-    if len(choices) == 1:
-        return choices[0]
-    # the first branch that accepts wins; every branch is strict, so order is speed only
-    union: list[cs.CoreSchema | tuple[cs.CoreSchema, str]] = list(choices)
-    return cs.union_schema(union, mode="left_to_right")
-
-
-def _count(value: Any) -> int | None:
-    """A length bound; check_schema allows 2.0 for 2."""
-    return None if value is None else int(value)
-
-
-def _resolve_pointer(root: Any, pointer: str) -> Any:
-    """Follow a JSON pointer the way the ``referencing`` library does."""
-    node = root
-    if not pointer:
-        return node
-    for segment in unquote(pointer[1:]).split("/"):
-        if isinstance(node, list):
-            if not segment.isdigit() or int(segment) >= len(node):
-                raise _Unsupported("$ref points nowhere")
-            node = node[int(segment)]
-        elif isinstance(node, dict):
-            key = segment.replace("~1", "/").replace("~0", "~")
-            if key not in node:
-                raise _Unsupported("$ref points nowhere")
-            node = node[key]
-        else:
-            raise _Unsupported("$ref points nowhere")
-    return node
-
-
-def _number(schema: dict[str, Any], *, whole: bool) -> cs.CoreSchema:
-    """Numbers: exact integer bounds in Rust, floats compared in Python as jsonschema does."""
-    bounds = {kw: schema[kw] for kw in _BOUNDS if kw in schema}
-    for bound in bounds.values():
-        if isinstance(bound, float) and not math.isfinite(bound):
-            raise _Unsupported("non-finite bound")
-    # integer x: x >= 2.5 ⟺ x >= 3, x > 2.5 ⟺ x > 2, … (floor/ceil of a float are exact)
-    ints = cs.int_schema(
-        strict=True,
-        ge=math.ceil(bounds["minimum"]) if "minimum" in bounds else None,
-        le=math.floor(bounds["maximum"]) if "maximum" in bounds else None,
-        gt=math.floor(bounds["exclusiveMinimum"]) if "exclusiveMinimum" in bounds else None,
-        lt=math.ceil(bounds["exclusiveMaximum"]) if "exclusiveMaximum" in bounds else None,
-    )
-    if not whole and not bounds:
-        return _union([ints, cs.is_instance_schema(float)])
-    branches: list[cs.CoreSchema] = [ints]
-    exact = all(isinstance(b, float) or abs(b) <= _MAX_EXACT_FLOAT_INT for b in bounds.values())
-    if not whole and exact:
-        # Rust compares floats too, but rejects NaN, which jsonschema lets through
-        # every bound: the Python check below only runs when this one says no.
-        branches.append(
-            cs.chain_schema(
-                [
-                    cs.is_instance_schema(float),
-                    cs.float_schema(
-                        strict=True,
-                        ge=_as_float(bounds.get("minimum")),
-                        le=_as_float(bounds.get("maximum")),
-                        gt=_as_float(bounds.get("exclusiveMinimum")),
-                        lt=_as_float(bounds.get("exclusiveMaximum")),
-                    ),
-                ]
-            )
-        )
-    branches.append(cs.no_info_plain_validator_function(_float_check(bounds, whole=whole)))
-    return _union(branches)
-
-
-def _as_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _float_check(bounds: dict[str, Any], *, whole: bool) -> Callable[[Any], Any]:
-    """A float within the bounds, compared exactly as jsonschema's keywords compare."""
-    minimum = bounds.get("minimum")
-    maximum = bounds.get("maximum")
-    above = bounds.get("exclusiveMinimum")
-    below = bounds.get("exclusiveMaximum")
-
-    def check(value: Any) -> Any:
-        if (
-            not isinstance(value, float)
-            or (whole and not value.is_integer())
-            or (minimum is not None and value < minimum)
-            or (maximum is not None and value > maximum)
-            or (above is not None and value <= above)
-            or (below is not None and value >= below)
-        ):
-            raise _reject()
-        return value
-
-    return check
-
-
-def _kind_of(value: Any) -> str | None:
-    """The JSON kind jsonschema sees in a Python value (None for bytes and the like)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return None
-
-
-def _not_of_kinds(kinds: frozenset[str]) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if _kind_of(value) in kinds:
-            raise _reject()
-        return value
-
-    return check
-
-
-def _one_of_values(values: Sequence[Any]) -> cs.CoreSchema:
-    """``enum`` and ``const``: equal as JSON values (1 == 1.0, True != 1)."""
-    if not values:
-        return _never()
-    if all(isinstance(v, str) for v in values):
-        return cs.literal_schema(list(values))  # str only: bytes and numbers never match
-
-    def check(value: Any) -> Any:
-        if not any(_json_equal(value, expected) for expected in values):
-            raise _reject()
-        return value
-
-    return cs.no_info_plain_validator_function(check)
-
-
-def _json_equal(one: Any, two: Any) -> bool:
-    """jsonschema's equality (``jsonschema._utils.equal``), which the fast path must mirror."""
-    if one is two:
-        return True
-    if isinstance(one, str) or isinstance(two, str):
-        return bool(one == two)
-    if isinstance(one, Sequence) and isinstance(two, Sequence):
-        return len(one) == len(two) and all(
-            _json_equal(a, b) for a, b in zip(one, two, strict=True)
-        )
-    if isinstance(one, Mapping) and isinstance(two, Mapping):
-        return len(one) == len(two) and all(
-            key in two and _json_equal(value, two[key]) for key, value in one.items()
-        )
-    return bool(_unbool(one) == _unbool(two))
-
-
-_TRUE = object()
-_FALSE = object()
-
-
-def _unbool(value: Any) -> Any:
-    if value is True:
-        return _TRUE
-    if value is False:
-        return _FALSE
-    return value
 
 
 # ---------------------------------------------------------------------------------------

@@ -418,8 +418,8 @@ class CallServer:
         try:
             if isinstance(result, BaseModel):
                 result = result.model_dump(mode="json")
-            endpoint.output_validator.validate(result)
-            # the output schema was checked; the caller bounds what it decodes
+            codec.check_value(result)  # what cannot travel, first (a CodecError)
+            endpoint.output_validator.validate(result, bounded=True)
             return codec.encode(result, checked=False), result
         except ContractError as exc:
             return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
@@ -482,8 +482,8 @@ class _Failure(NamedTuple):
 def _decode_input(endpoint: Endpoint, body: bytes) -> Any:
     """The handler's argument from the request body, or a contract _Failure."""
     try:
-        payload = codec.decode(body)
-        endpoint.input_validator.validate(payload)
+        payload = codec.decode(body)  # checked: within the default limits
+        endpoint.input_validator.validate(payload, bounded=True)
         if endpoint.input_model is not None:
             return endpoint.input_model.model_validate(payload)
         return payload

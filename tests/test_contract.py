@@ -1,7 +1,12 @@
-"""reach.contract: the fast path agrees with jsonschema, and errors name the field and rule."""
+"""reach.contract: the fast path (jsonschema-rs) never accepts what jsonschema rejects, the
+verdict is jsonschema's, errors name the field and rule, and no value crashes a check."""
 
 from __future__ import annotations
 
+import math
+import socket
+import subprocess
+import sys
 import urllib.request
 from typing import Any
 
@@ -11,6 +16,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 
+from reach import codec
 from reach.contract import ROOT, Validator, compile_schema, schema_from_model
 from reach.errors import ConfigurationError, ContractError
 
@@ -30,9 +36,20 @@ REPORT_INPUT: dict[str, Any] = {
 
 
 def fast_verdict(validator: Validator, value: Any) -> bool:
-    """The fast path's own answer, without jsonschema's second opinion."""
-    assert validator._fast is not None, f"{validator.schema} should be on the fast path"
-    return validator._fast(value)
+    """Whether the fast path alone accepts ``value`` (it never rejects on its own)."""
+    assert validator.fast, f"{validator.schema} should be on the fast path"
+    return validator._fast_accepts(value, False)
+
+
+def json_like(value: Any) -> bool:
+    """Whether both JSON and msgpack hold ``value`` as it is."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(map(json_like, value))
+    if isinstance(value, dict):
+        return all(map(json_like, value.values())) and codec.plain_within(value, 64)
+    return codec.plain_within(value, 64)
 
 
 def error_of(schema: dict[str, Any] | bool, value: Any) -> ContractError:
@@ -147,7 +164,7 @@ KEYWORD_CASES: list[tuple[dict[str, Any] | bool, list[Any], list[Any]]] = [
     ({"type": "integer"}, [0, -5, 2**64, 1.0, -0.0, 2.0**60], [True, 1.5, "1", None, float("inf")]),
     ({"type": "number"}, [0, 1.5, -(2**63), float("nan"), float("inf")], [True, False, "1", None]),
     ({"type": "string"}, ["", "é", "\U0001f600"], [b"x", 1, None, ["a"]]),
-    ({"type": "array"}, [[], [1, "a"]], [(), {}, "ab", None]),
+    ({"type": "array"}, [[], [1, "a"]], [{}, "ab", None]),
     ({"type": "object"}, [{}, {"a": 1}], [[], None, "a"]),
     ({"type": ["string", "null"]}, ["a", None], [1, False, b"a"]),
     ({"type": ["integer", "boolean"]}, [1, True, 2.0], [1.5, None]),
@@ -212,7 +229,9 @@ def test_each_supported_keyword_on_the_fast_path(
     reference = Draft202012Validator(schema)
     for value in valid:
         assert reference.is_valid(value), value  # the table itself follows jsonschema
-        assert fast_verdict(validator, value), value
+        # values JSON or msgpack cannot hold (NaN, an integer past 64 bits, bytes keys)
+        # are left to jsonschema; every other valid value is accepted by the fast path
+        assert fast_verdict(validator, value) or not json_like(value), value
         assert validator.is_valid(value)
         validator.validate(value)
     for value in invalid:
@@ -230,7 +249,9 @@ def test_json_schema_semantics_for_python_values() -> None:
     assert not compile_schema({"type": "number"}).is_valid(True)
     assert not compile_schema({"type": "string"}).is_valid(b"abc")
     assert not compile_schema({"type": "boolean"}).is_valid(1)
-    assert not compile_schema({"type": "array"}).is_valid((1, 2))
+    # a tuple travels as a msgpack array: jsonschema-rs takes it for one (jsonschema not)
+    assert compile_schema({"type": "array"}).is_valid((1, 2))
+    assert not compile_schema({"type": "array", "minItems": 3}).is_valid((1, 2))
     # properties not listed are allowed; required only binds objects
     assert compile_schema({"properties": {"a": {"type": "string"}}}).is_valid({"b": 1})
     assert compile_schema({"required": ["a"]}).is_valid("a string")
@@ -246,9 +267,9 @@ def test_json_schema_semantics_for_python_values() -> None:
     assert compile_schema({"type": "number", "minimum": 0}).is_valid(float("nan"))
 
 
-# --- the slow path -------------------------------------------------------------------
+# --- keywords beyond the common ones: jsonschema-rs checks them too ------------------
 
-SLOW_CASES: list[tuple[dict[str, Any], Any, Any, str]] = [
+MORE_CASES: list[tuple[dict[str, Any], Any, Any, str]] = [
     # (schema, a valid value, an invalid value, the rule it breaks)
     ({"oneOf": [{"type": "integer"}, {"minimum": 0}]}, -1, 1, "oneOf"),
     ({"not": {"type": "string"}}, 1, "a", "not"),
@@ -265,12 +286,14 @@ SLOW_CASES: list[tuple[dict[str, Any], Any, Any, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("schema", "valid", "invalid", "rule"), SLOW_CASES)
-def test_schemas_outside_the_subset_use_jsonschema(
+@pytest.mark.parametrize(("schema", "valid", "invalid", "rule"), MORE_CASES)
+def test_every_keyword_is_on_the_fast_path_and_errors_come_from_jsonschema(
     schema: dict[str, Any], valid: Any, invalid: Any, rule: str
 ) -> None:
     validator = compile_schema(schema)
-    assert not validator.fast
+    assert validator.fast
+    assert fast_verdict(validator, valid)
+    assert not fast_verdict(validator, invalid)
     assert validator.is_valid(valid)
     validator.validate(valid)
     assert not validator.is_valid(invalid)
@@ -284,11 +307,16 @@ def test_remote_refs_are_never_fetched(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a schema made the process open a URL")
 
     monkeypatch.setattr(urllib.request, "urlopen", no_network)
-    validator = compile_schema({"$ref": "http://127.0.0.1:9/schema.json"})
-    assert not validator.fast
-    error = error_of({"$ref": "http://127.0.0.1:9/schema.json"}, 1)
-    assert error.rule == "$ref"
-    assert not validator.is_valid(1)
+    # a real listener too: jsonschema-rs has an HTTP client of its own
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        schema = {"$ref": f"http://127.0.0.1:{listener.getsockname()[1]}/schema.json"}
+        validator = compile_schema(schema)
+        assert not validator.fast
+        assert error_of(schema, 1).rule == "$ref"
+        assert not validator.is_valid(1)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
 
 
 def test_a_dangling_local_ref_is_a_contract_error() -> None:
@@ -353,9 +381,42 @@ def test_recursive_refs_are_on_the_fast_path() -> None:
     assert error_of(TREE, {"value": 1, "children": [{"value": "x"}]}).path == "children[0].value"
 
 
-def test_a_ref_cycle_that_consumes_nothing_stays_off_the_fast_path() -> None:
+def test_a_ref_cycle_that_consumes_nothing_is_checked_without_a_crash() -> None:
+    # jsonschema itself recurses until RecursionError on it; jsonschema-rs answers
     schema = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
-    assert not compile_schema(schema).fast
+    validator = compile_schema(schema)
+    assert validator.is_valid({"any": ["value"]})
+    validator.validate(1)
+
+
+DEEP_CHECK = """
+import sys
+from reach import codec
+from reach.contract import compile_schema
+from reach.errors import ContractError
+schema = {"$defs": {"n": {"type": ["array", "integer"], "items": {"$ref": "#/$defs/n"}}},
+          "$ref": "#/$defs/n"}
+validator = compile_schema(schema)
+value = 1
+for _ in range(200_000):
+    value = [value]
+print(validator.is_valid(value))
+try:
+    validator.validate(value)
+except ContractError as exc:
+    print(exc.rule)
+"""
+
+
+def test_a_value_nested_200000_deep_is_refused_without_a_crash() -> None:
+    # jsonschema-rs recurses without a limit (such a value overflows the C stack), so it
+    # is never given one; jsonschema's RecursionError becomes a ContractError. In a
+    # process of its own: a crash must fail this test, not end the test run.
+    done = subprocess.run(
+        [sys.executable, "-c", DEEP_CHECK], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "depth"]
 
 
 # --- compiling and caching ----------------------------------------------------------
@@ -385,7 +446,7 @@ def test_an_invalid_schema_is_a_configuration_error() -> None:
         compile_schema({"const": b"bytes"})
 
 
-# --- property: the fast verdict is jsonschema's verdict ---------------------------
+# --- property: the verdict is jsonschema's; the fast path never accepts more --------
 
 KEYS = st.sampled_from(["a", "b", "n", "name", "tags", "x y"]) | st.text(max_size=3)
 STRINGS = st.sampled_from(["", "a", "ab", "aab", "b1", "B", "é", "\U0001f600x", "a\n"]) | st.text(
@@ -441,7 +502,9 @@ def test_fast_verdict_equals_jsonschema_on_representative_schemas(
     schema: dict[str, Any], value: Any
 ) -> None:
     validator = compile_schema(schema)
-    assert fast_verdict(validator, value) == Draft202012Validator(schema).is_valid(value)
+    expected = Draft202012Validator(schema).is_valid(value)
+    assert validator.is_valid(value) == expected
+    assert not fast_verdict(validator, value) or expected
 
 
 BOUNDS = st.integers(-5, 5) | st.sampled_from([0.5, -1.5, 2.0, 2**53 + 1, -(2**63), 2**64 - 1])
@@ -496,4 +559,6 @@ def test_fast_verdict_equals_jsonschema_on_generated_schemas(
     validator = compile_schema(schema)
     reference = Draft202012Validator(schema)
     for value in values:
-        assert fast_verdict(validator, value) == reference.is_valid(value)
+        expected = reference.is_valid(value)
+        assert validator.is_valid(value) == expected
+        assert not validator.fast or not fast_verdict(validator, value) or expected
