@@ -418,7 +418,7 @@ class ReachClient:
         if state.span is not None or self.telemetry.metrics_on:
             self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
         elif self.audit is not None:  # the common case: built after the call returns
-            self.audit.record_soon(self._event, capability, state, meta, latency_ms, route)
+            self.audit.record_soon(self._event(capability, state, meta, latency_ms, route))
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},

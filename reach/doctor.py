@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from reach import subjects
-from reach.audit.events import AuditEvent
 from reach.audit.reader import AuditFilter, read_events
+from reach.audit.records import AuditEvent
 from reach.audit.stats import CallStats
 from reach.errors import ConfigurationError, NoResponders, ReachError, ReachTimeout
 from reach.models import Instance, RegistrarRecord

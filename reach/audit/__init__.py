@@ -1,8 +1,9 @@
 """Audit events and alerts: what the fabric did, and what an operator should look at."""
 
 from reach.audit.alerts import Alert, AlertEngine, AlertRules, AlertWatcher
-from reach.audit.events import AuditAttempt, AuditEvent, error_class
+from reach.audit.events import error_class
 from reach.audit.reader import AuditFilter, format_event, read_events
+from reach.audit.records import AuditAttempt, AuditEvent
 from reach.audit.streams import StreamSettings, ensure_streams
 from reach.audit.writer import AuditWriter, WriterConfig
 

@@ -1,22 +1,21 @@
 """Audit events: one per cross-agent call, written by the caller; denials by the denier.
 
-On the hot path an event is a plain dict (building a model per call costs more than
-the rest of the audit path); readers decode it into :class:`AuditEvent`, which is also
-the documented shape (``schemas/audit-event.schema.json``). Events travel in batches:
+On the hot path an event is a row, a plain tuple (building a model per call costs more
+than the rest of the audit path); readers decode rows into ``AuditEvent``
+(``reach.audit.records``), which is also the documented shape
+(``schemas/audit-event.schema.json``). Events travel in batches:
 one stream message holds a msgpack array of events of one capability, so the stream
 is written a few times a second instead of once per call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach.codec import packb
 from reach.errors import (
@@ -41,15 +40,11 @@ __all__ = [
     "EVENT_VERSION",
     "NOTABLE_HEADER",
     "REGISTRY_CAPABILITY",
-    "AuditAttempt",
-    "AuditBatch",
-    "AuditEvent",
     "ErrorClass",
     "EventRow",
     "Outcome",
     "RowSummary",
     "capability_of",
-    "decode_batch",
     "decode_raw",
     "denial_event",
     "encode_batch",
@@ -104,73 +99,6 @@ def error_class(exc: BaseException) -> ErrorClass:
     if isinstance(exc, RemoteError):
         return "business" if exc.kind == "business" else "internal"
     return "internal"
-
-
-class _Model(BaseModel):
-    # readers accept events from newer writers: unknown keys are ignored
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class AuditAttempt(_Model):
-    """One attempt of a call: where it went, how it was scored, how it ended."""
-
-    agent_id: str = Field("", description="instance tried ('' = the capability's queue group)")
-    score: float | None = Field(None, description="routing score when chosen (None: not ranked)")
-    outcome: str = Field("ok", description="'ok' or the error class of this attempt")
-    latency_ms: float = 0.0
-
-
-class AuditEvent(_Model):
-    """One audit record (stream REACH_AUDIT, subject ``reach.v1.audit.<capability>``)."""
-
-    v: int = EVENT_VERSION
-    side: Literal["caller", "callee", "registrar"] = Field(
-        "caller", description="who wrote it: the caller for calls, the denier for denials"
-    )
-    ts: float = Field(description="start of the call, Unix seconds")
-    capability: str
-    call_id: str = ""
-    trace_id: str = ""
-    caller: str = Field("", description="client id of the caller ('' on an open fabric)")
-    caller_agent: str | None = Field(None, description="agent id when called from a handler")
-    callee: str = Field("", description="agent id that answered (or was last tried)")
-    outcome: Outcome
-    error: ErrorClass | None = None
-    code: str = ""
-    description: str = ""
-    latency_ms: float = 0.0
-    candidates: list[str] = Field(
-        default_factory=list, description="instances considered (first 16)"
-    )
-    n_candidates: int = 0
-    skipped: list[str] = Field(
-        default_factory=list, description="instances skipped because their breaker was open"
-    )
-    attempts: list[AuditAttempt] = Field(default_factory=list)
-    fallback: str | None = Field(None, description="cache, backup or default when one answered")
-    fallback_reason: str = ""
-
-    @property
-    def retries(self) -> int:
-        return max(0, len(self.attempts) - 1)
-
-
-class AuditBatch(_Model):
-    """One message on ``reach.v1.audit.<capability>``: the events of one capability as
-    rows. ``fields`` names the columns of each row (see ``AuditEvent`` for their meaning)
-    and ``attempt_fields`` the columns of each entry of a row's ``attempts``.
-
-    ``calls`` and ``notable`` come before ``events`` so a reader that only counts (the
-    alert watcher) can stop there when no row needs a closer look."""
-
-    v: int = EVENT_VERSION
-    fields: list[str]
-    attempt_fields: list[str]
-    calls: dict[str, int] | None = Field(
-        None, description="calls recorded by callers (side 'caller'), by capability"
-    )
-    notable: int | None = Field(None, description="caller rows with retries or a breaker rejection")
-    events: list[list[Any]]
 
 
 #: capability name on audit events about the registry itself (refused announces etc.)
@@ -468,19 +396,3 @@ def decode_raw(data: bytes) -> list[dict[str, Any]]:
         if isinstance(event, dict):
             out.append(event)
     return out
-
-
-def decode_batch(data: bytes) -> tuple[list[AuditEvent], int]:
-    """Events of one stream message, and how many of its rows were not valid events."""
-    try:
-        batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception:
-        return [], 1
-    rows = batch.get("events") if isinstance(batch, dict) else None
-    if not isinstance(rows, list):
-        return [], 1
-    events: list[AuditEvent] = []
-    for item in decode_raw(data):
-        with contextlib.suppress(ValidationError):
-            events.append(AuditEvent.model_validate(item))
-    return events, len(rows) - len(events)

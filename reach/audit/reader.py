@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from reach import subjects
-from reach.audit.events import AuditEvent, decode_batch
+from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ConfigurationError
 from reach.transport import Connection
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from reach.audit.events import AuditEvent
+from reach.audit.records import AuditEvent
 
 __all__ = ["CallStats", "Tally", "percentile"]
 

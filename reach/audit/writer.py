@@ -17,9 +17,8 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from reach import subjects
 from reach.audit.events import (
@@ -112,8 +111,8 @@ class AuditWriter:
         #: batches being filled, one per capability (packed rows: nothing for the GC)
         self._open: dict[str, _Open] = {}
         self._filling = 0  # events in them
-        #: events to build and record at the end of this turn of the event loop
-        self._soon: list[tuple[Callable[..., EventRow], tuple[Any, ...]]] = []
+        #: events to record at the end of this turn of the event loop
+        self._soon: list[EventRow] = []
         self._soon_handle: asyncio.Handle | None = None
         self._batches: deque[_Batch] = deque()
         self._held = 0  # events in unsent batches
@@ -137,27 +136,17 @@ class AuditWriter:
         """Events recorded but not yet acked by the stream."""
         return len(self._soon) + self._filling + self._held
 
-    def record_soon(self, build: Callable[..., EventRow], *args: Any) -> None:
-        """Record the event ``build(*args)`` at the end of this turn of the event loop.
-
-        For the call path: the call returns before its event is built and packed, and the
-        events of a turn are then built together. ``args`` must not change until then.
-        """
-        self._soon.append((build, args))
+    def record_soon(self, event: EventRow) -> None:
+        """Queue one event row, packed with the rest of this turn's at its end (one call
+        into msgpack for all of them); never blocks, never raises. For the call path."""
+        self._soon.append(event)
         if self._soon_handle is None:
             self._soon_handle = asyncio.get_running_loop().call_soon(self._record_soon)
 
     def _record_soon(self) -> None:
         self._soon_handle = None
         soon, self._soon = self._soon, []
-        events: list[EventRow] = []
-        for build, args in soon:
-            try:
-                events.append(build(*args))
-            except Exception:  # a bug in who built it: counted, never raised into the loop
-                self.dropped += 1
-                log.exception("audit: an event could not be built")
-        self.record_all(events)
+        self.record_all(soon)
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""

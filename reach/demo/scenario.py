@@ -29,8 +29,8 @@ import click
 from reach import subjects
 from reach.agent import Agent
 from reach.audit.alerts import Alert, decode_alert
-from reach.audit.events import AuditEvent
 from reach.audit.reader import format_event, read_events
+from reach.audit.records import AuditEvent
 from reach.client import ReachClient
 from reach.embedded import EmbeddedServer, die_with_parent
 from reach.errors import ReachError
