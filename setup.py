@@ -25,6 +25,7 @@ COMPILED = [
     "reach/context.py",
     "reach/contract.py",
     "reach/envelope.py",
+    "reach/plain.py",
     "reach/registry/routecache.py",
     "reach/resilience/_window.py",
     "reach/resilience/breaker.py",

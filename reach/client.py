@@ -48,6 +48,7 @@ from reach.errors import (
 from reach.fallback import MISSING, Fallback, FallbackInfo, ResultCache
 from reach.jobs import JobHandle, JobStore
 from reach.models import Instance
+from reach.plain import Plain
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
 from reach.resilience import (
@@ -85,7 +86,7 @@ _RESULT_FIELDS = (
 )
 
 
-class CallResult:
+class CallResult(Plain):
     """What a call returned, who served it, and how (read-only).
 
     A plain class with read-only attributes rather than a frozen dataclass: one is built
@@ -94,6 +95,7 @@ class CallResult:
     """
 
     __slots__ = _RESULT_FIELDS
+    _NAMES = _RESULT_FIELDS
 
     def __init__(
         self,
@@ -135,17 +137,6 @@ class CallResult:
             self.job,
             self.route,
         )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CallResult):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]  # its value is usually a dict
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{n}={v!r}" for n, v in zip(_RESULT_FIELDS, self._fields(), strict=True))
-        return f"CallResult({shown})"
 
 
 def _remote_error(reply: envelope.Reply, target: str) -> ReachError:

@@ -92,9 +92,6 @@ def _map_elements(item: dict[Any, Any], depth: int, max_depth: int) -> int:
     for key, sub in item.items():
         if type(key) is not str:
             return -1
-        kind = type(sub)
-        if kind is str or kind is float or kind is bool or sub is None:
-            continue
         inner = _elements(sub, depth + 1, max_depth)
         if inner < 0:
             return -1
@@ -107,9 +104,6 @@ def _seq_elements(item: list[Any] | tuple[Any, ...], depth: int, max_depth: int)
         return -1
     count = len(item)
     for sub in item:
-        kind = type(sub)
-        if kind is str or kind is float or kind is bool or sub is None:
-            continue
         inner = _elements(sub, depth + 1, max_depth)
         if inner < 0:
             return -1

@@ -26,6 +26,7 @@ import msgpack
 
 from reach.codec import not_msgpack, packb, reject_ext
 from reach.errors import CodecError
+from reach.plain import Plain
 
 __all__ = [
     "MAX_BATCH_ITEMS",
@@ -62,13 +63,14 @@ _META_NAMES = (
 )
 
 
-class RequestMeta:
+class RequestMeta(Plain):
     """What travels with a call besides its payload.
 
     A plain class, not a dataclass: one is built for every call on each side, and
     compiled (``make build``) its constructor costs a tenth of a dataclass's.
     """
 
+    _NAMES = _META_NAMES
     __slots__ = (
         "attempt",
         "call_id",
@@ -111,17 +113,6 @@ class RequestMeta:
             self.tracestate,
             self.caller,
         )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RequestMeta):
-            return NotImplemented
-        return self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it was
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{n}={v!r}" for n, v in zip(_META_NAMES, self._fields(), strict=True))
-        return f"RequestMeta({shown})"
 
 
 class Reply(NamedTuple):
