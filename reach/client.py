@@ -408,7 +408,7 @@ class ReachClient:
         route = tuple(state.route)  # once, for the result and the audit event
         if state.span is not None or self.telemetry.metrics_on:
             self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
-        elif self.audit is not None:  # the common case: built after the call returns
+        elif self.audit is not None:  # the common case: packed at the end of this turn
             self.audit.record_soon(self._event(capability, state, meta, latency_ms, route))
         if isinstance(value, JobHandle):
             return CallResult(
