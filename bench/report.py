@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.callpath import CallpathResult, Cpu, LatencyRun, StackRuns, ThroughputRun
 from bench.payload import payload_bytes
-from reach.native import compiled_modules, stale_sources
+from reach.native import compiled_modules, stale_message
 
 __all__ = [
     "BASELINE",
@@ -227,12 +227,9 @@ def _git_state() -> tuple[str, list[str]]:
 def require_fresh_build() -> None:
     """Refuse to measure compiled modules older than their sources: not the code in the
     tree (``make build`` rebuilds them; ``make pure`` removes them)."""
-    stale = stale_sources()
-    if stale:
-        raise SystemExit(
-            f"bench: the compiled call path is older than {', '.join(stale[:5])}:"
-            " run `make build` (or `make pure` to measure plain Python)"
-        )
+    stale = stale_message()
+    if stale is not None:
+        raise SystemExit(f"bench: {stale}")
 
 
 def _compiled() -> list[str]:

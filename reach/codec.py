@@ -56,11 +56,13 @@ def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
     _explain(value, limits)  # raises, naming the path and the rule (or finds it within)
 
 
-def plain_within(value: Any, max_depth: int) -> bool:
+def plain_within(value: Any, max_depth: int | None = None) -> bool:
     """Whether ``value`` is built of exact built-in types only (string keys, integers of
-    at most 64 bits) nested at most ``max_depth`` deep (at most 64): what the fast walk
-    vouches for, and what may be handed to code that recurses without a limit."""
-    return _elements(value, 1, min(max_depth, _FAST_DEPTH)) >= 0
+    at most 64 bits) nested at most ``max_depth`` deep (at most, and by default, 64): what
+    the fast walk vouches for, and what may be handed to code that recurses without a
+    limit."""
+    depth = _FAST_DEPTH if max_depth is None else min(max_depth, _FAST_DEPTH)
+    return _elements(value, 1, depth) >= 0
 
 
 #: the deepest nesting the fast walk follows (it recurses once per level)

@@ -45,8 +45,6 @@ __all__ = ["ROOT", "Validator", "compile_schema", "schema_from_model"]
 ROOT = "<root>"
 
 _CACHE_SIZE = 512
-#: the deepest nesting jsonschema-rs is given (the codec's default limit is 32)
-_FAST_DEPTH = 64
 _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _SHOW_MAX = 60
 _MESSAGE_MAX = 300
@@ -79,7 +77,7 @@ class Validator:
             return False
         # jsonschema-rs recurses without a limit (a value nested 100,000 deep overflows the
         # C stack), so it only sees values whose nesting is known to be bounded
-        if not bounded and not codec.plain_within(value, _FAST_DEPTH):
+        if not bounded and not codec.plain_within(value):
             return False
         try:
             return fast(value)

@@ -13,7 +13,7 @@ import importlib.machinery
 import sys
 from pathlib import Path
 
-__all__ = ["compiled_modules", "stale_sources"]
+__all__ = ["compiled_modules", "stale_message", "stale_sources"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -46,4 +46,17 @@ def stale_sources() -> list[str]:
         str(p.relative_to(_PACKAGE.parent))
         for p in _PACKAGE.rglob("*.py")
         if p.stat().st_mtime > oldest
+    )
+
+
+def stale_message() -> str | None:
+    """What to tell whoever is about to test or measure stale compiled modules (None when
+    nothing is stale)."""
+    stale = stale_sources()
+    if not stale:
+        return None
+    more = " …" if len(stale) > 5 else ""
+    return (
+        f"the compiled call path is older than {', '.join(stale[:5])}{more}:"
+        " run `make build` (or `make pure` to run plain Python)"
     )

@@ -34,13 +34,14 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _rand = random.Random()
 
 
+_ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 
 def new_traceparent(parent: str | None = None) -> str:
     """A W3C traceparent for a new span: the parent's trace id, or a new trace."""
     ids = _rand.randbytes(24).hex()  # a trace id (32 hex digits), then a span id (16)
-    while ids[32:] == _ZERO_SPAN or ids[:32] == "0" * 32:  # all zeros is invalid
+    while ids[:32] == _ZERO_TRACE or ids[32:] == _ZERO_SPAN:  # all zeros is invalid
         ids = _rand.randbytes(24).hex()
     if parent is not None and len(parent) == 55 and parent[2] == "-":
         return f"{parent[:36]}{ids[32:]}-{parent[53:]}"

@@ -19,7 +19,7 @@ import pytest
 
 from reach.agent import Agent
 from reach.client import ReachClient
-from reach.native import stale_sources
+from reach.native import stale_message
 from reach.registry import Registrar, RegistrarConfig
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenService
@@ -35,15 +35,9 @@ HERE = Path(__file__).parent
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test compiled modules older than their sources: that is not the code
     under test (``make build`` rebuilds them; ``make pure`` removes them)."""
-    stale = stale_sources()
-    if stale:
-        pytest.exit(
-            "the compiled call path is older than "
-            + ", ".join(stale[:5])
-            + (" …" if len(stale) > 5 else "")
-            + ": run `make build` (or `make pure` to test plain Python)",
-            returncode=4,
-        )
+    stale = stale_message()
+    if stale is not None:
+        pytest.exit(stale, returncode=4)
 
 
 def manifest(

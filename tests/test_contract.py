@@ -48,8 +48,8 @@ def json_like(value: Any) -> bool:
     if isinstance(value, list):
         return all(map(json_like, value))
     if isinstance(value, dict):
-        return all(map(json_like, value.values())) and codec.plain_within(value, 64)
-    return codec.plain_within(value, 64)
+        return all(map(json_like, value.values())) and codec.plain_within(value)
+    return codec.plain_within(value)
 
 
 def error_of(schema: dict[str, Any] | bool, value: Any) -> ContractError:
