@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import os
 import secrets
 import time
@@ -251,6 +250,7 @@ class ReachClient:
         self._clock = clock
         self._sync_timeout = sync_timeout
         self._conn: Connection | None = None
+        self._audit_conn: Connection | None = None
         self._routes: RouteCache | None = None
         self.breakers = BreakerBoard(breaker or BreakerConfig(), clock)
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
@@ -297,19 +297,31 @@ class ReachClient:
             self._routes = RouteCache(store)
             await self._routes.start(self._sync_timeout)
             if self.audit_enabled:
-                self.audit = AuditWriter(self._conn, self._audit_config)
+                # a connection of its own: a batch of events (~100 kB) never queues ahead
+                # of calls on theirs (measured: half the audit's cost at 128 in flight)
+                self._audit_conn, _ = await connect_as(
+                    self.servers, name=f"{self.name}.audit", credentials=self.credentials
+                )
+                self.audit = AuditWriter(self._audit_conn, self._audit_config)
                 await self.audit.start()
             self.telemetry.watch_breakers(self.breakers.open_count, self.name)
         except BaseException:
             await self._conn.close()
             self._conn = None
+            await self._close_audit_conn()
             raise
+
+    async def _close_audit_conn(self) -> None:
+        if self._audit_conn is not None:
+            await self._audit_conn.close()
+            self._audit_conn = None
 
     async def close(self) -> None:
         if self.audit is not None:
             # what was recorded is written before the connection goes
             await self.audit.stop()
             self.audit = None
+        await self._close_audit_conn()
         if self._routes is not None:
             await self._routes.stop()
             self._routes = None
@@ -408,8 +420,8 @@ class ReachClient:
         route = tuple(state.route)  # once, for the result and the audit event
         if state.span is not None or self.telemetry.metrics_on:
             self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
-        elif self.audit is not None:  # the common case: packed at the end of this turn
-            self.audit.record_soon(self._event(capability, state, meta, latency_ms, route))
+        elif self.audit is not None:  # the common case
+            self._audit_success(self.audit, capability, state, meta, latency_ms, route)
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},
@@ -433,6 +445,39 @@ class ReachClient:
             route=route,
         )
 
+    def _audit_success(
+        self,
+        audit: AuditWriter,
+        capability: str,
+        state: _Attempt,
+        meta: envelope.RequestMeta,
+        latency_ms: float,
+        route: tuple[tuple[str, float | None, str, float], ...],
+    ) -> None:
+        """The audit event of a call that succeeded: a plain call (one attempt, nothing
+        skipped) goes into the writer's columns without building a row."""
+        if len(route) == 1 and not state.skipped:
+            agent_id, score, outcome, attempt_ms = route[0]
+            if agent_id == state.last_target and outcome == "ok":
+                candidates = state.candidates
+                audit.record_call(
+                    capability,
+                    state.started_at,
+                    meta.call_id,
+                    trace_id_of(meta.traceparent),
+                    self._client_id,
+                    meta.caller,  # the agent whose handler made this call, if any
+                    agent_id,
+                    latency_ms,
+                    # the first few by name and how many: not a walk over every instance
+                    self.routes.first_names(capability, state.tags, candidates),
+                    len(candidates),
+                    score,
+                    attempt_ms,
+                )
+                return
+        audit.record(self._event(capability, state, meta, latency_ms, route))
+
     def _event(
         self,
         capability: str,
@@ -450,7 +495,7 @@ class ReachClient:
         (reach.audit.events), cheap to build and to pack."""
         candidates = state.candidates
         # the first few by name and how many: not a walk over every instance of the capability
-        first = tuple(map(_AGENT_ID, candidates[:_AUDIT_CANDIDATES]))
+        first = self.routes.first_names(capability, state.tags, candidates)
         return (
             "caller",
             state.started_at,
@@ -815,6 +860,3 @@ async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool)
 
 
 _BACKOFF_BASE = 0.2
-#: candidates an audit event names (it counts them all); ``AuditEvent.candidates``
-_AUDIT_CANDIDATES = 16
-_AGENT_ID = operator.attrgetter("agent_id")

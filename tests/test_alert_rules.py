@@ -213,7 +213,8 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
     assert read_counts(b"\xc1") is None
     # the same summary as headers, for readers that ask the server for headers only
     summary = RowSummary()
-    summary.add_all([row()] * 30 + [row(capability="other")] * 2)
+    for event in [row()] * 30 + [row(capability="other")] * 2:
+        summary.add(event)
     assert read_header_counts(summary_headers(summary)) == {"query": 30, "other": 2}
     summary.add(row("breaker"))
     assert read_header_counts(summary_headers(summary)) is None
@@ -244,8 +245,11 @@ _SUMMARY_ROWS = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(rows=_SUMMARY_ROWS)
-def test_a_summary_of_many_rows_is_the_sum_of_their_summaries(rows: list[Any]) -> None:
-    from reach.audit.events import RowSummary, make_event
+def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
+    rows: list[Any],
+) -> None:
+    """Plain calls become columns, the rest rows; the batch's summary counts them all."""
+    from reach.audit.events import BatchBuilder, make_event, read_counts
 
     events = [
         make_event(
@@ -254,19 +258,21 @@ def test_a_summary_of_many_rows_is_the_sum_of_their_summaries(rows: list[Any]) -
             capability=cap,
             outcome="ok",
             error=error,
-            attempts=[{"agent_id": f"a-{n}"} for n in range(attempts)],
+            attempts=[{"agent_id": "", "latency_ms": 1.0} for n in range(attempts)],
         )
         for side, cap, error, attempts in rows
     ]
-    together, one_by_one = RowSummary(), RowSummary()
-    together.add_all(events)
+    builder = BatchBuilder("query")
     for event in events:
-        one_by_one.add(event)
+        builder.add_row(event)
+    data, summary = builder.encode()
     expected_calls: dict[str, int] = {}
     for side, cap, _, _ in rows:
         if side == "caller":
             expected_calls[cap] = expected_calls.get(cap, 0) + 1
     notable = sum(1 for s, _, e, a in rows if s == "caller" and (a > 1 or e == "breaker"))
-    for summary in (together, one_by_one):
-        assert summary.calls == expected_calls
-        assert summary.notable == notable
+    assert summary.calls == expected_calls
+    assert summary.notable == notable
+    assert read_counts(data) == (expected_calls if notable == 0 else None)
+    plain = sum(1 for s, c, e, a in rows if (s, c, e, a) == ("caller", "query", None, 1))
+    assert builder.count - len(builder.positions) == plain

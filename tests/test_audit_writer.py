@@ -132,26 +132,45 @@ async def test_a_full_buffer_drops_new_events_and_counts_them(conn: Connection) 
     await writer.stop()
 
 
-async def test_events_recorded_for_later_are_packed_at_the_end_of_the_turn(
+async def test_a_plain_call_recorded_as_columns_reads_back_as_the_same_event(
     conn: Connection,
 ) -> None:
+    """``record_call`` (the call path's way, no row built) and ``record`` of the same
+    event's row store the same event; a call with a retry stays a full row among them,
+    in the order recorded."""
     await ensure_streams(conn)
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
+    trace = "0af7651916cd43dd8448eb211c80319c"
     for n in range(3):
-        writer.record_soon(event(n))
-    writer.record_soon(event(3, description=object()))  # msgpack cannot pack it
-    # packed at the end of this turn, never inside the call that recorded them
-    assert writer.pending == 4
-    await asyncio.sleep(0)
-    assert writer.dropped == 1
-    assert writer.pending == 3
-    for n in range(4, 6):
-        writer.record_soon(event(n))
-    # stopping packs and writes what is still waiting for the end of the turn
+        writer.record_call(
+            "echo", 1000.5 + n, f"c-{n}", trace, "tester", None, "echo-1", 1.25,
+            ("echo-1", "echo-2"), 5, 0.75, 1.0,
+        )  # fmt: skip
+    retried = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
+    writer.record(event(3, attempts=retried))
+    writer.record(
+        event(
+            4, ts=1003.5, trace_id=trace, candidates=["echo-1", "echo-2"], n_candidates=5,
+            latency_ms=1.25, attempts=[{"agent_id": "echo-1", "score": 0.75, "latency_ms": 1.0}],
+        )
+    )  # fmt: skip
     await writer.stop()
-    ids = [e.call_id for e in await count_events(conn)]
-    assert ids == [f"c-{n}" for n in (0, 1, 2, 4, 5)]
+    assert writer.written == 5
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    (message,) = [m async for m in stream.read()]
+    events, bad = decode_batch(message.data)
+    assert bad == 0
+    assert [e.call_id for e in events] == ["c-0", "c-1", "c-2", "c-3", "c-4"]
+    assert len(msgpack.unpackb(message.data)["events"]) == 1  # the retried call alone
+    first, row = events[0], events[4]
+    assert first.model_dump(exclude={"call_id", "ts"}) == row.model_dump(exclude={"call_id", "ts"})
+    assert (first.ts, row.ts) == (1000.5, 1003.5)
+    assert first.trace_id == trace
+    assert first.attempts[0].model_dump() == {
+        "agent_id": "echo-1", "score": 0.75, "outcome": "ok", "latency_ms": 1.0,
+    }  # fmt: skip
+    assert events[3].retries == 1
 
 
 async def test_a_turns_events_are_packed_together_and_an_unpackable_one_is_counted(
@@ -218,7 +237,7 @@ async def test_rows_of_any_size_never_make_a_batch_over_its_limit_nor_stall_the_
     big[9] = event(19, "big", description="y" * (2 * limit))  # alone over the limit
     writer.record_all(big)
     writer.record_all([("caller",), event(400, "small")])  # a row without a capability
-    assert writer.dropped == 3  # each counted once, though its chunk was packed twice
+    assert writer.dropped == 3  # each counted once
     await asyncio.wait_for(writer.flush(), 20)
     await writer.stop()
     stream = await conn.stream(subjects.AUDIT_STREAM)

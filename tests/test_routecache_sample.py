@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach.registry.routecache import RouteCache
+from reach.registry.routecache import NAMED_CANDIDATES, RouteCache
 from tests.test_routing import instance
 
 OPS = st.lists(
@@ -95,6 +95,9 @@ def test_lookups_by_tag_find_exactly_the_instances_whose_capability_carries_them
             # the routes a choice reads: the same instances, each as the latest record has it
             routes = cache.entries(capability, wanted)
             assert sorted(e.agent_id for e in routes) == sorted(expected)
+            # the names an audit event gives them: kept with the index, never stale
+            named = cache.first_names(capability, wanted, routes)
+            assert named == tuple(e.agent_id for e in routes[:NAMED_CANDIDATES])
             for e in routes:
                 assert e.instance is cache.get(e.agent_id)
                 assert e.spec is e.instance.manifest.capability(capability)
@@ -135,3 +138,23 @@ def test_a_tag_listed_twice_leaves_one_route_and_none_once_gone() -> None:
     cache._apply("a", None, 6)
     assert list(cache.entries("echo", ["t"])) == []
     assert list(cache.for_capability("echo", ["t"])) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=TAGGED_OPS)
+def test_the_names_an_audit_event_gives_the_candidates_follow_every_change(
+    ops: list[Any],
+) -> None:
+    """``first_names`` keeps the first names with the index; asked after every change
+    (a removal moves the last route into the hole, an addition appends), it never
+    answers with names of a list that has changed since."""
+    cache = RouteCache(store=None)  # type: ignore[arg-type]  # _apply needs no store
+    for revision, (op, n, echo_tags, other_tags) in enumerate(ops, 1):
+        agent_id = f"a-{n % 20}"
+        instance_ = tagged(agent_id, echo_tags, other_tags) if op == "put" else None
+        cache._apply(agent_id, instance_, revision)
+        for capability in ("echo", "other"):
+            for wanted in [(), ("gpu",), ("emea", "gpu")]:
+                routes = cache.entries(capability, wanted)
+                expected = tuple(e.agent_id for e in routes[:NAMED_CANDIDATES])
+                assert cache.first_names(capability, wanted, routes) == expected

@@ -28,7 +28,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
-from reach.audit.events import read_counts, read_header_counts
+from reach.audit.events import decode_raw, read_counts, read_header_counts
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
@@ -180,45 +180,34 @@ class AlertEngine:
         return self._observe_call(capability, str(caller), tried, event.get("error"))
 
     def observe_batch(self, data: bytes) -> list[Alert]:
-        """Alerts one stream message (a batch of event rows) raises. Only rows with retries
+        """Alerts one stream message (a batch of events) raises. Only rows with retries
         or breaker rejections need a closer look; the rest are only counted."""
         counts = read_counts(data)
-        if counts is not None:  # nothing to look at: count without unpacking the rows
+        if counts is not None:  # nothing to look at: count without unpacking the events
             self.count_calls(counts)
             return []
-        try:
-            batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
-            fields = batch["fields"]
-            rows = batch["events"]
-            i_side, i_cap = fields.index("side"), fields.index("capability")
-            i_caller, i_agent = fields.index("caller"), fields.index("caller_agent")
-            i_error, i_attempts = fields.index("error"), fields.index("attempts")
-            agent_col = batch["attempt_fields"].index("agent_id")
-        except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException):
-            return []
-        if not isinstance(rows, list):
-            return []
-        alerts: list[Alert] = []
         counted: dict[str, int] = {}
-        special = []
-        width = len(fields)
-        for row in rows:
-            if not isinstance(row, list) or len(row) != width or row[i_side] != "caller":
-                continue
-            capability = row[i_cap]
-            if not isinstance(capability, str) or not capability:
+        special: list[dict[str, Any]] = []
+        for event in decode_raw(data):
+            capability = event.get("capability")
+            if event.get("side") != "caller" or not isinstance(capability, str) or not capability:
                 continue
             counted[capability] = counted.get(capability, 0) + 1
-            attempts = row[i_attempts]
-            if (isinstance(attempts, list) and len(attempts) > 1) or row[i_error] == "breaker":
-                special.append(row)
-        for capability, n in counted.items():
-            self._count_calls(capability, n)
-        for row in special:
-            attempts = row[i_attempts] if isinstance(row[i_attempts], list) else []
-            tried = [a[agent_col] for a in attempts if isinstance(a, list) and len(a) > agent_col]
-            caller = str(row[i_agent] or row[i_caller] or "anonymous")
-            alerts += self._observe_call(row[i_cap], caller, tried, row[i_error])
+            attempts = event.get("attempts")
+            retried = isinstance(attempts, list) and len(attempts) > 1
+            if retried or event.get("error") == "breaker":
+                special.append(event)
+        self.count_calls(counted)
+        alerts: list[Alert] = []
+        for event in special:
+            attempts = event.get("attempts")
+            tried = (
+                [a.get("agent_id") for a in attempts if isinstance(a, dict)]
+                if isinstance(attempts, list)
+                else []
+            )
+            caller = str(event.get("caller_agent") or event.get("caller") or "anonymous")
+            alerts += self._observe_call(event["capability"], caller, tried, event.get("error"))
         return alerts
 
     def count_calls(self, counts: Mapping[str, int]) -> None:

@@ -1,22 +1,25 @@
 """Audit events: one per cross-agent call, written by the caller; denials by the denier.
 
 On the hot path an event is a row, a plain tuple (building a model per call costs more
-than the rest of the audit path); readers decode rows into ``AuditEvent``
-(``reach.audit.records``), which is also the documented shape
-(``schemas/audit-event.schema.json``). Events travel in batches:
-one stream message holds a msgpack array of events of one capability, so the stream
-is written a few times a second instead of once per call.
+than the rest of the audit path), or, for a plain call answered at the first attempt,
+a slot in a few columns (``reach.audit.columns``); readers decode both into
+``AuditEvent`` (``reach.audit.records``), which is also the documented shape
+(``schemas/audit-event.schema.json``). Events travel in batches: one stream message
+holds the events of one capability, so the stream is written a few times a second
+instead of once per call.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from operator import itemgetter
 from typing import Any, Literal
 
 import msgpack
 
+from reach.audit.columns import Columns, expand_plain
 from reach.codec import packb
 from reach.errors import (
     AuthError,
@@ -34,31 +37,36 @@ from reach.errors import (
 
 __all__ = [
     "ATTEMPT_FIELDS",
+    "BATCH_VERSION",
     "CALLS_HEADER",
     "CAPABILITY_INDEX",
     "EVENT_FIELDS",
     "EVENT_VERSION",
     "NOTABLE_HEADER",
     "REGISTRY_CAPABILITY",
+    "BatchBuilder",
+    "DecodedBatch",
     "ErrorClass",
     "EventRow",
     "Outcome",
     "RowSummary",
     "capability_of",
+    "decode_events",
     "decode_raw",
     "denial_event",
     "encode_batch",
-    "encode_rows",
     "error_class",
     "make_event",
     "pack_row",
-    "pack_rows",
     "read_counts",
     "read_header_counts",
     "summary_headers",
 ]
 
+#: version of an event's map (``AuditEvent.v``)
 EVENT_VERSION = 1
+#: version of a batch's layout: 2 keeps plain calls as columns beside the rows
+BATCH_VERSION = 2
 
 #: how a call ended: served, failed, or answered by a fallback after a failure
 Outcome = Literal["ok", "error", "fallback", "denied"]
@@ -129,6 +137,7 @@ EVENT_FIELDS: tuple[str, ...] = (
 ATTEMPT_FIELDS: tuple[str, ...] = ("agent_id", "score", "outcome", "latency_ms")
 #: position of the capability in a row (batches group rows by it)
 CAPABILITY_INDEX = EVENT_FIELDS.index("capability")
+_WIDTH = len(EVENT_FIELDS)
 
 #: an event as the hot path builds it: a tuple in EVENT_FIELDS order, attempts as
 #: tuples in ATTEMPT_FIELDS order (a tenth of the cost of building and packing maps)
@@ -208,28 +217,16 @@ def denial_event(
 
 
 _SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "attempts"))
-_GET_SIDE, _GET_ERROR, _GET_ATTEMPTS = (itemgetter(i) for i in (_SIDE, _ERROR, _ATTEMPTS))
 #: the capability of an event row
 capability_of = itemgetter(CAPABILITY_INDEX)
 
-#: packs one event row: the writer packs rows as they are recorded, so the events that
-#: wait for their batch are bytes, which CPython's cyclic GC never tracks. Rows of tuples
-#: waiting there made the collector run (and walk the whole heap now and then) where the
-#: rest of the call path leaves it nothing to do. Rows are built here of exact built-in
-#: types, so the library's shared packer serves (see ``reach.codec.packb``).
+#: packs one event row (rows are built of exact built-in types, so the library's shared
+#: packer serves, see ``reach.codec.packb``)
 pack_row = packb
 
 
-def pack_rows(rows: Sequence[EventRow]) -> memoryview:
-    """Rows packed one after another, as ``pack_row`` would each (in one call into
-    msgpack: packed as an array, whose header is left off)."""
-    n = len(rows)
-    header = 1 if n < 16 else 3 if n < 0x10000 else 5
-    return memoryview(pack_row(rows))[header:]
-
-
 class RowSummary:
-    """What the batch of packed rows says about them: calls per capability, notable rows."""
+    """What a batch says about its events: calls per capability, notable rows."""
 
     __slots__ = ("calls", "notable")
 
@@ -239,67 +236,194 @@ class RowSummary:
         self.notable = 0
 
     def add(self, row: EventRow) -> None:
-        self.add_all((row,))
+        if len(row) == _WIDTH and row[_SIDE] == "caller":
+            capability = row[CAPABILITY_INDEX]
+            self.calls[capability] = self.calls.get(capability, 0) + 1
+            if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
+                self.notable += 1
 
-    def add_all(self, rows: Sequence[EventRow]) -> None:
-        if not rows:
-            return
-        if list(map(_GET_SIDE, rows)).count("caller") != len(rows):
-            self._add_each(rows)
-            return
-        capability = rows[0][CAPABILITY_INDEX]
-        if list(map(capability_of, rows)).count(capability) != len(rows):
-            self._add_each(rows)
-            return
-        # the call path's case, a turn of calls to one capability: counted in C
-        self.calls[capability] = self.calls.get(capability, 0) + len(rows)
-        if max(map(len, map(_GET_ATTEMPTS, rows))) <= 1:
-            self.notable += list(map(_GET_ERROR, rows)).count("breaker")
-        else:
-            self.notable += sum(
-                1 for row in rows if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker"
-            )
-
-    def _add_each(self, rows: Sequence[EventRow]) -> None:
-        for row in rows:
-            if row[_SIDE] == "caller":
-                capability = row[CAPABILITY_INDEX]
-                self.calls[capability] = self.calls.get(capability, 0) + 1
-                if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
-                    self.notable += 1
+    def add_calls(self, capability: str, n: int) -> None:
+        """``n`` calls that are not notable."""
+        if n:
+            self.calls[capability] = self.calls.get(capability, 0) + n
 
 
-#: the constant entries of every batch (without their map's header)
-_HEAD = msgpack.packb(
-    {"v": EVENT_VERSION, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS},
-    use_bin_type=True,
-)[1:]
+def _plain_names(value: Any) -> tuple[str, ...] | None:
+    if type(value) is tuple:
+        names: tuple[Any, ...] = value
+    elif type(value) is list:
+        names = tuple(value)
+    else:
+        return None
+    return names if all(type(name) is str for name in names) else None
 
 
-def encode_rows(rows: bytes | bytearray | memoryview, count: int, summary: RowSummary) -> bytes:
-    """One stream message (``AuditBatch``) from ``count`` rows packed by ``pack_row``:
-    ``{"v", "fields", "attempt_fields", "calls", "notable", "events": [row, ...]}``."""
-    packer = msgpack.Packer(use_bin_type=True)
-    return b"".join(
-        (
-            packer.pack_map_header(6),
+def _add_if_plain(columns: Columns, row: EventRow) -> bool:
+    """Add ``row`` to ``columns`` if it is a plain call (answered at the first attempt by
+    the instance it went to, nothing skipped, no fallback); False if it is not."""
+    (side, ts, _cap, call_id, trace_id, caller, caller_agent, callee, outcome, error, code,
+     description, latency, candidates, n_candidates, skipped, attempts, fallback,
+     fallback_reason) = row  # fmt: skip
+    if not (
+        side == "caller"
+        and outcome == "ok"
+        and error is None
+        and fallback is None
+        and code == ""
+        and description == ""
+        and fallback_reason == ""
+        and type(ts) is float
+        and type(latency) is float
+        and type(call_id) is str
+        and type(trace_id) is str
+        and type(caller) is str
+        and type(callee) is str
+        and (caller_agent is None or type(caller_agent) is str)
+        and type(n_candidates) is int
+        and 0 <= n_candidates < 2**32
+        and type(skipped) in (tuple, list)
+        and not skipped
+        and type(attempts) in (tuple, list)
+        and len(attempts) == 1
+    ):
+        return False
+    attempt = attempts[0]
+    if type(attempt) not in (tuple, list) or len(attempt) != len(ATTEMPT_FIELDS):
+        return False
+    agent_id, score, attempt_outcome, attempt_latency = attempt
+    if agent_id != callee or attempt_outcome != "ok" or type(attempt_latency) is not float:
+        return False
+    if score is not None and (type(score) is not float or score != score):  # NaN: a row
+        return False
+    names = _plain_names(candidates)
+    if names is None:
+        return False
+    columns.add(
+        ts, call_id, trace_id, caller, caller_agent, callee, latency, names, n_candidates,
+        score, attempt_latency,
+    )  # fmt: skip
+    return True
+
+
+class BatchBuilder:
+    """The events of one stream message as they are recorded: plain calls of the
+    batch's capability as columns (``reach.audit.columns``), every other event a packed
+    row, with its place among them."""
+
+    __slots__ = ("capability", "columns", "count", "positions", "rows", "summary")
+
+    def __init__(self, capability: str) -> None:
+        self.capability = capability
+        self.columns = Columns()
+        #: rows packed by ``pack_row``, one after another, and where each one falls
+        self.rows = bytearray()
+        self.positions: list[int] = []
+        self.summary = RowSummary()
+        self.count = 0
+
+    @property
+    def size(self) -> int:
+        """Packed size, estimated."""
+        return len(self.rows) + self.columns.size
+
+    @property
+    def full(self) -> bool:
+        return self.columns.full
+
+    def add_plain(
+        self,
+        ts: float,
+        call_id: str,
+        trace_id: str,
+        caller: str,
+        caller_agent: str | None,
+        callee: str,
+        latency_ms: float,
+        candidates: tuple[str, ...],
+        n_candidates: int,
+        score: float | None,
+        attempt_latency_ms: float,
+    ) -> None:
+        """A plain call of the batch's capability (see ``Columns.add``)."""
+        self.columns.add(
+            ts, call_id, trace_id, caller, caller_agent, callee, latency_ms, candidates,
+            n_candidates, score, attempt_latency_ms,
+        )  # fmt: skip
+        self.count += 1
+
+    def add_row(self, row: EventRow) -> None:
+        """Any event: a plain call of this capability joins the columns, anything else is
+        packed as a row. Raises what msgpack raises for a row it cannot pack, adding
+        nothing."""
+        if not self.add_if_plain(row):
+            self.add_packed(row, pack_row(row))
+
+    def add_if_plain(self, row: EventRow) -> bool:
+        """Add ``row`` if it is a plain call of this capability; False if it is not."""
+        if (
+            len(row) == _WIDTH
+            and row[CAPABILITY_INDEX] == self.capability
+            and _add_if_plain(self.columns, row)
+        ):
+            self.count += 1
+            return True
+        return False
+
+    def add_packed(self, row: EventRow, packed: bytes) -> None:
+        """A row that is not a plain call, and ``packed``, what ``pack_row`` made of it."""
+        self.rows += packed
+        self.positions.append(self.count)
+        self.summary.add(row)
+        self.count += 1
+
+    def encode(self) -> tuple[bytes, RowSummary]:
+        """One stream message (``AuditBatch``): ``{"v", "fields", "attempt_fields",
+        "calls", "notable", ["positions", "plain",] "events": [row, ...]}``; and the
+        summary of all its events (``summary_headers``)."""
+        summary = RowSummary()
+        summary.calls = dict(self.summary.calls)
+        summary.notable = self.summary.notable
+        n_plain = len(self.columns)
+        summary.add_calls(self.capability, n_plain)
+        packer = msgpack.Packer(use_bin_type=True)
+        parts = [
+            packer.pack_map_header(8 if n_plain else 6),
             _HEAD,
             packer.pack("calls"),
             packer.pack(summary.calls),
             packer.pack("notable"),
             packer.pack(summary.notable),
+        ]
+        if n_plain:
+            parts += (
+                packer.pack("positions"),
+                packer.pack(self.positions),
+                packer.pack("plain"),
+                packer.pack(self.columns.encode(self.capability)),
+            )
+        parts += (
             packer.pack("events"),
-            packer.pack_array_header(count),
-            rows,
+            packer.pack_array_header(len(self.positions)),
+            bytes(self.rows),
         )
-    )
+        return b"".join(parts), summary
+
+
+#: the constant entries of every batch (without their map's header)
+_HEAD = msgpack.packb(
+    {"v": BATCH_VERSION, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS},
+    use_bin_type=True,
+)[1:]
 
 
 def encode_batch(events: Sequence[EventRow]) -> bytes:
-    """One stream message from event rows (see ``encode_rows``)."""
-    summary = RowSummary()
-    summary.add_all(events)
-    return encode_rows(pack_rows(events), len(events), summary)
+    """One stream message from event rows, as the writer makes them: plain calls of the
+    first event's capability as columns, the rest as rows (for tests and tools)."""
+    capability = next((e[CAPABILITY_INDEX] for e in events if len(e) == _WIDTH), "")
+    builder = BatchBuilder(capability)
+    for event in events:
+        builder.add_row(event)
+    return builder.encode()[0]
 
 
 #: headers of a batch message that repeat its summary, for readers that ask the server for
@@ -372,27 +496,78 @@ def _row_to_map(row: Any, fields: Sequence[str], attempt_fields: Sequence[str]) 
     return event
 
 
-def decode_raw(data: bytes) -> list[dict[str, Any]]:
-    """The events of one stream message as maps, unvalidated (for fast consumers that
-    read a few keys with ``.get``); rows that do not fit the batch's fields are left out."""
+class DecodedBatch:
+    """A batch's events as maps, unvalidated, in the order they were recorded."""
+
+    __slots__ = ("bad", "events")
+
+    def __init__(self, events: list[dict[str, Any]], bad: int) -> None:
+        self.events = events
+        #: rows and columns that do not fit the format (left out of ``events``)
+        self.bad = bad
+
+
+def decode_events(data: bytes) -> DecodedBatch:
+    """The events of one stream message as maps (``AuditEvent``'s fields), unvalidated,
+    and how many could not be read. Reads both layouts: rows only (batch version 1) and
+    plain calls as columns beside rows (version 2)."""
     try:
         batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception:
-        return []
+        return DecodedBatch([], 1)
     if not isinstance(batch, dict):
-        return []
+        return DecodedBatch([], 1)
     fields, attempt_fields, rows = (
         batch.get("fields"),
         batch.get("attempt_fields"),
         batch.get("events"),
     )
     if not (isinstance(fields, list) and isinstance(attempt_fields, list)):
-        return []
+        return DecodedBatch([], 1)
     if not isinstance(rows, list):
-        return []
-    out = []
-    for row in rows:
-        event = _row_to_map(row, fields, attempt_fields)
-        if isinstance(event, dict):
+        return DecodedBatch([], 1)
+    full: list[Any] = [_row_to_map(row, fields, attempt_fields) for row in rows]
+    bad = full.count(None)
+    plain_part = batch.get("plain")
+    if plain_part is None:
+        return DecodedBatch([e for e in full if e is not None], bad)
+    try:
+        plain = expand_plain(plain_part)
+    except ValueError:
+        n = plain_part.get("n") if isinstance(plain_part, dict) else None
+        lost = n if type(n) is int and n > 0 else 1
+        return DecodedBatch([e for e in full if e is not None], bad + lost)
+    for event in plain:
+        event["v"] = EVENT_VERSION
+    return DecodedBatch(_merge(plain, full, batch.get("positions")), bad)
+
+
+def _merge(plain: list[dict[str, Any]], full: list[Any], positions: Any) -> list[dict[str, Any]]:
+    """Plain events and rows in recorded order (rows after the rest when their positions
+    do not fit)."""
+    total = len(plain) + len(full)
+    if not (
+        type(positions) is list
+        and len(positions) == len(full)
+        and all(type(p) is int and 0 <= p < total for p in positions)
+        and all(a < b for a, b in pairwise(positions))
+    ):
+        return plain + [e for e in full if e is not None]
+    out: list[dict[str, Any]] = []
+    rest = iter(plain)
+    at = 0
+    for position, event in zip(positions, full, strict=True):
+        while at < position:
+            out.append(next(rest))
+            at += 1
+        if event is not None:
             out.append(event)
+        at += 1
+    out.extend(rest)
     return out
+
+
+def decode_raw(data: bytes) -> list[dict[str, Any]]:
+    """The events of one stream message as maps, unvalidated (for fast consumers that
+    read a few keys with ``.get``); events that do not fit the format are left out."""
+    return decode_events(data).events

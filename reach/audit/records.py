@@ -6,15 +6,13 @@ Apart from the writing side, which runs on every call (and is compiled, ``make b
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Literal
 
-import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach.audit.events import EVENT_VERSION, ErrorClass, Outcome, decode_raw
+from reach.audit.events import BATCH_VERSION, EVENT_VERSION, ErrorClass, Outcome, decode_events
 
-__all__ = ["AuditAttempt", "AuditBatch", "AuditEvent", "decode_batch"]
+__all__ = ["AuditAttempt", "AuditBatch", "AuditEvent", "AuditPlain", "decode_batch"]
 
 
 class _Model(BaseModel):
@@ -66,35 +64,67 @@ class AuditEvent(_Model):
         return max(0, len(self.attempts) - 1)
 
 
-class AuditBatch(_Model):
-    """One message on ``reach.v1.audit.<capability>``: the events of one capability as
-    rows. ``fields`` names the columns of each row (see ``AuditEvent`` for their meaning)
-    and ``attempt_fields`` the columns of each entry of a row's ``attempts``.
+class AuditPlain(_Model):
+    """The plain calls of a batch as columns: calls answered at the first attempt by the
+    instance they went to, with nothing skipped and no fallback. Slot ``i`` of every
+    column is one event; doubles are little-endian IEEE 754, indexes little-endian
+    unsigned 16-bit. Its events have side ``caller``, outcome ``ok``, no error, and one
+    attempt: ``{"agent_id": callee, "score", "outcome": "ok", "latency_ms":
+    attempt_latency_ms}``."""
 
-    ``calls`` and ``notable`` come before ``events`` so a reader that only counts (the
+    n: int = Field(ge=0, description="events in the columns")
+    capability: str
+    ts: bytes = Field(description="start of each call, Unix seconds (n doubles)")
+    call_id: list[str]
+    trace_id: bytes | list[str] = Field(
+        description="16 bytes per event (32 lowercase hex digits), or the ids as text"
+    )
+    caller: bytes = Field(description="n indexes into values")
+    caller_agent: bytes = Field(description="n indexes into values (null: not from a handler)")
+    callee: bytes = Field(description="n indexes into values")
+    latency_ms: bytes = Field(description="n doubles")
+    candidates: bytes = Field(description="n indexes into candidate_sets")
+    score: bytes = Field(description="n doubles, routing score of the instance (NaN: none)")
+    attempt_latency_ms: bytes = Field(description="n doubles, latency of the one attempt")
+    values: list[str | None] = Field(description="the names the index columns point to")
+    candidate_sets: list[tuple[list[str], int]] = Field(
+        description="[first candidates by name, how many there were]"
+    )
+
+
+class AuditBatch(_Model):
+    """One message on ``reach.v1.audit.<capability>``: the events of one capability.
+    ``events`` holds rows: ``fields`` names the columns of each row (see ``AuditEvent``
+    for their meaning) and ``attempt_fields`` the columns of each entry of a row's
+    ``attempts``. From version 2, plain calls are columns in ``plain`` instead, and
+    ``positions`` says where each row falls among all the batch's events (the plain ones
+    fill the other places, in order).
+
+    ``calls`` and ``notable`` come before the events so a reader that only counts (the
     alert watcher) can stop there when no row needs a closer look."""
 
-    v: int = EVENT_VERSION
+    v: int = BATCH_VERSION
     fields: list[str]
     attempt_fields: list[str]
     calls: dict[str, int] | None = Field(
         None, description="calls recorded by callers (side 'caller'), by capability"
     )
     notable: int | None = Field(None, description="caller rows with retries or a breaker rejection")
+    positions: list[int] | None = Field(
+        None, description="place of each row among all the events (with plain)"
+    )
+    plain: AuditPlain | None = None
     events: list[list[Any]]
 
 
 def decode_batch(data: bytes) -> tuple[list[AuditEvent], int]:
-    """Events of one stream message, and how many of its rows were not valid events."""
-    try:
-        batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception:
-        return [], 1
-    rows = batch.get("events") if isinstance(batch, dict) else None
-    if not isinstance(rows, list):
-        return [], 1
+    """Events of one stream message, and how many of them were not valid events."""
+    decoded = decode_events(data)
     events: list[AuditEvent] = []
-    for item in decode_raw(data):
-        with contextlib.suppress(ValidationError):
+    bad = decoded.bad
+    for item in decoded.events:
+        try:
             events.append(AuditEvent.model_validate(item))
-    return events, len(rows) - len(events)
+        except ValidationError:
+            bad += 1
+    return events, bad

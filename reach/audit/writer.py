@@ -1,12 +1,14 @@
 """Writing audit events off the hot path, without losing them.
 
-``record`` is synchronous and O(1): the event joins a bounded buffer and the call goes
-on. A background task packs buffered events into batches (one capability per batch,
-one stream message per batch) and publishes each with a message id, waiting for the
-stream's ack. A batch that is not acked (NATS unreachable, stream missing, timeout)
-stays at the head and is resent with the *same* message id, so a resend after a lost
-ack is not stored twice. While NATS is away events keep collecting up to the bound;
-past it new events are dropped and counted (``dropped``), never silently.
+``record_call`` (a plain call) and ``record`` (any event row) are synchronous and O(1):
+the event joins the batch being filled for its capability (a plain call as a slot in its
+columns, anything else as a packed row, ``reach.audit.events.BatchBuilder``) and the call
+goes on. A background task seals batches when they are full or due (one stream message
+each) and publishes each with a message id, waiting for the stream's ack. A batch that
+is not acked (NATS unreachable, stream missing, timeout) stays at the head and is resent
+with the *same* message id, so a resend after a lost ack is not stored twice. While NATS
+is away events keep collecting up to the bound; past it new events are dropped and
+counted (``dropped``), never silently.
 """
 
 from __future__ import annotations
@@ -23,12 +25,9 @@ from dataclasses import dataclass
 from reach import subjects
 from reach.audit.events import (
     CAPABILITY_INDEX,
+    BatchBuilder,
     EventRow,
-    RowSummary,
-    capability_of,
-    encode_rows,
     pack_row,
-    pack_rows,
     summary_headers,
 )
 from reach.errors import ConfigurationError, NoResponders, ReachError
@@ -47,7 +46,7 @@ class WriterConfig:
     #: events per stream message at most: every message costs each reader (the registrar's
     #: alert watcher, `reach audit tail`) and the server a fixed price, so fewer is cheaper
     batch_max: int = 2048
-    #: packed rows per stream message at most (and never over half the server's max_payload)
+    #: bytes per stream message at most (and never over half the server's max_payload)
     batch_max_bytes: int = 256 * 1024
     #: how long an event may wait for company before its batch is written
     flush_interval: float = 0.1
@@ -59,14 +58,12 @@ class WriterConfig:
 
 
 class _Open:
-    """The batch being filled for one capability: rows packed as they are recorded."""
+    """The batch being filled for one capability, and when it is written even if not full."""
 
-    __slots__ = ("count", "due", "rows", "summary")
+    __slots__ = ("batch", "due")
 
-    def __init__(self, due: float) -> None:
-        self.rows = bytearray()
-        self.count = 0
-        self.summary = RowSummary()
+    def __init__(self, capability: str, due: float) -> None:
+        self.batch = BatchBuilder(capability)
         #: monotonic time at which it is written even if not full
         self.due = due
 
@@ -80,40 +77,16 @@ class _Batch:
     headers: dict[str, str]
 
 
-def _pack(
-    events: Sequence[EventRow],
-) -> tuple[bytes | memoryview, Sequence[EventRow], list[Exception]]:
-    """The rows packed, which they are, and why the others could not be packed: all of
-    them in one call, or one by one when that fails."""
-    try:
-        return pack_rows(events), events, []
-    except (TypeError, ValueError, OverflowError):
-        pass
-    parts: list[bytes] = []
-    packed: list[EventRow] = []
-    errors: list[Exception] = []
-    for event in events:
-        try:
-            parts.append(pack_row(event))
-        except (TypeError, ValueError, OverflowError) as exc:
-            errors.append(exc)
-            continue
-        packed.append(event)
-    return b"".join(parts), packed, errors
-
-
 class AuditWriter:
     """Buffers audit events and writes them to REACH_AUDIT in acked, idempotent batches."""
 
     def __init__(self, conn: Connection, config: WriterConfig | None = None) -> None:
         self._conn = conn
         self.config = config or WriterConfig()
-        #: batches being filled, one per capability (packed rows: nothing for the GC)
+        #: batches being filled, one per capability (columns of numbers and names, packed
+        #: rows: nothing that keeps the garbage collector busy)
         self._open: dict[str, _Open] = {}
         self._filling = 0  # events in them
-        #: events to record at the end of this turn of the event loop
-        self._soon: list[EventRow] = []
-        self._soon_handle: asyncio.Handle | None = None
         self._batches: deque[_Batch] = deque()
         self._held = 0  # events in unsent batches
         self._wake = asyncio.Event()
@@ -122,7 +95,6 @@ class AuditWriter:
         self._stream: Stream | None = None
         self._writer_id = secrets.token_hex(8)
         self._max_bytes = self.config.batch_max_bytes
-        self._row_bytes = 256  # packed size of a row, as last seen
         #: flush() wants every batch written now, full or not
         self._flushing = False
         self._batch_seq = 0
@@ -134,96 +106,103 @@ class AuditWriter:
     @property
     def pending(self) -> int:
         """Events recorded but not yet acked by the stream."""
-        return len(self._soon) + self._filling + self._held
+        return self._filling + self._held
 
-    def record_soon(self, event: EventRow) -> None:
-        """Queue one event row, packed with the rest of this turn's at its end (one call
-        into msgpack for all of them); never blocks, never raises. For the call path."""
-        self._soon.append(event)
-        if self._soon_handle is None:
-            self._soon_handle = asyncio.get_running_loop().call_soon(self._record_soon)
-
-    def _record_soon(self) -> None:
-        self._soon_handle = None
-        soon, self._soon = self._soon, []
-        self.record_all(soon)
+    def record_call(
+        self,
+        capability: str,
+        ts: float,
+        call_id: str,
+        trace_id: str,
+        caller: str,
+        caller_agent: str | None,
+        callee: str,
+        latency_ms: float,
+        candidates: tuple[str, ...],
+        n_candidates: int,
+        score: float | None,
+        attempt_latency_ms: float,
+    ) -> None:
+        """Queue the event of a plain call: answered by ``callee`` at the first attempt,
+        nothing skipped, no fallback (``make_event``'s fields; ``score`` and
+        ``attempt_latency_ms`` those of its one attempt). The call path's way: a few
+        list appends, no row is built. Never blocks, never raises."""
+        if self._filling + self._held >= self.config.max_buffer:
+            self.dropped += 1
+            return
+        at = self._open.get(capability)
+        if at is None:
+            at = self._start(capability)
+        batch = at.batch
+        batch.add_plain(
+            ts,
+            call_id,
+            trace_id,
+            caller,
+            caller_agent,
+            callee,
+            latency_ms,
+            candidates,
+            n_candidates,
+            score,
+            attempt_latency_ms,
+        )
+        self._filling += 1
+        if batch.count >= self.config.batch_max or batch.size >= self._max_bytes or batch.full:
+            self._seal(capability)
+            self._wake.set()
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
-        self.record_all((event,))
-
-    def record_all(self, events: Sequence[EventRow]) -> None:
-        """Queue event rows; never blocks, never raises. Those of one capability are packed
-        together (one call into msgpack for a turn's events, not one per event)."""
-        room = self.config.max_buffer - self._filling - self._held
-        if len(events) > room:
-            self.dropped += len(events) - max(room, 0)
-            events = events[: max(room, 0)]
-        if not events:
+        if self._filling + self._held >= self.config.max_buffer:
+            self.dropped += 1
             return
         try:
-            capabilities = list(map(capability_of, events))
-        except (IndexError, TypeError, KeyError):
-            capabilities = []  # a malformed row among them: sorted out one by one below
-        if capabilities and capabilities.count(capabilities[0]) == len(events):
-            self._add(capabilities[0], events)  # the common case: a turn of one capability
+            capability = event[CAPABILITY_INDEX]
+            at = self._open.get(capability)
+        except (IndexError, TypeError, KeyError) as exc:  # a bug in who built it
+            self.dropped += 1
+            log.error("audit: an event without a capability was dropped: %s", exc)
             return
-        by_capability: dict[str, list[EventRow]] = {}
-        for event in events:
+        if at is None:
+            at = self._start(capability)
+        if not at.batch.add_if_plain(event):
             try:
-                by_capability.setdefault(event[CAPABILITY_INDEX], []).append(event)
-            except (IndexError, TypeError, KeyError) as exc:  # a bug in who built it
+                data = pack_row(event)
+            except (TypeError, ValueError, OverflowError) as exc:  # a bug in who built it
                 self.dropped += 1
-                log.error("audit: an event without a capability was dropped: %s", exc)
-        for capability, rows in by_capability.items():
-            self._add(capability, rows)
+                log.error("audit: an event of %s cannot be packed: %s", capability, exc)
+                return
+            if len(data) > self._max_bytes:  # alone it is more than a message may carry
+                self.dropped += 1
+                log.error(
+                    "audit: an event of %s is %d bytes packed, more than a batch may carry"
+                    " (%d): dropped",
+                    capability,
+                    len(data),
+                    self._max_bytes,
+                )
+                return
+            if at.batch.count and at.batch.size + len(data) > self._max_bytes:
+                self._seal(capability)  # the row starts a batch of its own
+                at = self._start(capability)
+            at.batch.add_packed(event, data)
+        self._filling += 1
+        batch = at.batch
+        if batch.count >= self.config.batch_max or batch.size >= self._max_bytes or batch.full:
+            self._seal(capability)
+            self._wake.set()
 
-    def _add(self, capability: str, events: Sequence[EventRow]) -> None:
-        """Pack ``events`` of one capability into its open batch; a batch is sealed when
-        it holds ``batch_max`` events or would exceed its byte limit with one more."""
-        limit = self.config.batch_max
-        at = 0
-        most = limit  # events packed at a time: halved when a chunk turns out too big
-        while at < len(events):
-            batch = self._open.get(capability)
-            if batch is None:
-                due = time.monotonic() + self.config.flush_interval
-                batch = self._open[capability] = _Open(due)
-            # as many as fit by count and, at the size of the rows seen last, by bytes
-            fit = (self._max_bytes - len(batch.rows)) // self._row_bytes
-            chunk = events[at : at + max(1, min(limit - batch.count, fit, most))]
-            data, rows, errors = _pack(chunk)
-            if rows and len(batch.rows) + len(data) > self._max_bytes:
-                self._row_bytes = max(1, len(data) // len(rows))
-                if len(chunk) > 1:
-                    most = len(chunk) // 2
-                elif batch.count:
-                    self._seal(capability)  # the row starts a batch of its own
-                else:  # alone it is more than a stream message may carry
-                    at += 1
-                    self.dropped += 1
-                    log.error(
-                        "audit: an event of %s is %d bytes packed, more than a batch may"
-                        " carry (%d): dropped",
-                        capability,
-                        len(data),
-                        self._max_bytes,
-                    )
-                continue
-            at += len(chunk)
-            most = limit
-            for error in errors:  # a bug in who built them: counted, never raised
-                self.dropped += 1
-                log.error("audit: an event of %s cannot be packed: %s", capability, error)
-            if rows:
-                batch.rows += data
-                batch.count += len(rows)
-                batch.summary.add_all(rows)
-                self._filling += len(rows)
-                self._row_bytes = max(1, len(data) // len(rows))
-            if batch.count >= limit or len(batch.rows) >= self._max_bytes:
-                self._seal(capability)
-                self._wake.set()
+    def record_all(self, events: Sequence[EventRow]) -> None:
+        """Queue event rows; never blocks, never raises."""
+        for event in events:
+            self.record(event)
+
+    def _start(self, capability: str) -> _Open:
+        at = self._open[capability] = _Open(
+            capability, time.monotonic() + self.config.flush_interval
+        )
+        return at
 
     def reconnected(self) -> None:
         """NATS is back: write what is waiting now rather than after the back-off."""
@@ -241,9 +220,6 @@ class AuditWriter:
         """Write what is buffered (waiting at most ``timeout``), then stop."""
         if self._task is None:
             return
-        if self._soon_handle is not None:
-            self._soon_handle.cancel()
-            self._record_soon()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), timeout)
         await cancel_and_wait([self._task])
@@ -295,18 +271,19 @@ class AuditWriter:
                 self._seal(capability)
 
     def _seal(self, capability: str) -> None:
-        batch = self._open.pop(capability)
+        batch = self._open.pop(capability).batch
         if not batch.count:  # every event of it was dropped: nothing to write
             return
         self._filling -= batch.count
         self._batch_seq += 1
+        data, summary = batch.encode()
         self._batches.append(
             _Batch(
                 subject=subjects.audit(str(capability) or "_"),
                 msg_id=f"{self._writer_id}.{self._batch_seq}",
-                data=encode_rows(batch.rows, batch.count, batch.summary),
+                data=data,
                 count=batch.count,
-                headers=summary_headers(batch.summary),
+                headers=summary_headers(summary),
             )
         )
         self._held += batch.count

@@ -18,9 +18,13 @@ from reach.registry.store import RegistryStore
 from reach.routing import RouteEntry, route_entry, sample
 from reach.tasks import cancel_and_wait
 
-__all__ = ["RouteCache", "version_matches"]
+__all__ = ["NAMED_CANDIDATES", "RouteCache", "version_matches"]
 
 log = logging.getLogger("reach.routecache")
+
+
+#: candidates a call's audit event names (it counts them all); ``AuditEvent.candidates``
+NAMED_CANDIDATES = 16
 
 
 def version_matches(version: str, wanted: str | None) -> bool:
@@ -36,27 +40,36 @@ class _Members:
     a list of routes with each one's position, so a random sample is O(k) and a choice
     reads routes ready-made."""
 
-    __slots__ = ("by_id", "entries", "pos")
+    __slots__ = ("_names", "by_id", "entries", "pos")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Instance] = {}
         self.entries: list[RouteEntry] = []
         self.pos: dict[str, int] = {}
+        self._names: tuple[str, ...] | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """The first ``NAMED_CANDIDATES`` agent ids of ``entries``, kept until they change."""
+        if self._names is None:
+            self._names = tuple(e.agent_id for e in self.entries[:NAMED_CANDIDATES])
+        return self._names
 
     def add(self, entry: RouteEntry) -> None:
         self.by_id[entry.agent_id] = entry.instance
         at = self.pos.get(entry.agent_id)
-        if at is not None:  # already here (a tag listed twice): one entry per instance
+        if at is not None:  # already here (a tag listed twice, news of it): same place
             self.entries[at] = entry
             return
         self.pos[entry.agent_id] = len(self.entries)
         self.entries.append(entry)
+        self._names = None
 
     def remove(self, agent_id: str) -> bool:
         """Take ``agent_id`` out; True if nobody is left."""
         self.by_id.pop(agent_id, None)
         at = self.pos.pop(agent_id, None)
         if at is not None:
+            self._names = None
             last = self.entries.pop()
             if at < len(self.entries):  # move the last one into the hole
                 self.entries[at] = last
@@ -203,6 +216,17 @@ class RouteCache:
         )
         rest = [m.by_id for m in sets[1:]]
         return [e for e in sets[0].entries if all(e.agent_id in m for m in rest)]
+
+    def first_names(
+        self, capability: str, tags: tuple[str, ...], candidates: Sequence[RouteEntry]
+    ) -> tuple[str, ...]:
+        """The agent ids of the first ``NAMED_CANDIDATES`` of ``candidates``, which
+        ``entries(capability, tags)`` returned (kept with the index: no walk per call)."""
+        if len(tags) <= 1:
+            members = self._members(capability, tags)
+            if members.entries is candidates:
+                return members.names()
+        return tuple(e.agent_id for e in candidates[:NAMED_CANDIDATES])
 
     def _members(self, capability: str, tags: tuple[str, ...]) -> _Members:
         if tags:

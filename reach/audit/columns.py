@@ -1,0 +1,272 @@
+"""Plain calls as columns: the compact part of an audit batch.
+
+Most audit events say the same thing: the call went to one instance, once, and it
+answered. Such a *plain* event is kept as a slot in a few columns instead of a row of its
+own: times and latencies as arrays of little-endian doubles, names as two-byte indexes
+into the batch's table of values, trace ids as 16 raw bytes, the candidate list as an
+index into the batch's candidate sets. Recording one is a handful of list appends (no
+tuple, no msgpack call, nothing for the garbage collector), and it takes about a third of
+the bytes of a row, which the server stores and every reader reads.
+
+Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
+row (``reach.audit.events``). The format is ``AuditPlain`` in ``reach.audit.records``
+(``schemas/audit-batch.schema.json``).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["PLAIN_ROW_BYTES", "Columns", "expand_plain"]
+
+#: bytes a plain event takes besides its call id and trace id (doubles, indexes, string
+#: headers), to estimate a batch's size while it fills (from above: a trace id counts as
+#: text, though it usually travels as 16 raw bytes)
+PLAIN_ROW_BYTES = 4 * 8 + 4 * 2 + 2 * 3
+#: distinct names or candidate sets one batch may index (two-byte indexes)
+MAX_VALUES = 0xFFFF
+_TRACE_HEX = 32
+
+
+class Columns:
+    """The plain events of one batch being filled (all of one capability)."""
+
+    __slots__ = (
+        "_last_count",
+        "_last_names",
+        "_last_set",
+        "_set_index",
+        "_value_index",
+        "attempt_latency",
+        "call_id",
+        "callee",
+        "caller",
+        "caller_agent",
+        "candidates",
+        "latency",
+        "score",
+        "sets",
+        "size",
+        "trace_hex",
+        "trace_id",
+        "ts",
+        "values",
+    )
+
+    def __init__(self) -> None:
+        self.ts: list[float] = []
+        self.call_id: list[str] = []
+        self.trace_id: list[str] = []
+        #: every trace id so far is 32 hex digits, lowercase (so 16 raw bytes say it)
+        self.trace_hex = True
+        self.caller: list[int] = []
+        self.caller_agent: list[int] = []
+        self.callee: list[int] = []
+        self.latency: list[float] = []
+        self.candidates: list[int] = []
+        self.score: list[float] = []
+        self.attempt_latency: list[float] = []
+        #: names the index columns point into, and candidate sets (first names, how many)
+        self.values: list[str | None] = []
+        self._value_index: dict[str | None, int] = {}
+        self.sets: list[tuple[tuple[str, ...], int]] = []
+        self._set_index: dict[tuple[tuple[str, ...], int], int] = {}
+        self._last_names: tuple[str, ...] = ()
+        self._last_count = -1
+        self._last_set = 0
+        #: estimated packed size
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @property
+    def full(self) -> bool:
+        """No room for another event's names (indexes are two bytes)."""
+        return len(self.values) > MAX_VALUES - 3 or len(self.sets) >= MAX_VALUES
+
+    def add(
+        self,
+        ts: float,
+        call_id: str,
+        trace_id: str,
+        caller: str,
+        caller_agent: str | None,
+        callee: str,
+        latency_ms: float,
+        candidates: tuple[str, ...],
+        n_candidates: int,
+        score: float | None,
+        attempt_latency_ms: float,
+    ) -> None:
+        """One plain event: answered by ``callee`` at the first attempt, scored ``score``."""
+        self.ts.append(ts)
+        self.call_id.append(call_id)
+        self.trace_id.append(trace_id)
+        if len(trace_id) != _TRACE_HEX:
+            self.trace_hex = False
+        self.caller.append(self._value(caller))
+        self.caller_agent.append(self._value(caller_agent))
+        self.callee.append(self._value(callee))
+        self.latency.append(latency_ms)
+        if candidates is self._last_names and n_candidates == self._last_count:
+            at = self._last_set  # the route cache hands out one tuple until it changes
+        else:
+            key = (candidates, n_candidates)
+            found = self._set_index.get(key)
+            if found is None:
+                found = self._set_index[key] = len(self.sets)
+                self.sets.append(key)
+                self.size += 10 + sum(len(name) + 3 for name in candidates)
+            at = self._last_set = found
+            self._last_names = candidates
+            self._last_count = n_candidates
+        self.candidates.append(at)
+        self.score.append(math.nan if score is None else score)
+        self.attempt_latency.append(attempt_latency_ms)
+        self.size += PLAIN_ROW_BYTES + len(call_id) + len(trace_id)
+
+    def _value(self, value: str | None) -> int:
+        at = self._value_index.get(value)
+        if at is None:
+            at = self._value_index[value] = len(self.values)
+            self.values.append(value)
+            self.size += 3 + (len(value) if value is not None else 0)
+        return at
+
+    def encode(self, capability: str) -> dict[str, Any]:
+        """The batch's ``plain`` map."""
+        n = len(self.ts)
+        doubles = struct.Struct(f"<{n}d").pack
+        indexes = struct.Struct(f"<{n}H").pack
+        trace: bytes | list[str] = self.trace_id
+        if self.trace_hex:
+            joined = "".join(self.trace_id)
+            if joined == joined.lower():
+                try:
+                    trace = bytes.fromhex(joined)
+                except ValueError:
+                    trace = self.trace_id
+        return {
+            "n": n,
+            "capability": capability,
+            "ts": doubles(*self.ts),
+            "call_id": self.call_id,
+            "trace_id": trace,
+            "caller": indexes(*self.caller),
+            "caller_agent": indexes(*self.caller_agent),
+            "callee": indexes(*self.callee),
+            "latency_ms": doubles(*self.latency),
+            "candidates": indexes(*self.candidates),
+            "score": doubles(*self.score),
+            "attempt_latency_ms": doubles(*self.attempt_latency),
+            "values": self.values,
+            "candidate_sets": [[list(names), count] for names, count in self.sets],
+        }
+
+
+def _doubles(value: Any, n: int) -> tuple[float, ...]:
+    if type(value) is not bytes or len(value) != 8 * n:
+        raise ValueError("a column of doubles of the wrong size")
+    return struct.unpack(f"<{n}d", value)
+
+
+def _indexes(value: Any, n: int, table: Sequence[Any]) -> tuple[int, ...]:
+    if type(value) is not bytes or len(value) != 2 * n:
+        raise ValueError("a column of indexes of the wrong size")
+    found: tuple[int, ...] = struct.unpack(f"<{n}H", value)
+    if n and max(found) >= len(table):
+        raise ValueError("an index past its table")
+    return found
+
+
+def _strings(value: Any, n: int) -> list[str]:
+    if type(value) is not list or len(value) != n or not all(type(s) is str for s in value):
+        raise ValueError("a column of strings of the wrong size or type")
+    return value
+
+
+def _traces(value: Any, n: int) -> list[str]:
+    if type(value) is bytes and len(value) == 16 * n:
+        text = value.hex()
+        return [text[i : i + _TRACE_HEX] for i in range(0, len(text), _TRACE_HEX)]
+    return _strings(value, n)
+
+
+def _sets(value: Any) -> list[tuple[list[str], int]]:
+    if type(value) is not list:
+        raise ValueError("candidate sets are not a list")
+    out: list[tuple[list[str], int]] = []
+    for item in value:
+        if type(item) is not list or len(item) != 2:
+            raise ValueError("a candidate set is not [names, count]")
+        names, count = item
+        if type(count) is not int or count < 0:
+            raise ValueError("a candidate set's count is not a count")
+        out.append((_strings(names, len(names) if type(names) is list else -1), count))
+    return out
+
+
+def expand_plain(plain: Any) -> list[dict[str, Any]]:
+    """The events of a batch's ``plain`` map as event maps (``AuditEvent``'s fields), in
+    the order they were recorded; ValueError names what does not fit the format."""
+    if type(plain) is not dict:
+        raise ValueError("the plain part is not a map")
+    n = plain.get("n")
+    capability = plain.get("capability")
+    if type(n) is not int or n < 0:
+        raise ValueError("the plain part has no count")
+    if type(capability) is not str:
+        raise ValueError("the plain part has no capability")
+    values = plain.get("values")
+    if type(values) is not list or not all(v is None or type(v) is str for v in values):
+        raise ValueError("the plain part's values are not names")
+    sets = _sets(plain.get("candidate_sets"))
+    ts = _doubles(plain.get("ts"), n)
+    latency = _doubles(plain.get("latency_ms"), n)
+    score = _doubles(plain.get("score"), n)
+    attempt_latency = _doubles(plain.get("attempt_latency_ms"), n)
+    call_id = _strings(plain.get("call_id"), n)
+    trace_id = _traces(plain.get("trace_id"), n)
+    caller = _indexes(plain.get("caller"), n, values)
+    caller_agent = _indexes(plain.get("caller_agent"), n, values)
+    callee = _indexes(plain.get("callee"), n, values)
+    candidates = _indexes(plain.get("candidates"), n, sets)
+    events: list[dict[str, Any]] = []
+    for i in range(n):
+        names, count = sets[candidates[i]]
+        agent = values[callee[i]]
+        events.append(
+            {
+                "side": "caller",
+                "ts": ts[i],
+                "capability": capability,
+                "call_id": call_id[i],
+                "trace_id": trace_id[i],
+                "caller": values[caller[i]],
+                "caller_agent": values[caller_agent[i]],
+                "callee": agent,
+                "outcome": "ok",
+                "error": None,
+                "code": "",
+                "description": "",
+                "latency_ms": latency[i],
+                "candidates": list(names),
+                "n_candidates": count,
+                "skipped": [],
+                "attempts": [
+                    {
+                        "agent_id": agent,
+                        "score": None if math.isnan(score[i]) else score[i],
+                        "outcome": "ok",
+                        "latency_ms": attempt_latency[i],
+                    }
+                ],
+                "fallback": None,
+                "fallback_reason": "",
+            }
+        )
+    return events

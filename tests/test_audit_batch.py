@@ -1,0 +1,193 @@
+"""The audit batch format: plain calls as columns beside full rows, read back exactly.
+
+The oracle is the row layout of batch version 1, which every reader still reads: a batch
+made by ``encode_batch`` (columns where it can) must decode to the very events that the
+same rows, written as plain rows, decode to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reach.audit.alerts import AlertEngine
+from reach.audit.events import (
+    ATTEMPT_FIELDS,
+    EVENT_FIELDS,
+    BatchBuilder,
+    EventRow,
+    decode_events,
+    encode_batch,
+    make_event,
+    read_counts,
+)
+from reach.audit.records import AuditBatch, decode_batch
+from reach.clock import ManualClock
+
+NAMES = st.sampled_from(["echo-1", "echo-2", "report-7", "", "é-ü"])
+TRACE = st.one_of(
+    st.text("0123456789abcdef", min_size=32, max_size=32),
+    st.text("0123456789ABCDEF", min_size=32, max_size=32),
+    st.sampled_from(["", "not-a-trace"]),
+)
+FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+def rows_v1(events: list[EventRow]) -> bytes:
+    """The same events in batch version 1: rows only."""
+    return msgpack.packb(
+        {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": events},
+        use_bin_type=True,
+    )
+
+
+@st.composite
+def events(draw: st.DrawFn) -> EventRow:
+    callee = draw(NAMES)
+    plain = draw(st.booleans())  # half of them built to be plain calls, the rest anything
+    attempt = st.tuples(
+        NAMES, st.one_of(st.none(), FLOAT), st.sampled_from(["ok", "timeout"]), FLOAT
+    )
+    return make_event(
+        side="caller" if plain else draw(st.sampled_from(["caller", "callee"])),
+        ts=draw(FLOAT),
+        capability=draw(st.sampled_from(["query", "query", "other"])),
+        call_id=draw(st.text(max_size=40)),
+        trace_id=draw(TRACE),
+        caller=draw(NAMES),
+        caller_agent=draw(st.one_of(st.none(), NAMES)),
+        callee=callee,
+        outcome="ok" if plain else draw(st.sampled_from(["ok", "error"])),
+        error=None if plain else draw(st.sampled_from([None, "timeout", "breaker"])),
+        code="" if plain else draw(st.sampled_from(["", "E1"])),
+        latency_ms=draw(FLOAT),
+        candidates=tuple(draw(st.lists(NAMES, max_size=4))),
+        n_candidates=draw(st.integers(0, 2**40)),
+        skipped=() if plain else tuple(draw(st.lists(NAMES, max_size=1))),
+        attempts=(
+            ((callee, draw(st.one_of(st.none(), FLOAT)), "ok", draw(FLOAT)),)
+            if plain
+            else tuple(draw(st.lists(attempt, max_size=2)))
+        ),
+        fallback=None if plain else draw(st.sampled_from([None, "cache"])),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=st.lists(events(), max_size=40))
+def test_columns_and_rows_read_back_as_the_same_events_in_the_same_order(
+    batch: list[EventRow],
+) -> None:
+    data = encode_batch(batch)
+    assert decode_batch(data) == decode_batch(rows_v1(batch))
+    assert decode_events(data).events == decode_events(rows_v1(batch)).events
+    if batch:
+        AuditBatch.model_validate(msgpack.unpackb(data, raw=False))  # the documented shape
+
+
+def plain(n: int, capability: str = "query") -> EventRow:
+    return make_event(
+        ts=1_764_000_000.0 + n / 1000,
+        capability=capability,
+        call_id=f"4f1c9a2be07d{n:x}",
+        trace_id=f"{n:032x}",
+        caller="scheduler-7f3e",
+        callee=f"query-{n % 3}",
+        outcome="ok",
+        latency_ms=0.8 + n / 1e4,
+        candidates=("query-0", "query-1", "query-2"),
+        n_candidates=3,
+        attempts=((f"query-{n % 3}", 0.91, "ok", 0.75 + n / 1e4),),
+    )
+
+
+def test_plain_calls_take_well_under_half_the_bytes_of_rows() -> None:
+    batch = [plain(n) for n in range(1000)]
+    data = encode_batch(batch)
+    assert len(msgpack.unpackb(data)["events"]) == 0  # every one of them in the columns
+    assert len(data) < 0.45 * len(rows_v1(batch))
+    assert [e.call_id for e in decode_batch(data)[0]] == [plain(n)[3] for n in range(1000)]
+
+
+def test_rows_fall_in_their_place_among_plain_calls() -> None:
+    retried = make_event(
+        ts=1.0, capability="query", call_id="r", outcome="ok",
+        attempts=[{"agent_id": "query-1", "outcome": "timeout"}, {"agent_id": "query-2"}],
+    )  # fmt: skip
+    other = plain(99, capability="other")  # plain, but not of the batch's capability
+    batch = [retried, plain(1), plain(2), other, plain(3), retried]
+    ids = [e.call_id for e in decode_batch(encode_batch(batch))[0]]
+    assert ids == ["r", plain(1)[3], plain(2)[3], other[3], plain(3)[3], "r"]
+
+
+def corrupt(**changes: Any) -> bytes:
+    batch = msgpack.unpackb(encode_batch([plain(n) for n in range(4)]), raw=False)
+    for key, value in changes.items():
+        if key == "positions":
+            batch["positions"] = value
+        else:
+            batch["plain"][key] = value
+    return msgpack.packb(batch, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"ts": b"\x00" * 7},  # a column of the wrong size
+        {"latency_ms": [1.0, 2.0, 3.0, 4.0]},  # of the wrong type
+        {"callee": b"\xff\xff" * 4},  # an index past the table of values
+        {"candidates": b"\x05\x00" * 4},  # past the candidate sets
+        {"candidate_sets": [["query-0"]]},  # a set without its count
+        {"call_id": ["a", "b", 3, "d"]},
+        {"trace_id": b"\x00" * 15},
+        {"values": [1, 2]},
+        {"n": -1},
+        {"capability": None},
+    ],
+    ids=lambda changes: ",".join(changes),
+)
+def test_a_damaged_column_loses_its_events_and_says_so_without_raising(
+    changes: dict[str, Any],
+) -> None:
+    events, bad = decode_batch(corrupt(**changes))
+    assert events == []
+    assert bad >= 1
+
+
+def test_damaged_positions_keep_every_event() -> None:
+    retried = make_event(
+        ts=1.0, capability="query", call_id="r", outcome="error", error="timeout",
+        attempts=[{"agent_id": "query-1", "outcome": "timeout"}] * 2,
+    )  # fmt: skip
+    batch = msgpack.unpackb(encode_batch([plain(0), retried, plain(1)]), raw=False)
+    for positions in ([7], [0, 1], ["1"], None):
+        batch["positions"] = positions
+        events, bad = decode_batch(msgpack.packb(batch, use_bin_type=True))
+        assert sorted(e.call_id for e in events) == sorted([plain(0)[3], plain(1)[3], "r"])
+        assert bad == 0
+
+
+def test_alerts_count_plain_calls_beside_the_rows_they_read() -> None:
+    def breaker() -> EventRow:
+        return make_event(ts=0.0, capability="query", outcome="error", error="breaker")
+
+    engine = AlertEngine(clock=ManualClock())
+    mixed = encode_batch([plain(n) for n in range(30)] + [breaker()] * 3)
+    assert read_counts(mixed) is None  # notable rows: the engine reads the batch
+    assert engine.observe_batch(mixed) == []  # 3 rejections of 33 calls: below 10 %
+    assert [a.rule for a in engine.observe_batch(encode_batch([breaker()]))] == [
+        "breaker_rejections"
+    ]
+
+
+def test_a_builder_refuses_nothing_it_cannot_pack_silently() -> None:
+    builder = BatchBuilder("query")
+    with pytest.raises(TypeError):
+        builder.add_row(make_event(ts=0.0, capability="query", outcome="ok", code=object()))
+    assert builder.count == 0
+    builder.add_row(plain(1))
+    assert (builder.count, len(builder.positions)) == (1, 0)
