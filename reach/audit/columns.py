@@ -35,6 +35,10 @@ class Columns:
     """The plain events of one batch being filled (all of one capability)."""
 
     __slots__ = (
+        "_last_callee",
+        "_last_callee_at",
+        "_last_caller",
+        "_last_caller_at",
         "_last_count",
         "_last_names",
         "_last_set",
@@ -74,6 +78,10 @@ class Columns:
         self._value_index: dict[str | None, int] = {}
         self.sets: list[tuple[tuple[str, ...], int]] = []
         self._set_index: dict[tuple[tuple[str, ...], int], int] = {}
+        self._last_caller: str | None = None
+        self._last_caller_at = 0
+        self._last_callee: str | None = None
+        self._last_callee_at = 0
         self._last_names: tuple[str, ...] = ()
         self._last_count = -1
         self._last_set = 0
@@ -108,9 +116,16 @@ class Columns:
         self.trace_id.append(trace_id)
         if len(trace_id) != _TRACE_HEX:
             self.trace_hex = False
-        self.caller.append(self._value(caller))
+        # a caller's own id and its callee's are the same objects call after call
+        if caller is not self._last_caller:
+            self._last_caller = caller
+            self._last_caller_at = self._value(caller)
+        self.caller.append(self._last_caller_at)
         self.caller_agent.append(self._value(caller_agent))
-        self.callee.append(self._value(callee))
+        if callee is not self._last_callee:
+            self._last_callee = callee
+            self._last_callee_at = self._value(callee)
+        self.callee.append(self._last_callee_at)
         self.latency.append(latency_ms)
         if candidates is self._last_names and n_candidates == self._last_count:
             at = self._last_set  # the route cache hands out one tuple until it changes

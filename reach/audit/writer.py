@@ -95,6 +95,9 @@ class AuditWriter:
         self._stream: Stream | None = None
         self._writer_id = secrets.token_hex(8)
         self._max_bytes = self.config.batch_max_bytes
+        # read on every event: kept here, where compiled code reads them directly
+        self._max_buffer = self.config.max_buffer
+        self._batch_max = self.config.batch_max
         #: flush() wants every batch written now, full or not
         self._flushing = False
         self._batch_seq = 0
@@ -127,7 +130,7 @@ class AuditWriter:
         nothing skipped, no fallback (``make_event``'s fields; ``score`` and
         ``attempt_latency_ms`` those of its one attempt). The call path's way: a few
         list appends, no row is built. Never blocks, never raises."""
-        if self._filling + self._held >= self.config.max_buffer:
+        if self._filling + self._held >= self._max_buffer:
             self.dropped += 1
             return
         at = self._open.get(capability)
@@ -148,13 +151,13 @@ class AuditWriter:
             attempt_latency_ms,
         )
         self._filling += 1
-        if batch.count >= self.config.batch_max or batch.size >= self._max_bytes or batch.full:
+        if batch.count >= self._batch_max or batch.size >= self._max_bytes or batch.full:
             self._seal(capability)
             self._wake.set()
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
-        if self._filling + self._held >= self.config.max_buffer:
+        if self._filling + self._held >= self._max_buffer:
             self.dropped += 1
             return
         try:
@@ -189,7 +192,7 @@ class AuditWriter:
             at.batch.add_packed(event, data)
         self._filling += 1
         batch = at.batch
-        if batch.count >= self.config.batch_max or batch.size >= self._max_bytes or batch.full:
+        if batch.count >= self._batch_max or batch.size >= self._max_bytes or batch.full:
             self._seal(capability)
             self._wake.set()
 
