@@ -308,7 +308,8 @@ def _add_if_plain(columns: Columns, row: EventRow) -> bool:
 class BatchBuilder:
     """The events of one stream message as they are recorded: plain calls of the
     batch's capability as columns (``reach.audit.columns``), every other event a packed
-    row, with its place among them."""
+    row, with its place among them. ``count`` counts them all (whoever adds to
+    ``columns`` directly counts it)."""
 
     __slots__ = ("capability", "columns", "count", "positions", "rows", "summary")
 
@@ -329,27 +330,6 @@ class BatchBuilder:
     @property
     def full(self) -> bool:
         return self.columns.full
-
-    def add_plain(
-        self,
-        ts: float,
-        call_id: str,
-        trace_id: str,
-        caller: str,
-        caller_agent: str | None,
-        callee: str,
-        latency_ms: float,
-        candidates: tuple[str, ...],
-        n_candidates: int,
-        score: float | None,
-        attempt_latency_ms: float,
-    ) -> None:
-        """A plain call of the batch's capability (see ``Columns.add``)."""
-        self.columns.add(
-            ts, call_id, trace_id, caller, caller_agent, callee, latency_ms, candidates,
-            n_candidates, score, attempt_latency_ms,
-        )  # fmt: skip
-        self.count += 1
 
     def add_row(self, row: EventRow) -> None:
         """Any event: a plain call of this capability joins the columns, anything else is

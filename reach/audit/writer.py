@@ -137,7 +137,7 @@ class AuditWriter:
         if at is None:
             at = self._start(capability)
         batch = at.batch
-        batch.add_plain(
+        batch.columns.add(
             ts,
             call_id,
             trace_id,
@@ -150,6 +150,7 @@ class AuditWriter:
             score,
             attempt_latency_ms,
         )
+        batch.count += 1
         self._filling += 1
         if batch.count >= self._batch_max or batch.size >= self._max_bytes or batch.full:
             self._seal(capability)
