@@ -36,6 +36,7 @@ import json
 import random
 import secrets
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence, Sized
@@ -178,6 +179,8 @@ _LOOKUPS = (
     ("find_tag", "cache.find(tags=[team]): tag only, no capability"),
     ("choose", "client choice: entries + choose() + breaker, as ReachClient._choose"),
     ("choose_tag", "client choice with a tag: candidates from the (capability, tag) index"),
+    ("control", "a fixed pure-Python loop with choose's median: the machine's own jitter"),
+    ("control_memory", "8 random reads among the records, no logic: the machine's memory"),
 )
 
 
@@ -339,7 +342,47 @@ def _measure_cache(
         lookup(0)  # warm: first-use costs (breakers, interned strings) out of the samples
         samples, size = _time_lookups(lookup, settings.lookups, settings.lookup_budget_sec)
         out[name] = {**_stats(samples), "unit": "us", "result_size": size}
+    out["control"] = _control(out["choose"]["median"], settings)
+    out["control_memory"] = _memory_control(cache, settings)
     return out
+
+
+def _memory_control(cache: Any, settings: Settings) -> dict[str, Any]:
+    """Eight random reads among the cache's records (as a choice samples eight among
+    thousands of instances), with no logic around them: what this machine's memory adds
+    at p99 to anything that touches records at random."""
+    records = list(cache.all())
+    count = len(records)
+    draw = random.random
+
+    def touch(k: int) -> int:
+        total = 0
+        for _ in range(8):
+            record = records[int(draw() * count)]
+            total += record.in_flight + len(record.agent_id) + len(record.status)
+        return total
+
+    touch(0)
+    samples, _ = _time_lookups(touch, settings.lookups, settings.lookup_budget_sec)
+    return {**_stats(samples), "unit": "us", "result_size": 1}
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def _control(median_us: float | None, settings: Settings) -> dict[str, Any]:
+    """A fixed loop of pure Python as long as a choice's median, timed like the lookups:
+    what this machine's own jitter (interrupts, neighbours, frequency) adds at p99 to
+    anything that takes that long."""
+    probe, _ = _time_lookups(lambda k: _spin(1000), 200, 1.0)
+    per_step = statistics.median(probe) / 1000
+    steps = max(1, round((median_us or 0.0) / per_step)) if per_step > 0 else 1
+    samples, _ = _time_lookups(lambda k: _spin(steps), settings.lookups, settings.lookup_budget_sec)
+    return {**_stats(samples), "unit": "us", "result_size": 1, "steps": steps}
 
 
 def _changes_at_least(target: int) -> Callable[[Any], bool]:
@@ -1044,12 +1087,26 @@ def _targets(doc: dict[str, Any]) -> dict[str, Any]:
         for r in doc["route_choice"]
         if r["instances"] == largest
     }
+    jitter = {
+        r["layout"]: r["lookups"].get("control", {}).get("p99")
+        for r in doc["route_choice"]
+        if r["instances"] == largest
+    }
+    memory = {
+        r["layout"]: r["lookups"].get("control_memory", {}).get("p99")
+        for r in doc["route_choice"]
+        if r["instances"] == largest
+    }
     p99 = doc["visibility"]["visible_ms"]["p99"]
     return {
         "route_choice_us": {
             "target": f"< {TARGET_CHOICE_US:g} µs at {largest:,} instances (p99 of 'choose')",
             "p99_by_layout": choice,
             "median_by_layout": medians,
+            #: p99 of a fixed loop with the same median: what the machine adds by itself
+            "control_p99_by_layout": jitter,
+            #: p99 of eight random reads among the records, with no logic around them
+            "control_memory_p99_by_layout": memory,
             "met_by_layout": {k: v is not None and v < TARGET_CHOICE_US for k, v in choice.items()},
         },
         "announce_visible_ms": {
@@ -1182,6 +1239,9 @@ def format_tables(doc: dict[str, Any]) -> str:
     met = ", ".join(
         f"{k}: median {_n(choice['median_by_layout'][k])} µs,"
         f" p99 {_n(choice['p99_by_layout'][k])} µs {'met' if ok else 'NOT met'}"
+        f" (p99 of a fixed loop of the same median"
+        f" {_n(choice.get('control_p99_by_layout', {}).get(k))} µs, of 8 random reads among"
+        f" the records {_n(choice.get('control_memory_p99_by_layout', {}).get(k))} µs)"
         for k, ok in choice["met_by_layout"].items()
     )
     vis_t = targets["announce_visible_ms"]
