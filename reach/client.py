@@ -11,6 +11,7 @@ speaks its contract, and fails only when it must — then says which layer faile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -306,22 +307,19 @@ class ReachClient:
                 await self.audit.start()
             self.telemetry.watch_breakers(self.breakers.open_count, self.name)
         except BaseException:
-            await self._conn.close()
-            self._conn = None
-            await self._close_audit_conn()
+            # whatever started is stopped (route cache, token session, both connections)
+            with contextlib.suppress(Exception):
+                await self.close()
             raise
-
-    async def _close_audit_conn(self) -> None:
-        if self._audit_conn is not None:
-            await self._audit_conn.close()
-            self._audit_conn = None
 
     async def close(self) -> None:
         if self.audit is not None:
             # what was recorded is written before the connection goes
             await self.audit.stop()
             self.audit = None
-        await self._close_audit_conn()
+        if self._audit_conn is not None:
+            await self._audit_conn.close()
+            self._audit_conn = None
         if self._routes is not None:
             await self._routes.stop()
             self._routes = None

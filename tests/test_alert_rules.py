@@ -265,7 +265,7 @@ def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
     builder = BatchBuilder("query")
     for event in events:
         builder.add_row(event)
-    data, summary = builder.encode()
+    data, summary, _ = builder.encode()
     expected_calls: dict[str, int] = {}
     for side, cap, _, _ in rows:
         if side == "caller":

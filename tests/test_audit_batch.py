@@ -32,7 +32,8 @@ NAMES = st.sampled_from(["echo-1", "echo-2", "report-7", "", "é-ü"])
 TRACE = st.one_of(
     st.text("0123456789abcdef", min_size=32, max_size=32),
     st.text("0123456789ABCDEF", min_size=32, max_size=32),
-    st.sampled_from(["", "not-a-trace"]),
+    st.text("0123456789abcdef \t\n", min_size=32, max_size=32),  # fromhex skips blanks
+    st.sampled_from(["", "not-a-trace", "0123456789abcdef0123456789abcdé"]),
 )
 FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
@@ -191,3 +192,43 @@ def test_a_builder_refuses_nothing_it_cannot_pack_silently() -> None:
     assert builder.count == 0
     builder.add_row(plain(1))
     assert (builder.count, len(builder.positions)) == (1, 0)
+
+
+def test_a_name_that_cannot_be_packed_costs_only_its_own_event() -> None:
+    """Columns are packed when the batch is sealed: one of them that cannot be (a lone
+    surrogate is not UTF-8) turns the batch into rows, and only that event is lost."""
+    builder = BatchBuilder("query")
+    bad = list(plain(2))
+    bad[EVENT_FIELDS.index("caller_agent")] = "x\udcff"
+    retried = make_event(
+        ts=1.0, capability="query", call_id="r", outcome="ok",
+        attempts=[{"agent_id": "query-1", "outcome": "timeout"}, {"agent_id": "query-2"}],
+    )  # fmt: skip
+    for row in (plain(1), retried, tuple(bad), plain(3)):
+        builder.add_row(row)
+    data, summary, lost = builder.encode()
+    assert lost == 1
+    events, bad_count = decode_batch(data)
+    assert bad_count == 0
+    assert sorted(e.call_id for e in events) == sorted([plain(1)[3], "r", plain(3)[3]])
+    assert summary.calls == {"query": 3}
+    assert decode_batch(data) == decode_batch(rows_v1([retried, plain(1), plain(3)]))
+
+
+def test_field_names_that_are_not_names_make_a_bad_batch_not_a_crash() -> None:
+    batch = msgpack.unpackb(encode_batch([plain(1)]), raw=False)
+    for key, value in (("fields", [[1]]), ("attempt_fields", [{"a": 1}])):
+        damaged = msgpack.packb({**batch, key: value}, use_bin_type=True)
+        assert decode_batch(damaged) == ([], 1)
+        assert AlertEngine(clock=ManualClock()).observe_batch(damaged) == []
+
+
+def test_a_builder_with_its_tables_full_keeps_the_rest_as_rows() -> None:
+    builder = BatchBuilder("query")
+    for n in range(70_000):
+        builder.add_row(make_event(ts=0.0, capability="query", caller=f"c{n}", outcome="ok",
+                                   attempts=[{"agent_id": ""}]))  # fmt: skip
+    assert len(builder.columns) < 0xFFFF < builder.count
+    events, bad = decode_batch(builder.encode()[0])
+    assert (len(events), bad) == (70_000, 0)
+    assert {e.caller for e in events} == {f"c{n}" for n in range(70_000)}

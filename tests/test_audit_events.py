@@ -236,3 +236,33 @@ async def test_a_nested_call_names_the_agent_that_made_it_and_shares_the_trace(
     assert top.caller_agent is None
     assert nested.caller_agent == "outer-1"
     assert nested.trace_id == top.trace_id
+
+
+async def test_a_client_whose_audit_connection_is_refused_leaves_nothing_behind(
+    tmp_path: Any,
+) -> None:
+    """The audit writer has a connection of its own: when the server refuses it (here:
+    at most two connections), connecting fails and what had started is stopped: the
+    first connection is closed, so a client can connect once the slot is free."""
+    from reach.errors import ReachError
+    from reach.registry.store import RegistryStore
+    from reach.transport import connect
+
+    config = tmp_path / "nats.conf"
+    config.write_text("max_connections: 2\n")
+    with NatsServer(store_dir=tmp_path / "nats", config_file=config) as server:
+        server.start_now()
+        setup = await connect([server.url], name="setup")
+        await RegistryStore.open(setup)  # the registry a client needs
+        client = ReachClient(servers=server.url, name="refused")
+        before = asyncio.all_tasks()
+        with pytest.raises(ReachError):
+            await client.connect()
+        assert client.audit is None
+        # nothing it started runs on (the route cache's watch, its token session)
+        assert asyncio.all_tasks() - before == set()
+        await setup.close()
+        # had the failed client kept its first connection, this one's audit would not fit
+        async with ReachClient(servers=server.url, name="second") as second:
+            assert second.audit is not None
+            assert client.audit is None

@@ -173,7 +173,27 @@ async def test_a_plain_call_recorded_as_columns_reads_back_as_the_same_event(
     assert events[3].retries == 1
 
 
-async def test_a_turns_events_are_packed_together_and_an_unpackable_one_is_counted(
+async def test_an_unpackable_plain_call_is_dropped_and_counted_and_the_writer_goes_on(
+    conn: Connection,
+) -> None:
+    """A plain call is packed when its batch is sealed, in the background: one that
+    cannot be (a lone surrogate is not UTF-8) is counted in ``dropped``; its batch's other
+    events and every later one are written."""
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    writer.record(event(0))
+    writer.record(event(1, caller="x\udcff"))
+    writer.record(event(2))
+    await asyncio.wait_for(writer.flush(), 10)
+    writer.record(event(3))
+    await asyncio.wait_for(writer.flush(), 10)
+    await writer.stop()
+    assert (writer.written, writer.dropped, writer.pending) == (3, 1, 0)
+    assert sorted(e.call_id for e in await count_events(conn)) == ["c-0", "c-2", "c-3"]
+
+
+async def test_events_recorded_together_keep_to_batch_max_and_an_unpackable_one_is_counted(
     conn: Connection,
 ) -> None:
     await ensure_streams(conn)

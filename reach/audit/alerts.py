@@ -384,7 +384,11 @@ class AlertWatcher:
                     except ReachError as exc:  # gone (retention) or no answer: skip this one
                         log.warning("alerts: audit batch %d not read: %s", msg.seq, exc)
                         continue
-                    alerts = self.engine.observe_batch(data)
+                    try:
+                        alerts = self.engine.observe_batch(data)
+                    except Exception:  # a batch nobody of ours wrote: never the watcher's end
+                        log.exception("alerts: audit batch %d not understood", msg.seq)
+                        continue
                     if alerts:
                         await self._publish(alerts)
             except ReachError as exc:

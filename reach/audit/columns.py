@@ -29,6 +29,14 @@ PLAIN_ROW_BYTES = 4 * 8 + 4 * 2 + 2 * 3
 #: distinct names or candidate sets one batch may index (two-byte indexes)
 MAX_VALUES = 0xFFFF
 _TRACE_HEX = 32
+#: deletes lowercase hex digits: what is left of a trace id that is one is nothing
+_NOT_HEX = str.maketrans("", "", "0123456789abcdef")
+
+
+def _text_bytes(text: str) -> int:
+    """Packed size of ``text`` at most (without its header): UTF-8 takes up to 4 bytes a
+    character, and ``isascii`` answers without reading the text."""
+    return len(text) if text.isascii() else 4 * len(text)
 
 
 class Columns:
@@ -135,21 +143,21 @@ class Columns:
             if found is None:
                 found = self._set_index[key] = len(self.sets)
                 self.sets.append(key)
-                self.size += 10 + sum(len(name) + 3 for name in candidates)
+                self.size += 10 + sum(_text_bytes(name) + 3 for name in candidates)
             at = self._last_set = found
             self._last_names = candidates
             self._last_count = n_candidates
         self.candidates.append(at)
         self.score.append(math.nan if score is None else score)
         self.attempt_latency.append(attempt_latency_ms)
-        self.size += PLAIN_ROW_BYTES + len(call_id) + len(trace_id)
+        self.size += PLAIN_ROW_BYTES + _text_bytes(call_id) + _text_bytes(trace_id)
 
     def _value(self, value: str | None) -> int:
         at = self._value_index.get(value)
         if at is None:
             at = self._value_index[value] = len(self.values)
             self.values.append(value)
-            self.size += 3 + (len(value) if value is not None else 0)
+            self.size += 3 + (_text_bytes(value) if value is not None else 0)
         return at
 
     def encode(self, capability: str) -> dict[str, Any]:
@@ -160,11 +168,11 @@ class Columns:
         trace: bytes | list[str] = self.trace_id
         if self.trace_hex:
             joined = "".join(self.trace_id)
-            if joined == joined.lower():
-                try:
-                    trace = bytes.fromhex(joined)
-                except ValueError:
-                    trace = self.trace_id
+            # lowercase hex digits and nothing else (fromhex would skip whitespace)
+            if not joined.translate(_NOT_HEX):
+                raw = bytes.fromhex(joined)
+                if len(raw) == 16 * n:
+                    trace = raw
         return {
             "n": n,
             "capability": capability,

@@ -12,10 +12,11 @@ instead of once per call.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import msgpack
 
@@ -343,6 +344,7 @@ class BatchBuilder:
         if (
             len(row) == _WIDTH
             and row[CAPABILITY_INDEX] == self.capability
+            and not self.columns.full
             and _add_if_plain(self.columns, row)
         ):
             self.count += 1
@@ -356,37 +358,83 @@ class BatchBuilder:
         self.summary.add(row)
         self.count += 1
 
-    def encode(self) -> tuple[bytes, RowSummary]:
+    def encode(self) -> tuple[bytes, RowSummary, int]:
         """One stream message (``AuditBatch``): ``{"v", "fields", "attempt_fields",
-        "calls", "notable", ["positions", "plain",] "events": [row, ...]}``; and the
-        summary of all its events (``summary_headers``)."""
+        "calls", "notable", ["positions", "plain",] "events": [row, ...]}``; the summary
+        of its events (``summary_headers``); and how many events it had to leave out.
+
+        Columns are packed only here: if one of them cannot be (a name that is not
+        valid UTF-8, say), the batch is written as rows instead, each plain call packed on
+        its own after the other rows, and only those that cannot be packed are left out.
+        """
         summary = RowSummary()
         summary.calls = dict(self.summary.calls)
         summary.notable = self.summary.notable
         n_plain = len(self.columns)
+        rows, count, positions = bytes(self.rows), len(self.positions), self.positions
+        plain: bytes | None = None
+        lost = 0
+        if n_plain:
+            try:
+                plain = msgpack.packb(self.columns.encode(self.capability), use_bin_type=True)
+            except (TypeError, ValueError, OverflowError, struct.error):
+                packed = []
+                for row in _plain_rows(self.columns, self.capability):
+                    try:
+                        packed.append(pack_row(row))
+                    except (TypeError, ValueError, OverflowError):
+                        lost += 1
+                rows += b"".join(packed)
+                count += len(packed)
+                positions = list(range(count))
+                n_plain = len(packed)
         summary.add_calls(self.capability, n_plain)
         packer = msgpack.Packer(use_bin_type=True)
         parts = [
-            packer.pack_map_header(8 if n_plain else 6),
+            packer.pack_map_header(6 if plain is None else 8),
             _HEAD,
             packer.pack("calls"),
             packer.pack(summary.calls),
             packer.pack("notable"),
             packer.pack(summary.notable),
         ]
-        if n_plain:
+        if plain is not None:
             parts += (
                 packer.pack("positions"),
-                packer.pack(self.positions),
+                packer.pack(positions),
                 packer.pack("plain"),
-                packer.pack(self.columns.encode(self.capability)),
+                plain,
             )
-        parts += (
-            packer.pack("events"),
-            packer.pack_array_header(len(self.positions)),
-            bytes(self.rows),
+        parts += (packer.pack("events"), packer.pack_array_header(count), rows)
+        return b"".join(parts), summary, lost
+
+
+def _plain_rows(columns: Columns, capability: str) -> list[EventRow]:
+    """The plain calls of ``columns`` as event rows."""
+    values, sets = columns.values, columns.sets
+    out: list[EventRow] = []
+    for i in range(len(columns)):
+        names, count = sets[columns.candidates[i]]
+        callee = values[columns.callee[i]]
+        score = columns.score[i]
+        attempt = (callee, None if score != score else score, "ok", columns.attempt_latency[i])
+        out.append(
+            make_event(
+                ts=columns.ts[i],
+                capability=capability,
+                call_id=columns.call_id[i],
+                trace_id=columns.trace_id[i],
+                caller=values[columns.caller[i]],
+                caller_agent=values[columns.caller_agent[i]],
+                callee=callee,
+                outcome="ok",
+                latency_ms=columns.latency[i],
+                candidates=names,
+                n_candidates=count,
+                attempts=(attempt,),
+            )
         )
-        return b"".join(parts), summary
+    return out
 
 
 #: the constant entries of every batch (without their map's header)
@@ -502,7 +550,7 @@ def decode_events(data: bytes) -> DecodedBatch:
         batch.get("attempt_fields"),
         batch.get("events"),
     )
-    if not (isinstance(fields, list) and isinstance(attempt_fields, list)):
+    if not (_names(fields) and _names(attempt_fields)):
         return DecodedBatch([], 1)
     if not isinstance(rows, list):
         return DecodedBatch([], 1)
@@ -520,6 +568,10 @@ def decode_events(data: bytes) -> DecodedBatch:
     for event in plain:
         event["v"] = EVENT_VERSION
     return DecodedBatch(_merge(plain, full, batch.get("positions")), bad)
+
+
+def _names(value: Any) -> TypeGuard[list[str]]:
+    return type(value) is list and all(type(name) is str for name in value)
 
 
 def _merge(plain: list[dict[str, Any]], full: list[Any], positions: Any) -> list[dict[str, Any]]:

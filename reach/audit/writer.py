@@ -280,17 +280,29 @@ class AuditWriter:
             return
         self._filling -= batch.count
         self._batch_seq += 1
-        data, summary = batch.encode()
+        try:
+            data, summary, lost = batch.encode()
+        except Exception:  # a bug in who built the events: counted, never the writer's end
+            self.dropped += batch.count
+            log.exception(
+                "audit: a batch of %d event(s) of %s was dropped", batch.count, capability
+            )
+            return
+        if lost:
+            self.dropped += lost
+            log.error("audit: %d event(s) of %s cannot be packed: dropped", lost, capability)
+        if batch.count == lost:
+            return
         self._batches.append(
             _Batch(
                 subject=subjects.audit(str(capability) or "_"),
                 msg_id=f"{self._writer_id}.{self._batch_seq}",
                 data=data,
-                count=batch.count,
+                count=batch.count - lost,
                 headers=summary_headers(summary),
             )
         )
-        self._held += batch.count
+        self._held += batch.count - lost
 
     async def _send_all(self) -> None:
         assert self._stream is not None
