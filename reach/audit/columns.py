@@ -160,6 +160,14 @@ class Columns:
             self.size += 3 + (_text_bytes(value) if value is not None else 0)
         return at
 
+    def events(self, capability: str) -> list[dict[str, Any]]:
+        """The events so far as event maps (what ``expand_plain`` reads back)."""
+        return _event_maps(
+            capability, self.ts, self.call_id, self.trace_id, self.caller, self.caller_agent,
+            self.callee, self.latency, self.candidates, self.score, self.attempt_latency,
+            self.values, self.sets,
+        )  # fmt: skip
+
     def encode(self, capability: str) -> dict[str, Any]:
         """The batch's ``plain`` map."""
         n = len(self.ts)
@@ -258,8 +266,30 @@ def expand_plain(plain: Any) -> list[dict[str, Any]]:
     caller_agent = _indexes(plain.get("caller_agent"), n, values)
     callee = _indexes(plain.get("callee"), n, values)
     candidates = _indexes(plain.get("candidates"), n, sets)
+    return _event_maps(
+        capability, ts, call_id, trace_id, caller, caller_agent, callee, latency, candidates,
+        score, attempt_latency, values, sets,
+    )  # fmt: skip
+
+
+def _event_maps(
+    capability: str,
+    ts: Sequence[float],
+    call_id: Sequence[str],
+    trace_id: Sequence[str],
+    caller: Sequence[int],
+    caller_agent: Sequence[int],
+    callee: Sequence[int],
+    latency: Sequence[float],
+    candidates: Sequence[int],
+    score: Sequence[float],
+    attempt_latency: Sequence[float],
+    values: Sequence[str | None],
+    sets: Sequence[tuple[Sequence[str], int]],
+) -> list[dict[str, Any]]:
+    """Plain events as event maps, from their columns (decoded, or being filled)."""
     events: list[dict[str, Any]] = []
-    for i in range(n):
+    for i in range(len(ts)):
         names, count = sets[candidates[i]]
         agent = values[callee[i]]
         events.append(

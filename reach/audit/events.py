@@ -411,30 +411,7 @@ class BatchBuilder:
 
 def _plain_rows(columns: Columns, capability: str) -> list[EventRow]:
     """The plain calls of ``columns`` as event rows."""
-    values, sets = columns.values, columns.sets
-    out: list[EventRow] = []
-    for i in range(len(columns)):
-        names, count = sets[columns.candidates[i]]
-        callee = values[columns.callee[i]]
-        score = columns.score[i]
-        attempt = (callee, None if score != score else score, "ok", columns.attempt_latency[i])
-        out.append(
-            make_event(
-                ts=columns.ts[i],
-                capability=capability,
-                call_id=columns.call_id[i],
-                trace_id=columns.trace_id[i],
-                caller=values[columns.caller[i]],
-                caller_agent=values[columns.caller_agent[i]],
-                callee=callee,
-                outcome="ok",
-                latency_ms=columns.latency[i],
-                candidates=names,
-                n_candidates=count,
-                attempts=(attempt,),
-            )
-        )
-    return out
+    return [make_event(**event) for event in columns.events(capability)]
 
 
 #: the constant entries of every batch (without their map's header)

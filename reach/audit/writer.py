@@ -151,10 +151,7 @@ class AuditWriter:
             attempt_latency_ms,
         )
         batch.count += 1
-        self._filling += 1
-        if batch.count >= self._batch_max or batch.size >= self._max_bytes or batch.full:
-            self._seal(capability)
-            self._wake.set()
+        self._added(capability, batch)
 
     def record(self, event: EventRow) -> None:
         """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
@@ -191,8 +188,11 @@ class AuditWriter:
                 self._seal(capability)  # the row starts a batch of its own
                 at = self._start(capability)
             at.batch.add_packed(event, data)
+        self._added(capability, at.batch)
+
+    def _added(self, capability: str, batch: BatchBuilder) -> None:
+        """One event joined ``batch``: it is sealed once full (by count, bytes or names)."""
         self._filling += 1
-        batch = at.batch
         if batch.count >= self._batch_max or batch.size >= self._max_bytes or batch.full:
             self._seal(capability)
             self._wake.set()
