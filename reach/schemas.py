@@ -21,7 +21,7 @@ from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 
 from reach.audit.alerts import Alert
-from reach.audit.records import AuditAttempt, AuditBatch, AuditEvent
+from reach.audit.records import AuditAttempt, AuditBatch, AuditEvent, AuditNotice
 from reach.envelope import MAX_BATCH_ITEMS
 from reach.jobs import JobRecord
 from reach.models import (
@@ -250,6 +250,7 @@ WIRE_SCHEMAS: tuple[WireSchema, ...] = (
         " columns the batch's `fields` name.",
     ),
     WireSchema("audit-attempt", AuditAttempt),
+    WireSchema("audit-notice", AuditNotice),
     WireSchema("alert", Alert),
 )
 

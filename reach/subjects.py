@@ -58,6 +58,12 @@ def audit(capability_name: str) -> str:
     return f"{PREFIX}.audit.{capability_name}"
 
 
+def audited(capability_name: str) -> str:
+    """Core NATS, not stored: "REACH_AUDIT now holds a batch of this capability", with
+    the batch's stream sequence and summary (what the registrars' alert rules read)."""
+    return f"{PREFIX}.audited.{capability_name}"
+
+
 def alert(rule: str) -> str:
     return f"{PREFIX}.alert.{rule}"
 

@@ -372,7 +372,6 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
     await writer.start()
     retried = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
     try:
-        await asyncio.sleep(0.2)  # the watcher's consumer is in place
         writer.record(event(0, attempts=retried))
         await asyncio.wait_for(failed.wait(), 10)
         writer.record_all([event(n, attempts=retried) for n in range(1, 12)])  # 11 retries

@@ -262,6 +262,7 @@ def test_permissions_policy() -> None:
     assert agent.allow_responses
     assert not any("$KV" in s for s in agent.publish_allow)
     caller = perms_for("caller", agent_id=None, capabilities=[], inbox_prefix="_INBOX.c2")
+    assert {"reach.v1.audit.*", "reach.v1.audited.*"} <= set(caller.publish_allow)
     assert caller.subscribe_allow == ("_INBOX.c2.>",)
     assert not caller.allow_responses
     assert perms_for(
@@ -424,6 +425,23 @@ async def test_agent_speaks_only_for_itself(
         "reach.v1.bye.agent-a",
         "reach.v1.hb.agent-a",
     ]
+
+
+async def test_a_caller_writes_audit_batches_and_their_notices_and_nothing_beside(
+    login: Callable[..., Awaitable[Peer]], registrar: Client
+) -> None:
+    app = await login("app")
+    seen, cb = _counter()
+    await registrar.subscribe("reach.v1.>", cb=cb)
+    await settle(registrar)
+    await app.nc.publish("reach.v1.audit.echo", b"batch")
+    await app.nc.publish("reach.v1.audited.echo", b"notice")
+    await app.nc.publish("reach.v1.alert.retry_storm", b"forged")
+    await settle(app.nc)
+    await app.violation('publish to "reach.v1.alert.retry_storm"')
+    await asyncio.sleep(0.2)
+    assert sorted(m.subject for m in seen) == ["reach.v1.audit.echo", "reach.v1.audited.echo"]
+    assert not any("audit" in e for e in app.errors)
 
 
 async def test_caller_gets_replies_only_on_its_own_inbox(

@@ -9,8 +9,10 @@ Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
   minute (at least 20 calls): a warning while the success rate still looks fine;
 * ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe.
 
-The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the stream and
-the registry watch and publishes what it returns. Alerts carry a message id derived from
+The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the audit
+writers' notices (``reach.v1.audited.<capability>``: a batch is stored, its summary, and
+the batch itself from REACH_AUDIT when some rows need a look) and the registry watch,
+and publishes what it returns. Alerts carry a message id derived from
 the rule, its subject and the time bucket, so several watchers (one per registrar) store
 each alert once.
 """
@@ -28,12 +30,13 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
-from reach.audit.events import decode_raw, read_counts, read_header_counts
+from reach.audit.events import decode_raw, read_counts
+from reach.audit.records import decode_notice
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
 from reach.tasks import cancel_and_wait
-from reach.transport import Connection, Stream
+from reach.transport import Connection, Message, Stream, Subscription
 
 __all__ = [
     "RULES",
@@ -327,19 +330,26 @@ class AlertWatcher:
     ) -> None:
         self._conn = conn
         self.engine = AlertEngine(rules, clock)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._sub: Subscription | None = None
         self._publishing: set[asyncio.Task[None]] = set()
         self._alerts: Stream | None = None
+        self._audit: Stream | None = None
         self.fired: list[Alert] = []
 
     async def start(self) -> None:
         self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)
-        audit = await self._conn.stream(subjects.AUDIT_STREAM)
-        self._tasks = [asyncio.create_task(self._follow_audit(audit), name="alerts-audit")]
+        self._audit = await self._conn.stream(subjects.AUDIT_STREAM)
+        # the writers' notices, not a consumer on the stream: the server delivers nothing
+        # per batch but a few bytes, and only notable batches are read (measured: a
+        # headers-only consumer cost the fabric ~1.5 % of its calls/s)
+        self._sub = await self._conn.subscribe(subjects.audited("*"), self._on_notice)
+        await self._conn.flush()  # in place at the server before start() returns
 
     async def stop(self) -> None:
-        await cancel_and_wait([*self._tasks, *self._publishing])
-        self._tasks = []
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        await cancel_and_wait(list(self._publishing))
 
     def registry_changed(self, agent_id: str, instance: Instance | None) -> None:
         """A registry record changed (None: deleted); alerts it raises are published."""
@@ -367,30 +377,27 @@ class AlertWatcher:
             except ReachError as exc:
                 log.warning("could not store alert %s: %s", alert.rule, exc)
 
-    async def _follow_audit(self, audit: Stream) -> None:
-        while True:
-            try:
-                # headers only: a batch's summary is in its headers, and its rows (tens of
-                # kB) are fetched only when the summary says some need a closer look
-                async for msg in audit.read(
-                    subjects.audit("*"), new_only=True, follow=True, headers_only=True
-                ):
-                    counts = read_header_counts(msg.headers)
-                    if counts is not None:
-                        self.engine.count_calls(counts)
-                        continue
-                    try:
-                        data = await audit.get(msg.seq)
-                    except ReachError as exc:  # gone (retention) or no answer: skip this one
-                        log.warning("alerts: audit batch %d not read: %s", msg.seq, exc)
-                        continue
-                    try:
-                        alerts = self.engine.observe_batch(data)
-                    except Exception:  # a batch nobody of ours wrote: never the watcher's end
-                        log.exception("alerts: audit batch %d not understood", msg.seq)
-                        continue
-                    if alerts:
-                        await self._publish(alerts)
-            except ReachError as exc:
-                log.warning("alerts: audit stream read failed, resuming: %s", exc)
-                await asyncio.sleep(1.0)
+    async def _on_notice(self, msg: Message) -> None:
+        """One batch stored in REACH_AUDIT (a writer's notice): its calls are counted; its
+        rows are fetched from the stream only when the notice says some need a look."""
+        try:
+            notice = decode_notice(msg.data)
+        except ValueError as exc:  # not one of ours, or damaged: never the watcher's end
+            log.warning("alerts: a notice on %s not understood: %s", msg.subject, exc)
+            return
+        if notice.notable == 0:
+            self.engine.count_calls(notice.calls)
+            return
+        assert self._audit is not None
+        try:
+            data = await self._audit.get(notice.seq)
+        except ReachError as exc:  # gone (retention) or no answer: skip this one
+            log.warning("alerts: audit batch %d not read: %s", notice.seq, exc)
+            return
+        try:
+            alerts = self.engine.observe_batch(data)
+        except Exception:  # a batch nobody of ours wrote: never the watcher's end
+            log.exception("alerts: audit batch %d not understood", notice.seq)
+            return
+        if alerts:
+            await self._publish(alerts)

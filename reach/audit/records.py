@@ -6,13 +6,21 @@ Apart from the writing side, which runs on every call (and is compiled, ``make b
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach.audit.events import BATCH_VERSION, EVENT_VERSION, ErrorClass, Outcome, decode_events
 
-__all__ = ["AuditAttempt", "AuditBatch", "AuditEvent", "AuditPlain", "decode_batch"]
+__all__ = [
+    "AuditAttempt",
+    "AuditBatch",
+    "AuditEvent",
+    "AuditNotice",
+    "AuditPlain",
+    "decode_batch",
+    "decode_notice",
+]
 
 
 class _Model(BaseModel):
@@ -115,6 +123,24 @@ class AuditBatch(_Model):
     )
     plain: AuditPlain | None = None
     events: list[list[Any]]
+
+
+class AuditNotice(_Model):
+    """One message on ``reach.v1.audited.<capability>`` (core NATS, not stored): the
+    writer of a batch says, once REACH_AUDIT acked it, where it is and what it holds. The
+    registrars' alert rules count calls from these and fetch a batch (by ``seq``) only
+    when ``notable`` says some of its rows need a closer look: no consumer on the stream."""
+
+    seq: int = Field(ge=1, description="the batch's sequence in REACH_AUDIT")
+    calls: dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1)]] = Field(
+        description="calls recorded by callers (side 'caller') in the batch, by capability"
+    )
+    notable: int = Field(ge=0, description="caller rows with retries or a breaker rejection")
+
+
+def decode_notice(data: bytes) -> AuditNotice:
+    """A notice from its JSON; ValueError (a pydantic ValidationError) names what is wrong."""
+    return AuditNotice.model_validate_json(data, strict=True)
 
 
 def decode_batch(data: bytes) -> tuple[list[AuditEvent], int]:

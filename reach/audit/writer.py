@@ -27,6 +27,8 @@ from reach.audit.events import (
     CAPABILITY_INDEX,
     BatchBuilder,
     EventRow,
+    RowSummary,
+    encode_notice,
     pack_row,
     summary_headers,
 )
@@ -70,11 +72,11 @@ class _Open:
 
 @dataclass(slots=True)
 class _Batch:
-    subject: str
+    capability: str
     msg_id: str
     data: bytes
     count: int
-    headers: dict[str, str]
+    summary: RowSummary
 
 
 class AuditWriter:
@@ -295,11 +297,11 @@ class AuditWriter:
             return
         self._batches.append(
             _Batch(
-                subject=subjects.audit(str(capability) or "_"),
+                capability=str(capability) or "_",
                 msg_id=f"{self._writer_id}.{self._batch_seq}",
                 data=data,
                 count=batch.count - lost,
-                headers=summary_headers(summary),
+                summary=summary,
             )
         )
         self._held += batch.count - lost
@@ -309,12 +311,12 @@ class AuditWriter:
         while self._batches:
             batch = self._batches[0]
             try:
-                await self._stream.publish(
-                    batch.subject,
+                seq = await self._stream.publish(
+                    subjects.audit(batch.capability),
                     batch.data,
                     msg_id=batch.msg_id,
                     timeout=self.config.ack_timeout,
-                    headers=batch.headers,
+                    headers=summary_headers(batch.summary),
                 )
             except ConfigurationError as exc:
                 # refused for good (larger than the server takes): resending cannot help,
@@ -328,6 +330,19 @@ class AuditWriter:
             self._held -= batch.count
             self.written += batch.count
             self._warned = False
+            await self._notify(batch, seq)
+
+    async def _notify(self, batch: _Batch, seq: int) -> None:
+        """Tell the alert rules where the stream holds ``batch`` (core NATS, best effort:
+        the events are stored either way; a notice lost with the connection only leaves
+        its calls out of the last minute's counts). After a resend whose first ack was
+        lost the notice goes out once, with the first copy's sequence."""
+        try:
+            await self._conn.publish(
+                subjects.audited(batch.capability), encode_notice(seq, batch.summary)
+            )
+        except ReachError as exc:
+            log.debug("audit: no notice of batch %d of %s: %s", seq, batch.capability, exc)
 
     def _warn(self, exc: ReachError) -> None:
         if not self._warned:

@@ -195,6 +195,7 @@ def permissions_for(
         subjects.REGISTRAR_PING,  # registrar liveness (tools, clients)
         f"{subjects.PREFIX}.cap.>",  # call any capability: clearance is checked by the callee
         subjects.audit("*"),  # audit events of its calls (and of the calls it denies)
+        subjects.audited("*"),  # and, once stored, where they are (for the alert rules)
         *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
         *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
     ]

@@ -1,0 +1,206 @@
+"""Notices of stored audit batches (``reach.v1.audited.<capability>``) and the alert
+watcher that reads them instead of consuming REACH_AUDIT, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from reach import subjects
+from reach.audit import AuditWriter, WriterConfig, ensure_streams
+from reach.audit.alerts import AlertWatcher
+from reach.audit.events import EventRow, RowSummary, encode_notice, make_event
+from reach.audit.records import AuditNotice, decode_batch, decode_notice
+from reach.errors import ReachTimeout
+from reach.transport import Connection, Message, Stream
+
+RETRIED = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
+
+
+def event(n: int, capability: str = "echo", **fields: Any) -> EventRow:
+    values: dict[str, Any] = {
+        "ts": time.time(),
+        "capability": capability,
+        "call_id": f"c-{n}",
+        "caller": "tester",
+        "callee": "echo-1",
+        "outcome": "ok",
+        "latency_ms": 1.0,
+        "candidates": ["echo-1"],
+        "n_candidates": 1,
+        "attempts": [{"agent_id": "echo-1", "score": 0.9, "outcome": "ok", "latency_ms": 1.0}],
+    }
+    return make_event(**{**values, **fields})
+
+
+class Notices:
+    """Every notice published, as decoded, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, AuditNotice]] = []
+        self.changed = asyncio.Event()
+
+    async def handle(self, msg: Message) -> None:
+        self.seen.append((msg.subject, decode_notice(msg.data)))
+        self.changed.set()
+
+    async def wait_for(self, count: int) -> None:
+        async with asyncio.timeout(10):
+            while len(self.seen) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def test_a_notice_round_trips_and_a_bad_one_names_its_field() -> None:
+    summary = RowSummary()
+    summary.add_calls("query", 30)
+    summary.add(event(1, "query", attempts=RETRIED))
+    notice = decode_notice(encode_notice(7, summary))
+    assert notice == AuditNotice(seq=7, calls={"query": 31}, notable=1)
+    for data, field in [
+        (b'{"seq":0,"calls":{},"notable":0}', "seq"),
+        (b'{"seq":"3","calls":{},"notable":0}', "seq"),
+        (b'{"seq":3,"calls":{"q":0},"notable":0}', "calls"),
+        (b'{"seq":3,"calls":{"":1},"notable":0}', "calls"),
+        (b'{"seq":3,"calls":[],"notable":0}', "calls"),
+        (b'{"seq":3,"calls":{},"notable":-1}', "notable"),
+        (b'{"seq":3,"calls":{}}', "notable"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            decode_notice(data)
+    with pytest.raises(ValueError, match="Invalid JSON"):
+        decode_notice(b"\xc1 not json")
+
+
+async def test_each_stored_batch_is_announced_with_its_sequence_and_summary(
+    conn: Connection,
+) -> None:
+    audit, _ = await ensure_streams(conn)
+    notices = Notices()
+    sub = await conn.subscribe(subjects.audited("*"), notices.handle)
+    await conn.flush()
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.02))
+    await writer.start()
+    try:
+        writer.record_all([event(n) for n in range(5)] + [event(5, attempts=RETRIED)])
+        writer.record_all([event(n, "report") for n in range(6, 9)])
+        await asyncio.wait_for(writer.flush(), 10)
+        await notices.wait_for(2)
+    finally:
+        await writer.stop()
+        await sub.unsubscribe()
+    by_subject = dict(notices.seen)
+    assert set(by_subject) == {subjects.audited("echo"), subjects.audited("report")}
+    echo = by_subject[subjects.audited("echo")]
+    assert (echo.calls, echo.notable) == ({"echo": 6}, 1)
+    report = by_subject[subjects.audited("report")]
+    assert (report.calls, report.notable) == ({"report": 3}, 0)
+    # the sequence is the stream's: the batch is there
+    events, bad = decode_batch(await audit.get(echo.seq))
+    assert bad == 0
+    assert sorted(e.call_id for e in events) == [f"c-{n}" for n in range(6)]
+
+
+async def test_a_batch_resent_after_a_lost_ack_is_announced_once_at_its_first_place(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream stored the batch but its ack never came back: the writer resends it (the
+    message id makes the stream keep one copy) and announces it once, with the sequence of
+    the copy that is there."""
+    audit, _ = await ensure_streams(conn)
+    publish = Stream.publish
+    lost = 0
+
+    async def ack_lost_once(self: Stream, *args: Any, **kwargs: Any) -> int:
+        nonlocal lost
+        seq = await publish(self, *args, **kwargs)
+        if lost == 0:
+            lost = seq
+            raise ReachTimeout("no ack in time")
+        return seq
+
+    monkeypatch.setattr(Stream, "publish", ack_lost_once)
+    notices = Notices()
+    sub = await conn.subscribe(subjects.audited("*"), notices.handle)
+    await conn.flush()
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01, retry_min=0.01))
+    await writer.start()
+    try:
+        writer.record_all([event(n) for n in range(3)])
+        await asyncio.wait_for(writer.flush(), 10)
+        await notices.wait_for(1)
+        await conn.flush()  # a second notice, had there been one, is here by now
+    finally:
+        await writer.stop()
+        await sub.unsubscribe()
+    assert lost > 0
+    assert [(n.seq, n.calls) for _, n in notices.seen] == [(lost, {"echo": 3})]
+    assert len([m async for m in audit.read()]) == 1
+
+
+async def test_the_watcher_counts_plain_notices_and_reads_only_notable_batches(
+    conn: Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await ensure_streams(conn)
+    fetch = Stream.get
+    fetched: list[int] = []
+
+    async def counted_get(self: Stream, seq: int) -> bytes:
+        fetched.append(seq)
+        return await fetch(self, seq)
+
+    monkeypatch.setattr(Stream, "get", counted_get)
+    watcher = AlertWatcher(conn)
+    await watcher.start()
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    notices = Notices()
+    sub = await conn.subscribe(subjects.audited("*"), notices.handle)
+    await conn.flush()
+    try:
+        writer.record_all([event(n) for n in range(40)])
+        await asyncio.wait_for(writer.flush(), 10)
+        await notices.wait_for(1)
+        await conn.flush()
+        assert watcher.engine._calls["echo"].count(time.time()) == 40
+        assert fetched == []  # nothing notable: the batch itself is never read
+        writer.record_all([event(40 + n, attempts=RETRIED) for n in range(11)])  # 11 retries
+        async with asyncio.timeout(10):
+            while not watcher.fired:  # noqa: ASYNC110 - the watcher has no event to wait on
+                await asyncio.sleep(0.02)
+    finally:
+        await writer.stop()
+        await sub.unsubscribe()
+        await watcher.stop()
+    assert [a.rule for a in watcher.fired] == ["retry_storm"]
+    assert len(fetched) >= 1
+    assert watcher.engine._calls["echo"].count(time.time()) == 51
+
+
+async def test_a_malformed_notice_is_skipped_and_the_watcher_goes_on(conn: Connection) -> None:
+    await ensure_streams(conn)
+    watcher = AlertWatcher(conn)
+    await watcher.start()
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    try:
+        for junk in (
+            b"",
+            b"\xc1",
+            b'{"seq":1}',
+            b'{"seq":1,"calls":{"echo":-5},"notable":0}',
+            b'{"seq":999999,"calls":{"echo":1},"notable":1}',  # no such batch
+        ):
+            await conn.publish(subjects.audited("echo"), junk)
+        await conn.flush()
+        writer.record_all([event(n, attempts=RETRIED) for n in range(11)])
+        async with asyncio.timeout(10):
+            while not watcher.fired:  # noqa: ASYNC110 - the watcher has no event to wait on
+                await asyncio.sleep(0.02)
+    finally:
+        await writer.stop()
+        await watcher.stop()
+    assert [a.rule for a in watcher.fired] == ["retry_storm"]
