@@ -72,6 +72,8 @@ class Settings:
     #: lookups per operation and scale, at most (fewer if the time budget runs out)
     lookups: int = 2_000
     lookup_budget_sec: float = 2.0
+    #: the full choice and its two controls, timed in turn (their p99s are compared)
+    choice_lookups: int = 20_000
     #: sequential announces (part 2)
     announces: int = 200
     #: simulated heartbeating instances (part 3)
@@ -91,6 +93,7 @@ QUICK = Settings(
     scales=(10, 100),
     lookups=200,
     lookup_budget_sec=0.3,
+    choice_lookups=300,
     announces=20,
     load_scales=(10, 100),
     hb_interval_sec=1.0,
@@ -179,8 +182,8 @@ _LOOKUPS = (
     ("find_tag", "cache.find(tags=[team]): tag only, no capability"),
     ("choose", "client choice: entries + choose() + breaker, as ReachClient._choose"),
     ("choose_tag", "client choice with a tag: candidates from the (capability, tag) index"),
-    ("control", "a fixed pure-Python loop with choose's median: the machine's own jitter"),
-    ("control_memory", "8 random reads among the records, no logic: the machine's memory"),
+    ("control", "a fixed loop as long as choose's median, timed in turn with it: jitter"),
+    ("control_memory", "8 random reads among the records, timed in turn with choose: memory"),
 )
 
 
@@ -316,6 +319,26 @@ def _time_lookups(
     return samples, size
 
 
+def _time_interleaved(
+    lookups: dict[str, Callable[[int], object]], count: int, budget_sec: float
+) -> dict[str, list[float]]:
+    """µs per call of each lookup, timed in turn sample by sample (k = 0, 1, ...): every
+    one of them sees the same moments of this machine, so their tails compare."""
+    gc.collect()
+    clock = time.perf_counter_ns
+    samples: dict[str, list[float]] = {name: [] for name in lookups}
+    timed = [(lookup, samples[name].append) for name, lookup in lookups.items()]
+    give_up = clock() + int(budget_sec * 1e9)
+    for k in range(count):
+        for lookup, keep in timed:
+            started = clock()
+            lookup(k)
+            keep((clock() - started) / 1000)
+        if k >= 30 and clock() > give_up:
+            break
+    return samples
+
+
 def _measure_cache(
     cache: Any, layout: _Layout, count: int, settings: Settings
 ) -> dict[str, dict[str, Any]]:
@@ -329,12 +352,14 @@ def _measure_cache(
     def cap_index(k: int) -> int:
         return (k % len(caps)) * (layout.per_capability or 0)
 
+    def choose(k: int) -> object:
+        return chooser.choose(cap(k))
+
     lookups: dict[str, Callable[[int], object]] = {
         "for_capability": lambda k: list(cache.for_capability(cap(k))),
         "find_capability": lambda k: cache.find(cap(k)),
         "find_capability_tag": lambda k: cache.find(cap(k), tags=[f"region-{k % _REGIONS}"]),
         "find_tag": lambda k: cache.find(tags=[layout.team(cap_index(k))]),
-        "choose": lambda k: chooser.choose(cap(k)),
         "choose_tag": lambda k: chooser.choose(cap(k), [f"region-{k % _REGIONS}"]),
     }
     out: dict[str, dict[str, Any]] = {}
@@ -342,12 +367,24 @@ def _measure_cache(
         lookup(0)  # warm: first-use costs (breakers, interned strings) out of the samples
         samples, size = _time_lookups(lookup, settings.lookups, settings.lookup_budget_sec)
         out[name] = {**_stats(samples), "unit": "us", "result_size": size}
-    out["control"] = _control(out["choose"]["median"], settings)
-    out["control_memory"] = _memory_control(cache, settings)
-    return out
+    # the choice beside its two controls, in turn: what the machine adds at p99 to
+    # anything as long (the loop) and to anything that reads records at random (memory)
+    choose(0)
+    probe, size = _time_lookups(choose, 200, 1.0)
+    spin = _spin_lookup(statistics.median(probe))
+    touch = _memory_lookup(cache)
+    trio = _time_interleaved(
+        {"choose": choose, "control": spin, "control_memory": touch},
+        settings.choice_lookups,
+        settings.lookup_budget_sec * 3,
+    )
+    out["choose"] = {**_stats(trio["choose"]), "unit": "us", "result_size": size}
+    out["control"] = {**_stats(trio["control"]), "unit": "us", "result_size": 1}
+    out["control_memory"] = {**_stats(trio["control_memory"]), "unit": "us", "result_size": 1}
+    return {name: out[name] for name in (*lookups, "choose", "control", "control_memory")}
 
 
-def _memory_control(cache: Any, settings: Settings) -> dict[str, Any]:
+def _memory_lookup(cache: Any) -> Callable[[int], object]:
     """Eight random reads among the cache's records (as a choice samples eight among
     thousands of instances), with no logic around them: what this machine's memory adds
     at p99 to anything that touches records at random."""
@@ -363,8 +400,7 @@ def _memory_control(cache: Any, settings: Settings) -> dict[str, Any]:
         return total
 
     touch(0)
-    samples, _ = _time_lookups(touch, settings.lookups, settings.lookup_budget_sec)
-    return {**_stats(samples), "unit": "us", "result_size": 1}
+    return touch
 
 
 def _spin(n: int) -> int:
@@ -374,15 +410,14 @@ def _spin(n: int) -> int:
     return total
 
 
-def _control(median_us: float | None, settings: Settings) -> dict[str, Any]:
-    """A fixed loop of pure Python as long as a choice's median, timed like the lookups:
-    what this machine's own jitter (interrupts, neighbours, frequency) adds at p99 to
-    anything that takes that long."""
+def _spin_lookup(median_us: float) -> Callable[[int], object]:
+    """A fixed loop of pure Python as long as a choice's median: what this machine's own
+    jitter (interrupts, neighbours, frequency) adds at p99 to anything that takes that
+    long."""
     probe, _ = _time_lookups(lambda k: _spin(1000), 200, 1.0)
     per_step = statistics.median(probe) / 1000
-    steps = max(1, round((median_us or 0.0) / per_step)) if per_step > 0 else 1
-    samples, _ = _time_lookups(lambda k: _spin(steps), settings.lookups, settings.lookup_budget_sec)
-    return {**_stats(samples), "unit": "us", "result_size": 1, "steps": steps}
+    steps = max(1, round(median_us / per_step)) if per_step > 0 else 1
+    return lambda k: _spin(steps)
 
 
 def _changes_at_least(target: int) -> Callable[[Any], bool]:
