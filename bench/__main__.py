@@ -78,6 +78,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
         parser.error("--reps and --seq-calls must be >= 1 and --duration > 0")
     if "raw" not in args.stacks:
         args.stacks.insert(0, "raw")  # every figure is a ratio to raw: it always runs
+    for name in list(args.stacks):  # a variant runs on its base's processes: that runs too
+        under = STACKS[name].variant_of if name in STACKS else None
+        if under is not None and under not in args.stacks:
+            args.stacks.append(under)
     return args, settings
 
 

@@ -214,11 +214,13 @@ async def measure_throughput(
 
 @dataclass
 class Live:
-    """A stack ready to measure: its responder process and the caller's ``call``."""
+    """A stack ready to measure: its responder process, the caller's ``call``, and what
+    is entered around each of its blocks (a variant's switch)."""
 
     stack: Stack
     responder: Child
     call: Call
+    context: Context
 
 
 @dataclass
@@ -228,6 +230,18 @@ class Testbed:
     run_id: str
     live: list[Live]
     registrar: Child | None = None
+
+
+def check_variants(stacks: Sequence[Stack]) -> None:
+    """ValueError unless every variant comes after the stack whose processes it uses."""
+    seen: set[str] = set()
+    for s in stacks:
+        if s.variant_of is not None and s.variant_of not in seen:
+            raise ValueError(
+                f"{s.name} runs on the processes of {s.variant_of}: list {s.variant_of}"
+                f" before it (--stacks {s.variant_of},{s.name})"
+            )
+        seen.add(s.name)
 
 
 @asynccontextmanager
@@ -242,6 +256,7 @@ async def launch(
     Child logs and the server's store live in a temporary directory, removed after a
     clean run and kept (and named) after a failed one.
     """
+    check_variants(stacks)
     run_id = secrets.token_hex(3)
     logs = log_dir()
     try:
@@ -253,7 +268,8 @@ async def launch(
                 stack.push_async_callback(registrar.stop)
                 # tokens on, as with `reach up`: responders (children) and callers use these
                 os.environ["REACH_CREDS"] = str(logs / "bench.creds")
-            progress(f"starting {len(stacks)} responder processes")
+            own = [s for s in stacks if s.variant_of is None]
+            progress(f"starting {len(own)} responder processes")
 
             async def start_responder(s: Stack) -> Child:
                 args = ["responder", s.name, url, run_id]
@@ -262,17 +278,21 @@ async def launch(
                 return await Child.start(f"responder-{s.name}", args, logs)
 
             started = await asyncio.gather(
-                *(start_responder(s) for s in stacks), return_exceptions=True
+                *(start_responder(s) for s in own), return_exceptions=True
             )
             for child in started:
                 if isinstance(child, Child):
                     stack.push_async_callback(child.stop)
-            live = []
-            for s, child in zip(stacks, started, strict=True):
+            responders: dict[str, Child] = {}
+            for s, child in zip(own, started, strict=True):
                 if isinstance(child, BaseException):
                     raise child
-                call = await stack.enter_async_context(s.caller(Context(url, run_id, s.name)))
-                live.append(Live(s, child, call))
+                responders[s.name] = child
+            live = []
+            for s in stacks:  # a variant's base comes first (check_variants)
+                ctx = Context(url, run_id, s.variant_of or s.name)
+                call = await stack.enter_async_context(s.caller(ctx))
+                live.append(Live(s, responders[ctx.stack], call, ctx))
             yield Testbed(url, server_pid, run_id, live, registrar)
     except BaseException:
         progress(f"failed; logs of the child processes are in {logs}")
@@ -335,7 +355,8 @@ async def run_callpath(
         version = await asyncio.to_thread(server_version, bed.url)
         for live in bed.live:
             progress(f"warming up {live.stack.name}")
-            await warm_up(live, settings, progress)
+            with live.stack.switch(live.context):
+                await warm_up(live, settings, progress)
         for rep in range(settings.reps):
             # rotate the order: no stack always runs right after another one's burst
             shift = rep % len(bed.live)
@@ -365,6 +386,19 @@ async def _block(
     progress: Progress,
 ) -> None:
     """One measurement of one stack: sequential latency (concurrency None) or throughput."""
+    with live.stack.switch(live.context):
+        await _measure_block(live, bed, settings, rep, concurrency, runs, progress)
+
+
+async def _measure_block(
+    live: Live,
+    bed: Testbed,
+    settings: Settings,
+    rep: int,
+    concurrency: int | None,
+    runs: dict[str, StackRuns],
+    progress: Progress,
+) -> None:
     name = live.stack.name
     await measure_sequential(live.call, settings.block_warmup_calls)
     gc.collect()  # every block starts with the same (empty) garbage

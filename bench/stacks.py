@@ -19,6 +19,12 @@ Adding a stack is one ``register(Stack(...))`` with those two hooks::
 Stacks that announce agents set ``needs_registry=True``: the bench then runs a
 registrar in a process of its own, as ``reach up`` would.
 
+A *variant* (``variant_of="reach"``) measures another stack's responder and caller, the
+same processes and connections, with one feature of the caller switched off while its
+blocks run (``switch(ctx)``, around each block). Two processes that run the same code
+are not equally fast (hash seeds, heap layouts): stacks of their own differ by a point or
+two of calls/s for that alone, which a variant does not.
+
 A stack whose framework is an optional install (``pip install -e '.[bench]'``) is
 registered only when that framework imports; otherwise :data:`UNAVAILABLE` says why.
 """
@@ -26,8 +32,14 @@ registered only when that framework imports; otherwise :data:`UNAVAILABLE` says 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +99,11 @@ class Stack:
     caller: Callable[[Context], AbstractAsyncContextManager[Call]]
     #: announces agents: the bench runs a registrar process for it
     needs_registry: bool = False
+    #: runs on this stack's responder and caller (see the module's doc); its hooks get
+    #: that stack's ``Context``
+    variant_of: str | None = None
+    #: entered around each measurement block of this stack
+    switch: Callable[[Context], AbstractContextManager[None]] = lambda _ctx: nullcontext()
 
 
 STACKS: dict[str, Stack] = {}
@@ -188,27 +205,54 @@ def _reach_responder(
     return responder
 
 
-def _reach_caller(
-    *, validate: bool, audit: bool = True
-) -> Callable[[Context], AbstractAsyncContextManager[Call]]:
+#: the live ReachClient of each Agent-Reach stack (by stack name), for its variants
+_CLIENTS: dict[str, ReachClient] = {}
+
+
+def _reach_caller(*, validate: bool) -> Callable[[Context], AbstractAsyncContextManager[Call]]:
     @asynccontextmanager
     async def caller(ctx: Context) -> AsyncIterator[Call]:
         capability = ctx.capability
         async with ReachClient(
-            servers=ctx.url, name=f"bench-caller-{ctx.stack}", validate=validate, audit=audit
+            servers=ctx.url, name=f"bench-caller-{ctx.stack}", validate=validate
         ) as client:
 
             def routable(cache: RouteCache) -> bool:
                 return any(i.status == "healthy" for i in cache.find(capability))
 
             await client.routes.wait_for(routable, timeout=_READY_TIMEOUT)
-
-            async def call(payload: dict[str, Any]) -> Any:
-                return (await client.call(capability, payload)).value
-
-            yield call
+            _CLIENTS[ctx.stack] = client
+            try:
+                yield _reach_call(client, capability)
+            finally:
+                _CLIENTS.pop(ctx.stack, None)
 
     return caller
+
+
+def _reach_call(client: ReachClient, capability: str) -> Call:
+    async def call(payload: dict[str, Any]) -> Any:
+        return (await client.call(capability, payload)).value
+
+    return call
+
+
+@asynccontextmanager
+async def _same_caller(ctx: Context) -> AsyncIterator[Call]:
+    """The caller of the stack this one is a variant of (``ctx`` is that stack's)."""
+    yield _reach_call(_CLIENTS[ctx.stack], ctx.capability)
+
+
+@contextmanager
+def _audit_off(ctx: Context) -> Iterator[None]:
+    """No audit events while the block runs: the client's writer is idle (its calls skip
+    recording), everything else stays as it is."""
+    client = _CLIENTS[ctx.stack]
+    writer, client.audit = client.audit, None
+    try:
+        yield
+    finally:
+        client.audit = writer
 
 
 register(
@@ -245,10 +289,13 @@ register(
 register(
     Stack(
         "reach-noaudit",
-        "Agent-Reach without audit events: ReachClient(audit=False)",
+        "Agent-Reach without audit events: reach's own processes and client, its audit"
+        " writer set aside (client.audit = None) while these blocks run",
         _reach_responder(schemas=True),
-        _reach_caller(validate=True, audit=False),
+        _same_caller,
         needs_registry=True,
+        variant_of="reach",
+        switch=_audit_off,
     )
 )
 
