@@ -385,28 +385,22 @@ async def _block(
     runs: dict[str, StackRuns],
     progress: Progress,
 ) -> None:
-    """One measurement of one stack: sequential latency (concurrency None) or throughput."""
-    with live.stack.switch(live.context):
-        await _measure_block(live, bed, settings, rep, concurrency, runs, progress)
-
-
-async def _measure_block(
-    live: Live,
-    bed: Testbed,
-    settings: Settings,
-    rep: int,
-    concurrency: int | None,
-    runs: dict[str, StackRuns],
-    progress: Progress,
-) -> None:
+    """One measurement of one stack: sequential latency (concurrency None) or throughput,
+    inside the stack's switch (a variant's feature off)."""
     name = live.stack.name
-    await measure_sequential(live.call, settings.block_warmup_calls)
-    gc.collect()  # every block starts with the same (empty) garbage
-    meter = _Meter(live.responder, bed.server_pid, bed.registrar)
-    meter.start()
-    if concurrency is None:
-        latencies, errors, first_error = await measure_sequential(live.call, settings.seq_calls)
+    with live.stack.switch(live.context):
+        await measure_sequential(live.call, settings.block_warmup_calls)
+        gc.collect()  # every block starts with the same (empty) garbage
+        meter = _Meter(live.responder, bed.server_pid, bed.registrar)
+        meter.start()
+        if concurrency is None:
+            latencies, errors, first_error = await measure_sequential(live.call, settings.seq_calls)
+        else:
+            calls, errors, seconds, first_error = await measure_throughput(
+                live.call, concurrency, settings.duration_sec
+            )
         cpu = meter.stop()
+    if concurrency is None:
         runs[name].sequential.append(LatencyRun(rep, latencies, errors, first_error, cpu))
         ordered = sorted(latencies) or [0.0]
         progress(
@@ -414,10 +408,6 @@ async def _measure_block(
             f" p50 {ordered[len(ordered) // 2]:.3f} ms" + (f", {errors} errors" if errors else "")
         )
         return
-    calls, errors, seconds, first_error = await measure_throughput(
-        live.call, concurrency, settings.duration_sec
-    )
-    cpu = meter.stop()
     run = ThroughputRun(rep, concurrency, calls, errors, seconds, first_error, cpu)
     runs[name].throughput.setdefault(concurrency, []).append(run)
     progress(

@@ -12,28 +12,13 @@ import pytest
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, ensure_streams
 from reach.audit.alerts import AlertWatcher
-from reach.audit.events import EventRow, RowSummary, encode_notice, make_event
+from reach.audit.events import RowSummary, encode_notice
 from reach.audit.records import AuditNotice, decode_batch, decode_notice
 from reach.errors import ReachTimeout
 from reach.transport import Connection, Message, Stream
+from tests.audit_helpers import event, until_fired
 
 RETRIED = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
-
-
-def event(n: int, capability: str = "echo", **fields: Any) -> EventRow:
-    values: dict[str, Any] = {
-        "ts": time.time(),
-        "capability": capability,
-        "call_id": f"c-{n}",
-        "caller": "tester",
-        "callee": "echo-1",
-        "outcome": "ok",
-        "latency_ms": 1.0,
-        "candidates": ["echo-1"],
-        "n_candidates": 1,
-        "attempts": [{"agent_id": "echo-1", "score": 0.9, "outcome": "ok", "latency_ms": 1.0}],
-    }
-    return make_event(**{**values, **fields})
 
 
 class Notices:
@@ -168,9 +153,7 @@ async def test_the_watcher_counts_plain_notices_and_reads_only_notable_batches(
         assert watcher.engine._calls["echo"].count(time.time()) == 40
         assert fetched == []  # nothing notable: the batch itself is never read
         writer.record_all([event(40 + n, attempts=RETRIED) for n in range(11)])  # 11 retries
-        async with asyncio.timeout(10):
-            while not watcher.fired:  # noqa: ASYNC110 - the watcher has no event to wait on
-                await asyncio.sleep(0.02)
+        await until_fired(watcher)
     finally:
         await writer.stop()
         await sub.unsubscribe()
@@ -197,9 +180,7 @@ async def test_a_malformed_notice_is_skipped_and_the_watcher_goes_on(conn: Conne
             await conn.publish(subjects.audited("echo"), junk)
         await conn.flush()
         writer.record_all([event(n, attempts=RETRIED) for n in range(11)])
-        async with asyncio.timeout(10):
-            while not watcher.fired:  # noqa: ASYNC110 - the watcher has no event to wait on
-                await asyncio.sleep(0.02)
+        await until_fired(watcher)
     finally:
         await writer.stop()
         await watcher.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import msgpack
@@ -12,27 +11,12 @@ import pytest
 
 from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
-from reach.audit.events import EVENT_FIELDS, EventRow, encode_batch, make_event
+from reach.audit.events import EVENT_FIELDS, encode_batch, make_event
 from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ReachError
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
-
-
-def event(n: int, capability: str = "echo", **fields: Any) -> EventRow:
-    values: dict[str, Any] = {
-        "ts": time.time(),
-        "capability": capability,
-        "call_id": f"c-{n}",
-        "caller": "tester",
-        "callee": "echo-1",
-        "outcome": "ok",
-        "latency_ms": 1.0,
-        "candidates": ["echo-1"],
-        "n_candidates": 1,
-        "attempts": [{"agent_id": "echo-1", "score": 0.9, "outcome": "ok", "latency_ms": 1.0}],
-    }
-    return make_event(**{**values, **fields})
+from tests.audit_helpers import event, until_fired
 
 
 async def count_events(conn: Connection, flt: AuditFilter | None = None) -> list[AuditEvent]:
@@ -375,9 +359,7 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
         writer.record(event(0, attempts=retried))
         await asyncio.wait_for(failed.wait(), 10)
         writer.record_all([event(n, attempts=retried) for n in range(1, 12)])  # 11 retries
-        async with asyncio.timeout(10):
-            while not watcher.fired:  # noqa: ASYNC110 - the watcher has no event to wait on
-                await asyncio.sleep(0.02)
+        await until_fired(watcher)
         assert [a.rule for a in watcher.fired] == ["retry_storm"]
     finally:
         await writer.stop()

@@ -1,0 +1,35 @@
+"""Shared by the audit tests: an event row with sensible defaults, and waiting for the
+alert watcher to fire."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from reach.audit.alerts import AlertWatcher
+from reach.audit.events import EventRow, make_event
+
+
+def event(n: int, capability: str = "echo", **fields: Any) -> EventRow:
+    """Call ``c-<n>`` of ``capability`` from "tester" to echo-1, answered at once."""
+    values: dict[str, Any] = {
+        "ts": time.time(),
+        "capability": capability,
+        "call_id": f"c-{n}",
+        "caller": "tester",
+        "callee": "echo-1",
+        "outcome": "ok",
+        "latency_ms": 1.0,
+        "candidates": ["echo-1"],
+        "n_candidates": 1,
+        "attempts": [{"agent_id": "echo-1", "score": 0.9, "outcome": "ok", "latency_ms": 1.0}],
+    }
+    return make_event(**{**values, **fields})
+
+
+async def until_fired(watcher: AlertWatcher, timeout: float = 10.0) -> None:
+    """Wait until the watcher has fired an alert (it has no event to wait on)."""
+    async with asyncio.timeout(timeout):
+        while not watcher.fired:  # noqa: ASYNC110 - polled, bounded by the timeout
+            await asyncio.sleep(0.02)
