@@ -267,6 +267,7 @@ async def launch(
                 registrar = await Child.start("registrar", ["registrar", url, str(logs)], logs)
                 stack.push_async_callback(registrar.stop)
                 # tokens on, as with `reach up`: responders (children) and callers use these
+                stack.callback(_restore_env, "REACH_CREDS", os.environ.get("REACH_CREDS"))
                 os.environ["REACH_CREDS"] = str(logs / "bench.creds")
             own = [s for s in stacks if s.variant_of is None]
             progress(f"starting {len(own)} responder processes")
@@ -298,6 +299,14 @@ async def launch(
         progress(f"failed; logs of the child processes are in {logs}")
         raise
     shutil.rmtree(logs, ignore_errors=True)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    """Put an environment variable back as it was (unset if it was)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 async def _start_server(

@@ -3,6 +3,8 @@ feature off only while its own blocks run: against a real nats-server and respon
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench.callpath import check_variants, launch
@@ -18,6 +20,7 @@ def test_a_variant_must_come_after_its_base() -> None:
 
 
 async def test_the_audit_variant_shares_the_processes_and_skips_only_the_audit() -> None:
+    creds = os.environ.get("REACH_CREDS")
     stacks = [STACKS["reach"], STACKS["reach-noaudit"]]
     async with launch(stacks, None, lambda _line: None) as bed:
         full, variant = bed.live
@@ -40,3 +43,6 @@ async def test_the_audit_variant_shares_the_processes_and_skips_only_the_audit()
         for _ in range(20):
             assert await full.call(PAYLOAD) == PAYLOAD
         assert recorded() == before + 20
+    # the bench's credentials (removed with its temporary directory) are not left behind
+    # for whoever runs next in this process
+    assert os.environ.get("REACH_CREDS") == creds
