@@ -592,10 +592,10 @@ class ReachClient:
             deadline = min(deadline, parent.deadline_ms / 1000.0)
         # what cannot travel (too deep, too many elements, a non-string key) is refused
         # first; the contract check then sees a value of bounded nesting
-        codec.check_value(payload)
+        plain = codec.check_value(payload)
         if self.validate and spec is not None and spec.input_schema:
             self._validator(spec.input_schema).validate(payload, bounded=True)
-        body = codec.encode(payload, checked=False)
+        body = codec.encode(payload, checked=False, plain=plain)
         state = _Attempt(capability, deadline, attempt_timeout, now, candidates, tags)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         # W3C trace context: the caller's span is the callee's parent, even without an SDK

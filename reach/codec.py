@@ -28,9 +28,15 @@ __all__ = [
 #: library builds of exact built-in types (envelopes, audit rows): for those a pack runs
 #: in C from start to end, so packs never interleave. Subclasses of dict, list, tuple or
 #: int make msgpack call back into Python mid-pack, and a payload can be anything a user
-#: passed, so payloads get a Packer of their own (``encode``). The buffer grows to the
-#: largest message packed, which the size limits bound (an envelope, an audit batch).
+#: passed, so payloads get a Packer of their own unless the walk finds them plain
+#: (``encode``). The buffer grows to the largest message packed, which the size limits
+#: bound (an envelope, an audit batch).
 packb = msgpack.Packer(use_bin_type=True).pack
+#: payloads of exact built-in types (what the fast walk vouches for: no callbacks into
+#: Python mid-pack) share a Packer of their own; one that grew past ``_PLAIN_KEEP`` for a
+#: large payload is replaced rather than kept that big
+_plain_packer: Any = msgpack.Packer(use_bin_type=True)
+_PLAIN_KEEP = 256 * 1024
 
 _SCALARS = (str, int, float, bool, bytes, type(None))
 
@@ -47,13 +53,17 @@ class Limits:
 DEFAULT_LIMITS: Limits = Limits()
 
 
-def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Walk a decoded (or to-be-encoded) value: depth, element count, key and value types."""
+def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """Walk a decoded (or to-be-encoded) value: depth, element count, key and value types.
+
+    Returns whether the value is *plain*, built of exact built-in types only (then
+    ``encode(..., plain=True)`` packs it without a Packer of its own)."""
     if limits.max_depth <= _FAST_DEPTH:  # the fast walk recurses: only for bounded depths
         elements = _elements(value, 1, limits.max_depth)
         if 0 <= elements <= limits.max_elements:
-            return
+            return True
     _explain(value, limits)  # raises, naming the path and the rule (or finds it within)
+    return False
 
 
 def plain_within(value: Any, max_depth: int | None = None) -> bool:
@@ -162,12 +172,15 @@ def _explain(value: Any, limits: Limits) -> None:
             )
 
 
-def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True) -> bytes:
-    """Pack a value; ``checked=False`` skips the walk for values the library built itself."""
+def encode(
+    value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True, plain: bool = False
+) -> bytes:
+    """Pack a value; ``checked=False`` skips the walk for values the library built itself
+    or walked already (``plain``: what ``check_value`` answered for it)."""
     if checked:
-        check_value(value, limits)
+        plain = check_value(value, limits)
     try:
-        data: bytes = msgpack.packb(value, use_bin_type=True)
+        data: bytes = _pack_plain(value) if plain else msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"cannot encode value: {exc}", rule="type") from None
     if len(data) > limits.max_bytes:
@@ -175,6 +188,14 @@ def encode(value: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True)
             f"payload is {len(data)} bytes, more than the limit of {limits.max_bytes}",
             rule="max_bytes",
         )
+    return data
+
+
+def _pack_plain(value: Any) -> bytes:
+    global _plain_packer
+    data: bytes = _plain_packer.pack(value)  # an error mid-pack empties its buffer
+    if len(data) > _PLAIN_KEEP:
+        _plain_packer = msgpack.Packer(use_bin_type=True)
     return data
 
 

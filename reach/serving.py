@@ -418,9 +418,9 @@ class CallServer:
         try:
             if isinstance(result, BaseModel):
                 result = result.model_dump(mode="json")
-            codec.check_value(result)  # what cannot travel, first (a CodecError)
+            plain = codec.check_value(result)  # what cannot travel, first (a CodecError)
             endpoint.output_validator.validate(result, bounded=True)
-            return codec.encode(result, checked=False), result
+            return codec.encode(result, checked=False, plain=plain), result
         except ContractError as exc:
             return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
 

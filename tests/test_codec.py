@@ -62,6 +62,43 @@ def test_bytes_and_str_stay_distinct() -> None:
     assert type(decoded["b"]) is bytes
 
 
+class _Mapping(dict[str, Any]):
+    pass
+
+
+def test_plain_values_are_said_to_be_plain_and_others_not() -> None:
+    assert codec.check_value({"a": [1, 2.0, "x", None, b"y", (True,)]}) is True
+    assert codec.check_value(_Mapping(a=1)) is False  # a subclass: the careful walk's
+    assert codec.check_value({"a": _Mapping(b=1)}) is False
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"industry": "ev", "segments": ["a", "b"], "n": 2**64 - 1}, _Mapping(a=[1, 2]), [(1, "x")]],
+)
+def test_plain_and_other_values_encode_as_msgpack_does(value: Any) -> None:
+    expected = msgpack.packb(value, use_bin_type=True)
+    assert codec.encode(value) == expected
+    plain = codec.check_value(value)
+    assert codec.encode(value, checked=False, plain=plain) == expected
+
+
+def test_an_error_midway_through_a_plain_value_leaves_nothing_behind() -> None:
+    with pytest.raises(CodecError):
+        codec.encode({"a": "fine", "b": "\ud800"})  # a lone surrogate is not UTF-8
+    assert codec.encode({"c": 1}) == msgpack.packb({"c": 1})
+
+
+def test_a_large_plain_value_does_not_keep_the_shared_packer_large() -> None:
+    before = codec._plain_packer
+    big = {"blob": "x" * (codec._PLAIN_KEEP + 1)}
+    assert codec.decode(codec.encode(big)) == big
+    assert codec._plain_packer is not before  # replaced, with its large buffer
+    kept = codec._plain_packer
+    assert codec.encode({"small": 1}) == msgpack.packb({"small": 1})
+    assert codec._plain_packer is kept
+
+
 # -- codec: limits ---------------------------------------------------------------------
 
 
