@@ -449,10 +449,11 @@ class Agent:
     def _call_handler(self, endpoint: Endpoint) -> Callable[[Message], None]:
         server = self._server
         conn = self.connection
+        respond = conn.replier()
         tasks = self._tasks
 
         async def serve(msg: Message) -> None:
-            await conn.respond(msg, await server.handle(endpoint, msg.data))
+            respond(msg.reply, await server.handle(endpoint, msg.data))
 
         async def serve_one_of(batch: ReplyBatch, token: str, request: bytes) -> None:
             batch.add(token, await server.handle(endpoint, request))
@@ -477,8 +478,7 @@ class Agent:
             try:
                 requests = envelope.unpack_batch(msg.data)
             except CodecError as exc:
-                reply = server.refuse_batch(str(exc))
-                run_eagerly(conn.respond(msg, reply), on_task=continued)
+                respond(msg.reply, server.refuse_batch(str(exc)))
                 return
             batch = conn.reply_batch(msg)
             for token, request in requests:

@@ -217,13 +217,12 @@ class Connection:
 
     async def respond(self, msg: Message, data: bytes) -> None:
         """Reply to a request; never echoes the request's headers (unlike ``Msg.respond``)."""
-        if not msg.reply:
-            return
-        try:
-            self._writer.publish(msg.reply, data)
-        except Exception as exc:
-            # the caller will time out and retry elsewhere; the responder must keep going
-            log.debug("could not reply on %s: %s", msg.reply, exc)
+        self._writer.respond(msg.reply, data)
+
+    def replier(self) -> Callable[[str, bytes], None]:
+        """The call path's ``respond``, from synchronous code: ``(reply subject, data)``;
+        a reply that cannot go out is logged and dropped (the caller retries elsewhere)."""
+        return self._writer.respond
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:
         async def _cb(msg: _NatsMsg) -> None:

@@ -154,6 +154,17 @@ class Writer:
             self._turn = True
             asyncio.get_running_loop().call_soon(self._end_turn)
 
+    def respond(self, reply: str, data: bytes) -> None:
+        """Answer a request on its ``reply`` subject (none: nothing to do). A reply that
+        cannot go out is logged and dropped: the caller times out and retries elsewhere,
+        the responder keeps going."""
+        if not reply:
+            return
+        try:
+            self.publish(reply, data)
+        except Exception as exc:
+            log.debug("could not reply on %s: %s", reply, exc)
+
     def _end_turn(self) -> None:
         self._turn = False
         nc = self._nc
