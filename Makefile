@@ -62,6 +62,7 @@ bench: $(NATIVE)
 	$(BIN)/python -m bench.discovery
 	$(BIN)/python -m bench.failover
 	$(BIN)/python -m bench.growth
+	$(BIN)/python -m bench.coldpath
 
 schemas: $(STAMP)
 	$(BIN)/reach schema export schemas
