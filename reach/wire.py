@@ -154,14 +154,14 @@ class Writer:
             self._turn = True
             asyncio.get_running_loop().call_soon(self._end_turn)
 
-    def respond(self, reply: str, data: bytes) -> None:
+    def respond(self, reply: str, data: bytes, *, now: bool = True) -> None:
         """Answer a request on its ``reply`` subject (none: nothing to do). A reply that
         cannot go out is logged and dropped: the caller times out and retries elsewhere,
-        the responder keeps going."""
+        the responder keeps going. ``now`` as for ``publish``."""
         if not reply:
             return
         try:
-            self.publish(reply, data)
+            self.publish(reply, data, now=now)
         except Exception as exc:
             log.debug("could not reply on %s: %s", reply, exc)
 
@@ -437,11 +437,6 @@ class ReplyBatch:
             self._handle.cancel()
             self._handle = None
         items, self._items, self._size = self._items, [], 0
-        if not items or not self._reply:
-            return
-        try:
+        if items and self._reply:
             # replies to batches (calls under load) go with the rest of this turn's
-            self._writer.publish(self._reply, envelope.pack_batch(items), now=False)
-        except Exception as exc:
-            # the callers will time out and retry elsewhere; the responder must keep going
-            log.debug("could not reply on %s: %s", self._reply, exc)
+            self._writer.respond(self._reply, envelope.pack_batch(items), now=False)
