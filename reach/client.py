@@ -594,7 +594,7 @@ class ReachClient:
         # first; the contract check then sees a value of bounded nesting
         plain = codec.check_value(payload)
         if self.validate and spec is not None and spec.input_schema:
-            self._validator(spec.input_schema).validate(payload, bounded=True)
+            self._validator(spec.input_schema).validate(payload, plain=plain)
         body = codec.encode(payload, checked=False, plain=plain)
         state = _Attempt(capability, deadline, attempt_timeout, now, candidates, tags)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)

@@ -56,8 +56,9 @@ DEFAULT_LIMITS: Limits = Limits()
 def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
     """Walk a decoded (or to-be-encoded) value: depth, element count, key and value types.
 
-    Returns whether the value is *plain*, built of exact built-in types only (then
-    ``encode(..., plain=True)`` packs it without a Packer of its own)."""
+    Returns whether the value is *plain* (what ``plain_within`` says): then
+    ``encode(..., plain=True)`` packs it without a Packer of its own, and a contract
+    check may take it as it is (``Validator.validate(..., plain=True)``)."""
     if limits.max_depth <= _FAST_DEPTH:  # the fast walk recurses: only for bounded depths
         elements = _elements(value, 1, limits.max_depth)
         if 0 <= elements <= limits.max_elements:
@@ -68,9 +69,9 @@ def check_value(value: Any, limits: Limits = DEFAULT_LIMITS) -> bool:
 
 def plain_within(value: Any, max_depth: int | None = None) -> bool:
     """Whether ``value`` is built of exact built-in types only (string keys, integers of
-    at most 64 bits) nested at most ``max_depth`` deep (at most, and by default, 64): what
-    the fast walk vouches for, and what may be handed to code that recurses without a
-    limit."""
+    at most 64 bits, finite floats) nested at most ``max_depth`` deep (at most, and by
+    default, 64): what the fast walk vouches for, and what may be handed to code that
+    recurses without a limit or reads floats as JSON numbers."""
     depth = _FAST_DEPTH if max_depth is None else min(max_depth, _FAST_DEPTH)
     return _elements(value, 1, depth) >= 0
 
@@ -90,7 +91,9 @@ def _elements(item: Any, depth: int, max_depth: int) -> int:
         return _map_elements(item, depth, max_depth)
     if kind is list or kind is tuple:
         return _seq_elements(item, depth, max_depth)
-    if kind is str or kind is float or kind is bool or kind is bytes or item is None:
+    if kind is float:  # infinities and NaN: no JSON number, left to the careful checks
+        return 0 if item - item == 0.0 else -1
+    if kind is str or kind is bool or kind is bytes or item is None:
         return 0
     if kind is int:
         return 0 if _INT_MIN <= item < _INT_END else -1

@@ -71,33 +71,35 @@ class Validator:
         not compile, such as one with a remote ``$ref``)."""
         return self._fast is not None
 
-    def _fast_accepts(self, value: Any, bounded: bool) -> bool:
+    def _fast_accepts(self, value: Any, plain: bool) -> bool:
         fast = self._fast
         if fast is None:
             return False
-        # jsonschema-rs recurses without a limit (a value nested 100,000 deep overflows the
-        # C stack), so it only sees values whose nesting is known to be bounded
-        if not bounded and not codec.plain_within(value):
+        # jsonschema-rs only sees plain values: it recurses without a limit (a value nested
+        # 100,000 deep overflows the C stack), and it takes an infinity or NaN for a JSON
+        # null, which passes "minimum" and the like
+        if not plain and not codec.plain_within(value):
             return False
         try:
             return fast(value)
         except Exception:  # bytes, non-str keys, …: never a failure decided here
             return False
 
-    def is_valid(self, value: Any, *, bounded: bool = False) -> bool:
-        """Whether ``value`` (as msgpack decodes it) matches the schema. ``bounded``: the
-        value passed ``codec.check_value`` with the default limits (no second walk)."""
-        if self._fast_accepts(value, bounded):
+    def is_valid(self, value: Any, *, plain: bool = False) -> bool:
+        """Whether ``value`` (as msgpack decodes it) matches the schema. ``plain``:
+        ``codec.check_value`` said so for the value, with the default limits (no second
+        walk)."""
+        if self._fast_accepts(value, plain):
             return True
         try:
             return bool(self._slow.is_valid(value))
         except (Unresolvable, RecursionError):
             return False
 
-    def validate(self, value: Any, *, bounded: bool = False) -> None:
+    def validate(self, value: Any, *, plain: bool = False) -> None:
         """Raise ``ContractError`` naming the field and the rule if ``value`` does not
-        match. ``bounded``: as for ``is_valid``."""
-        if self._fast_accepts(value, bounded):
+        match. ``plain``: as for ``is_valid``."""
+        if self._fast_accepts(value, plain):
             return
         try:
             error = best_match(self._slow.iter_errors(value))

@@ -419,7 +419,7 @@ class CallServer:
             if isinstance(result, BaseModel):
                 result = result.model_dump(mode="json")
             plain = codec.check_value(result)  # what cannot travel, first (a CodecError)
-            endpoint.output_validator.validate(result, bounded=True)
+            endpoint.output_validator.validate(result, plain=plain)
             return codec.encode(result, checked=False, plain=plain), result
         except ContractError as exc:
             return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
@@ -482,8 +482,9 @@ class _Failure(NamedTuple):
 def _decode_input(endpoint: Endpoint, body: bytes) -> Any:
     """The handler's argument from the request body, or a contract _Failure."""
     try:
-        payload = codec.decode(body)  # checked: within the default limits
-        endpoint.input_validator.validate(payload, bounded=True)
+        payload = codec.decode(body, checked=False)
+        plain = codec.check_value(payload)  # within the default limits, or a CodecError
+        endpoint.input_validator.validate(payload, plain=plain)
         if endpoint.input_model is not None:
             return endpoint.input_model.model_validate(payload)
         return payload

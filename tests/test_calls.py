@@ -4,6 +4,7 @@ deadlines, retries, breakers, fallbacks."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from contextlib import AsyncExitStack
 from typing import Any
@@ -107,6 +108,22 @@ async def test_callee_validates_input_even_when_the_caller_does_not(
     assert b.calls == 0
     assert "report-2" in str(err.value)
     assert client.breakers.get("report-2").snapshot().failures == 0
+
+
+async def test_an_infinity_never_passes_a_bound_on_either_side(
+    nats_server: NatsServer, registrar: object
+) -> None:
+    schema = {"type": "object", "properties": {"n": {"minimum": 0}}, "required": ["n"]}
+    agent, b = make_agent(nats_server.url, "bound-1", capability("bound", input_schema=schema))
+    async with agent, ReachClient(servers=nats_server.url, validate=False) as loose:
+        await wait_routable(loose, "bound", 1)
+        with pytest.raises(ContractError, match="n"):  # the callee's check
+            await loose.call("bound", {"n": -math.inf})
+        async with ReachClient(servers=nats_server.url) as careful:
+            await wait_routable(careful, "bound", 1)
+            with pytest.raises(ContractError, match="n"):  # the caller's pre-check
+                await careful.call("bound", {"n": -math.inf})
+    assert b.calls == 0
 
 
 async def test_output_that_breaks_the_output_schema_is_a_contract_error(

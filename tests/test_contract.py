@@ -507,6 +507,23 @@ def test_fast_verdict_equals_jsonschema_on_representative_schemas(
     assert not fast_verdict(validator, value) or expected
 
 
+@pytest.mark.parametrize("number", [math.inf, -math.inf, math.nan], ids=str)
+def test_infinities_and_nan_are_judged_as_jsonschema_judges_them(number: float) -> None:
+    # jsonschema-rs takes them for a JSON null, which "minimum" does not apply to, so it
+    # passed -inf against {"minimum": 0, ...} (found by the fuzz test above)
+    schema = {"properties": {"n": {"minimum": 0}}, "minimum": 0}
+    validator = compile_schema(schema)
+    for value in (number, {"n": number}, [number]):
+        plain = codec.check_value(value)
+        assert not plain
+        assert not fast_verdict(validator, value)
+        expected = Draft202012Validator(schema).is_valid(value)
+        assert validator.is_valid(value, plain=plain) == validator.is_valid(value) == expected
+    if number < 0:
+        with pytest.raises(ContractError, match="n"):
+            validator.validate({"n": number}, plain=codec.check_value({"n": number}))
+
+
 BOUNDS = st.integers(-5, 5) | st.sampled_from([0.5, -1.5, 2.0, 2**53 + 1, -(2**63), 2**64 - 1])
 TYPES = st.sampled_from(["null", "boolean", "integer", "number", "string", "array", "object"])
 COUNTS = st.integers(0, 3)
