@@ -57,8 +57,9 @@ from reach.models import (
     Readiness,
     parse_manifest,
 )
+from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
-from reach.serving import CallServer, Endpoint, endpoint_for
+from reach.serving import REPLY_FRAMING, CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait, run_eagerly
 from reach.telemetry import Telemetry, trace_id_of
@@ -114,8 +115,8 @@ class Agent:
         telemetry: Telemetry | None = None,
     ) -> None:
         self.manifest = manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)
-        self.servers = resolve_servers(servers)
         self.credentials = resolve_credentials(credentials)
+        self.servers = resolve_servers(servers, self.credentials)
         self.instance_id = uuid.uuid4().hex
         self._readiness_check = readiness
         self._clock = clock
@@ -229,53 +230,59 @@ class Agent:
         self._conn, creds = await connect_as(
             self.servers, name=f"agent:{self.agent_id}", credentials=self.credentials
         )
+        failure: BaseException | None = None
         try:
-            self._security = await FabricSecurity.join(
-                self._conn, creds, verify=self._verify_tokens, clock=self._clock
-            )
-            self._server.verifier = self._security.verifier
-            if self._audit_enabled:
-                self.audit = AuditWriter(self._conn)
-                await self.audit.start()
-                self._server.on_denied = self._audit_denial
-            if self.manifest.mode == "async":
-                try:
-                    self._server.jobs = await JobStore.open(self._conn)
-                except ConfigurationError:
-                    raise ConfigurationError(
-                        f"{self.agent_id} runs in async mode but the REACH_JOBS bucket does"
-                        " not exist: is `reach up` running?"
-                    ) from None
-            await self._announce()
-            # Probe and call subscriptions only once accepted: a refused duplicate never
-            # answers for the live instance.
-            for name, endpoint in self._endpoints.items():
-                handler = self._call_handler(endpoint)
-                self._cap_subs.append(
-                    await self._conn.subscribe_inline(
-                        subjects.capability(name), handler, queue=name
-                    )
-                )
-                self._cap_subs.append(
-                    await self._conn.subscribe_inline(
-                        subjects.capability_instance(name, self.agent_id), handler
-                    )
-                )
-            self._probe_sub = await self._conn.subscribe(
-                subjects.probe(self.agent_id), self._on_probe
-            )
-            await self._conn.flush()
-        except BaseException:
+            await self._join(creds)
+        except BaseException as exc:  # no await in here: compiled, it would leak the error
+            failure = exc
+        if failure is not None:
+            # whatever started is stopped: audit writer, token session, connection
             if self.audit is not None:
                 await self.audit.stop(timeout=1.0)
                 self.audit = None
             await self._security.close()
             await self._conn.close()
             self._conn = None
-            raise
+            raise failure
         self._accepting = True
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
+
+    async def _join(self, creds: CredentialsFile | None) -> None:
+        """Token session, audit writer, job store, announce, then subscriptions."""
+        assert self._conn is not None
+        self._security = await FabricSecurity.join(
+            self._conn, creds, verify=self._verify_tokens, clock=self._clock
+        )
+        self._server.verifier = self._security.verifier
+        self._server.max_reply_bytes = self._conn.max_payload - REPLY_FRAMING
+        if self._audit_enabled:
+            self.audit = AuditWriter(self._conn)
+            await self.audit.start()
+            self._server.on_denied = self._audit_denial
+        if self.manifest.mode == "async":
+            try:
+                self._server.jobs = await JobStore.open(self._conn)
+            except ConfigurationError:
+                raise ConfigurationError(
+                    f"{self.agent_id} runs in async mode but the REACH_JOBS bucket does"
+                    " not exist: is `reach up` running?"
+                ) from None
+        await self._announce()
+        # Probe and call subscriptions only once accepted: a refused duplicate never
+        # answers for the live instance.
+        for name, endpoint in self._endpoints.items():
+            handler = self._call_handler(endpoint)
+            self._cap_subs.append(
+                await self._conn.subscribe_inline(subjects.capability(name), handler, queue=name)
+            )
+            self._cap_subs.append(
+                await self._conn.subscribe_inline(
+                    subjects.capability_instance(name, self.agent_id), handler
+                )
+            )
+        self._probe_sub = await self._conn.subscribe(subjects.probe(self.agent_id), self._on_probe)
+        await self._conn.flush()
 
     async def serve_forever(self) -> None:
         """Wait until ``stop()`` is called (or the task is cancelled)."""
@@ -330,20 +337,23 @@ class Agent:
         deadline = time.monotonic() + self._announce_timeout
         delay = 0.05
         while True:
+            # no await inside the except block: compiled by mypyc, an await there loses
+            # track of which exception is being handled (nats-py's own escaped)
             try:
                 raw = await self.connection.request(
                     subjects.announce(self.agent_id), data, timeout=2.0
                 )
                 break
             except (NoResponders, ReachTimeout) as exc:
-                if time.monotonic() + delay > deadline:
-                    raise DiscoveryError(
-                        f"no registrar answered the announce of {self.agent_id} within"
-                        f" {self._announce_timeout:.0f}s ({type(exc).__name__}):"
-                        " is `reach up` running?"
-                    ) from exc
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
+                failure: ReachError = exc
+            if time.monotonic() + delay > deadline:
+                raise DiscoveryError(
+                    f"no registrar answered the announce of {self.agent_id} within"
+                    f" {self._announce_timeout:.0f}s ({type(failure).__name__}):"
+                    " is `reach up` running?"
+                ) from failure
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
         reply = envelope.unpack_reply(raw)
         if not reply.ok:
             raise RegistrationRefused(f"{reply.kind}: {reply.description}", agent_id=self.agent_id)

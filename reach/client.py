@@ -45,7 +45,7 @@ from reach.errors import (
     RetriesExhausted,
     Unavailable,
 )
-from reach.fallback import MISSING, Fallback, FallbackInfo, ResultCache
+from reach.fallback import MISSING, NO_FALLBACK, Fallback, FallbackInfo, ResultCache
 from reach.jobs import JobHandle, JobStore
 from reach.models import Instance
 from reach.plain import Plain
@@ -59,10 +59,11 @@ from reach.resilience import (
     wait_backoff,
 )
 from reach.routing import LatencyTracker, RouteEntry, choose
+from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
-from reach.transport import Connection, RawRequest, translate_error
+from reach.transport import Connection, RawRequest
 
 __all__ = ["CallResult", "ReachClient"]
 
@@ -70,6 +71,8 @@ log = logging.getLogger("reach.client")
 
 #: latency SLA assumed when no instance of the capability is known (queue-subject calls)
 DEFAULT_SLA_MS = 1000.0
+#: a call's timeout at most (a day; NaN and infinities are refused with it)
+MAX_TIMEOUT_SEC = 24 * 3600.0
 
 
 #: CallResult's fields, in the constructor's order
@@ -155,10 +158,13 @@ def _remote_error(reply: envelope.Reply, target: str) -> ReachError:
         return ReachTimeout(f"{by}: {desc}")
     if reply.kind == "denied":
         if reply.code.startswith("insufficient_level:"):
-            _, required, held = reply.code.split(":")
-            return NotAuthorized(
-                f"{by}: {desc}", level_required=int(required), level_held=int(held)
-            )
+            parts = reply.code.split(":")
+            try:
+                _, required_text, held_text = parts
+                required, held = int(required_text), int(held_text)
+            except ValueError:  # a callee that does not say it our way
+                return AuthenticationFailed(f"{by}: {desc}")
+            return NotAuthorized(f"{by}: {desc}", level_required=required, level_held=held)
         return AuthenticationFailed(f"{by}: {desc}")
     return InternalError(desc, code=reply.code, agent_id=by)
 
@@ -242,8 +248,8 @@ class ReachClient:
     ) -> None:
         if max_retries < 0:
             raise ConfigurationError("max_retries must be >= 0")
-        self.servers = resolve_servers(servers)
         self.credentials = resolve_credentials(credentials)
+        self.servers = resolve_servers(servers, self.credentials)
         self.name = name
         self.validate = validate
         self.fallback = fallback
@@ -282,35 +288,43 @@ class ReachClient:
         self._conn, creds = await connect_as(
             self.servers, name=self.name, credentials=self.credentials
         )
+        failure: BaseException | None = None
         try:
-            try:
-                store = await RegistryStore.open(self._conn, create=False)
-            except ConfigurationError:
-                raise DiscoveryError(
-                    f"no registry at {', '.join(self.servers)}: is `reach up` running?"
-                ) from None
-            self._nats_request = self._conn.raw_request
-            self._security = await FabricSecurity.join(
-                self._conn, creds, verify=False, clock=self._clock
-            )
-            # the audit's caller: the authenticated client id (on an open fabric, the name)
-            self._client_id = creds.client_id if creds is not None else self.name
-            self._routes = RouteCache(store)
-            await self._routes.start(self._sync_timeout)
-            if self.audit_enabled:
-                # a connection of its own: a batch of events (~100 kB) never queues ahead
-                # of calls on theirs (measured: half the audit's cost at 128 in flight)
-                self._audit_conn, _ = await connect_as(
-                    self.servers, name=f"{self.name}.audit", credentials=self.credentials
-                )
-                self.audit = AuditWriter(self._audit_conn, self._audit_config)
-                await self.audit.start()
-            self.telemetry.watch_breakers(self.breakers.open_count, self.name)
-        except BaseException:
+            await self._join(creds)
+        except BaseException as exc:  # no await in here: compiled, it would leak the error
+            failure = exc
+        if failure is not None:
             # whatever started is stopped (route cache, token session, both connections)
             with contextlib.suppress(Exception):
                 await self.close()
-            raise
+            raise failure
+
+    async def _join(self, creds: CredentialsFile | None) -> None:
+        """Registry, token session, route cache, audit writer."""
+        assert self._conn is not None
+        try:
+            store = await RegistryStore.open(self._conn, create=False)
+        except ConfigurationError:
+            raise DiscoveryError(
+                f"no registry at {', '.join(self.servers)}: is `reach up` running?"
+            ) from None
+        self._nats_request = self._conn.raw_request
+        self._security = await FabricSecurity.join(
+            self._conn, creds, verify=False, clock=self._clock
+        )
+        # the audit's caller: the authenticated client id (on an open fabric, the name)
+        self._client_id = creds.client_id if creds is not None else self.name
+        self._routes = RouteCache(store)
+        await self._routes.start(self._sync_timeout)
+        if self.audit_enabled:
+            # a connection of its own: a batch of events (~100 kB) never queues ahead
+            # of calls on theirs (measured: half the audit's cost at 128 in flight)
+            self._audit_conn, _ = await connect_as(
+                self.servers, name=f"{self.name}.audit", credentials=self.credentials
+            )
+            self.audit = AuditWriter(self._audit_conn, self._audit_config)
+            await self.audit.start()
+        self.telemetry.watch_breakers(self.breakers.open_count, self.name)
 
     async def close(self) -> None:
         if self.audit is not None:
@@ -360,6 +374,10 @@ class ReachClient:
 
     async def submit(self, capability: str, payload: Any, **kwargs: Any) -> JobHandle:
         """Call an async-mode capability and return its job at once."""
+        known = self.routes.entries(capability, kwargs.get("tags", ()))
+        if known and all(entry.instance.manifest.mode != "async" for entry in known):
+            # refused before it runs: a sync call made here would do the work for nothing
+            raise ConfigurationError(f"{capability} is not an async-mode capability")
         result = await self.call(capability, payload, **kwargs)
         if result.job is None:
             raise ConfigurationError(f"{capability} is not an async-mode capability")
@@ -398,22 +416,32 @@ class ReachClient:
         started = time.perf_counter()
         state: _Attempt | None = None
         meta: envelope.RequestMeta | None = None
+        # No await inside an except block here: compiled by mypyc, one there leaves the
+        # error it handled behind as the "current" exception of whatever runs next.
+        failure: ReachError | None = None
         try:
             state, meta, body = self._prepare(
                 capability, payload, timeout, tuple(tags), idempotency_key
             )
+            first: ReachError | None = None
             try:
                 # the first attempt needs no retry machinery: the common case stays cheap
                 value = await self._attempt(state, meta, body)
             except ReachError as exc:
-                value = await self._retry(exc, state, meta, body)
+                first = exc
+            if first is not None:
+                value = await self._retry(first, state, meta, body)
         except ReachError as exc:
-            if fb is None or not _falls_back(exc):
-                self._record(capability, state, meta, started, exc)
-                raise
-            result = await self._fall_back(capability, payload, fb, exc, timeout, started)
-            self._record(capability, state, meta, started, exc, result.fallback)
+            failure = exc
+        if failure is not None:
+            if fb is None or fb is NO_FALLBACK or not _falls_back(failure):
+                self._record(capability, state, meta, started, failure)
+                raise failure
+            result = await self._fall_back(capability, payload, fb, failure, timeout, started)
+            self._record(capability, state, meta, started, failure, result.fallback)
             return result
+        assert state is not None
+        assert meta is not None
         latency_ms = (time.perf_counter() - started) * 1000
         route = tuple(state.route)  # once, for the result and the audit event
         if state.span is not None or self.telemetry.metrics_on:
@@ -581,6 +609,15 @@ class ReachClient:
     ) -> tuple[_Attempt, envelope.RequestMeta, bytes]:
         """Candidates, deadline, contract pre-check and the encoded body of a call."""
         candidates = self.routes.entries(capability, tags)
+        if not candidates and not subjects.is_token(capability):
+            # known names come from validated manifests; this one would go on the wire
+            raise ConfigurationError(
+                f"{capability[:80]!r} is not a capability name: 1-128 letters, digits, '_' or '-'"
+            )
+        if timeout is not None and not 0 <= timeout <= MAX_TIMEOUT_SEC:
+            raise ConfigurationError(
+                f"timeout must be between 0 and {MAX_TIMEOUT_SEC:g} seconds, got {timeout!r}"
+            )
         # every candidate offers the capability: the first one's contract is the contract
         spec = candidates[0].spec if candidates else None
         sla_ms = spec.latency_sla_ms if spec is not None else DEFAULT_SLA_MS
@@ -744,7 +781,9 @@ class ReachClient:
                     inst is not None and inst.batches,
                 )
             except Exception as exc:
-                raise translate_error(exc, subject) from exc
+                # a timeout after NATS refused these credentials the subject is that refusal
+                since = time.monotonic() - (time.perf_counter() - started)
+                raise self.connection.denials.explain(exc, subject, since, subject) from exc
             reply = envelope.unpack_reply(data)
         except NoResponders as exc:
             self._failed(state, target, breaker)
@@ -811,7 +850,11 @@ class ReachClient:
         if fb.backup_capability is not None or fb.backup_tags:
             backup = fb.backup_capability or capability
             try:
-                result = await self.call(backup, payload, timeout=timeout, tags=fb.backup_tags)
+                # the backup's own failure ends it: no fallback of the fallback (the
+                # client's default Fallback would call the backup again, for ever)
+                result = await self.call(
+                    backup, payload, timeout=timeout, tags=fb.backup_tags, fallback=NO_FALLBACK
+                )
             except ReachError as backup_exc:
                 reason += f"; backup {backup} failed: {type(backup_exc).__name__}: {backup_exc}"
             else:

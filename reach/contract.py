@@ -93,7 +93,7 @@ class Validator:
             return True
         try:
             return bool(self._slow.is_valid(value))
-        except (Unresolvable, RecursionError):
+        except (Unresolvable, RecursionError, ArithmeticError, ValueError):
             return False
 
     def validate(self, value: Any, *, plain: bool = False) -> None:
@@ -112,6 +112,14 @@ class Validator:
         except RecursionError:
             raise ContractError(
                 f"{ROOT}: nested too deeply to check against the schema", path=ROOT, rule="depth"
+            ) from None
+        except (ArithmeticError, ValueError) as exc:
+            # a keyword that cannot judge the value: "multipleOf" of NaN or an infinity
+            raise ContractError(
+                f"{ROOT}: a value the schema cannot judge ({exc}); NaN and infinities are"
+                " not JSON numbers",
+                path=ROOT,
+                rule="value",
             ) from None
         if error is not None:
             raise _contract_error(error) from None

@@ -23,7 +23,13 @@ from reach import subjects
 from reach.audit.reader import AuditFilter, read_events
 from reach.audit.records import AuditEvent
 from reach.audit.stats import CallStats
-from reach.errors import ConfigurationError, NoResponders, ReachError, ReachTimeout
+from reach.errors import (
+    ConfigurationError,
+    NoResponders,
+    PermissionDenied,
+    ReachError,
+    ReachTimeout,
+)
 from reach.models import Instance, RegistrarRecord
 from reach.registry.probe import ProbeResult, probe
 from reach.registry.store import RegistryStore
@@ -218,7 +224,7 @@ def _connectivity_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
     if not ev.instances:
         return Step(3, "connectivity", "skip", ["nothing to probe"])
     findings: list[str] = []
-    answered = 0
+    answered = refused = 0
     for inst in ev.instances:
         result = ev.probes.get(inst.agent_id)
         if result is None:
@@ -226,6 +232,14 @@ def _connectivity_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
         if result.ok:
             answered += 1
             findings.append(f"{inst.agent_id}: answered a probe in {result.latency_ms:.1f} ms")
+            continue
+        if isinstance(result.error, PermissionDenied):
+            # these credentials may not probe: nothing is known of the agent from here
+            refused += 1
+            findings.append(
+                f"{inst.agent_id}: not probed: NATS refused these credentials its probe"
+                " subject (run doctor with an admin's credentials)"
+            )
             continue
         findings.append(f"{inst.agent_id}: no answer: {result.reason}")
         if isinstance(result.error, NoResponders):
@@ -246,7 +260,16 @@ def _connectivity_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
             )
         else:
             blame.append(("connectivity", f"{inst.agent_id}: {result.reason}"))
-    verdict: Verdict = "ok" if answered == len(ev.instances) else "warn" if answered else "fail"
+    failed = len(ev.instances) - answered - refused
+    verdict: Verdict = (
+        "fail"
+        if failed and not answered
+        else "warn"
+        if failed
+        else "skip"
+        if refused and not answered
+        else "ok"
+    )
     return Step(3, "connectivity", verdict, findings)
 
 

@@ -20,7 +20,8 @@ contract mismatch from a routing failure without reading logs::
     ├── RetriesExhausted(attempts, last)         last (= __cause__) is the last error
     ├── AuthError
     │   ├── AuthenticationFailed                 bad credentials, bad or expired token
-    │   └── NotAuthorized(level_required, level_held)
+    │   ├── NotAuthorized(level_required, level_held)
+    │   └── PermissionDenied                     NATS refused these credentials a subject
     └── RemoteError(kind, code, description, agent_id)
         ├── BusinessError                        the handler refused the request
         └── InternalError                        the handler crashed
@@ -46,6 +47,7 @@ __all__ = [
     "NoResponders",
     "NotAuthorized",
     "NotFound",
+    "PermissionDenied",
     "ReachError",
     "ReachTimeout",
     "RegistrationRefused",
@@ -189,6 +191,12 @@ class NotAuthorized(AuthError):
         self.level_required = level_required
         self.level_held = level_held
         super().__init__(message)
+
+
+class PermissionDenied(AuthError):
+    """The NATS server refused these credentials a publish or subscription (its
+    permissions, set by ``reach up``'s auth callout): what would otherwise look like a
+    timeout. An operator command run with an agent's or a caller's credentials, say."""
 
 
 class RemoteError(ReachError):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from reach.errors import ConfigurationError
 
-__all__ = ["MISSING", "Fallback", "FallbackInfo", "ResultCache"]
+__all__ = ["MISSING", "NO_FALLBACK", "Fallback", "FallbackInfo", "ResultCache"]
 
 
 class _Missing:
@@ -43,6 +43,17 @@ class Fallback:
             and self.default is MISSING
         ):
             raise ConfigurationError("a Fallback needs a cache age, a backup or a default")
+
+
+class _NoFallback(Fallback):
+    """``fallback=`` for a call that must not fall back, whatever the client's default."""
+
+    def __post_init__(self) -> None:
+        pass
+
+
+#: ``call(..., fallback=NO_FALLBACK)``: no fallback for this call (a backup's own call)
+NO_FALLBACK: Fallback = _NoFallback()
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,9 @@ class JobStore:
         return cls(bucket)
 
     async def put(self, record: JobRecord) -> None:
-        await self.bucket.put(
-            _key(record.job_id), codec.encode(record.model_dump(mode="json"), checked=False)
-        )
+        # python mode: the result goes as the handler returned it, like a reply (bytes
+        # stay bytes, a NaN stays a NaN), and what cannot travel raises a CodecError
+        await self.bucket.put(_key(record.job_id), codec.encode(record.model_dump()))
 
     async def get(self, job_id: str) -> JobRecord | None:
         entry = await self.bucket.get(_key(job_id))

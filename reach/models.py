@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from reach import subjects
 from reach.errors import ConfigurationError
 
 __all__ = [
@@ -47,11 +49,12 @@ __all__ = [
     "RegistrarRecord",
     "RoutingFacts",
     "Transition",
+    "clip_reason",
     "format_validation_error",
     "parse_manifest",
 ]
 
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_TOKEN_RE = subjects.TOKEN_RE
 _TAG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 # semver.org's grammar
 _SEMVER_RE = re.compile(
@@ -62,7 +65,7 @@ _SEMVER_RE = re.compile(
 
 
 def _subject_token(value: str) -> str:
-    if not _TOKEN_RE.match(value):
+    if not _TOKEN_RE.fullmatch(value):
         raise PydanticCustomError(
             "subject_token",
             "must be 1-128 letters, digits, '_' or '-' (a NATS subject token), got {value}",
@@ -72,7 +75,7 @@ def _subject_token(value: str) -> str:
 
 
 def _tag(value: str) -> str:
-    if not _TAG_RE.match(value):
+    if not _TAG_RE.fullmatch(value):
         raise PydanticCustomError(
             "tag_format",
             "must be lowercase words joined by '-', got {value}",
@@ -82,7 +85,7 @@ def _tag(value: str) -> str:
 
 
 def _semver(value: str) -> str:
-    if not _SEMVER_RE.match(value):
+    if not _SEMVER_RE.fullmatch(value):
         raise PydanticCustomError(
             "semver", "must be a semantic version like 1.2.3, got {value}", {"value": repr(value)}
         )
@@ -96,10 +99,46 @@ _CHECKED_SCHEMAS: dict[str, None] = {}
 _CHECKED_MAX = 4096
 
 
+#: a capability's latency SLA at most (a day): a call's deadline is computed from it
+MAX_SLA_MS = 24 * 3600 * 1000.0
+
+#: nesting of a capability's JSON Schema at most (objects and arrays): far more than any
+#: contract needs, and well below where checking it would exhaust Python's stack
+MAX_SCHEMA_DEPTH = 64
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects/arrays more than ``limit`` deep (no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list | tuple):
+                below.extend(item)
+        if not below:
+            return False
+        level = below
+    return True
+
+
 def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
+    if _depth_over(value, MAX_SCHEMA_DEPTH):
+        raise PydanticCustomError(
+            "json_schema",
+            "not a valid JSON Schema: nested more than {limit} levels deep",
+            {"limit": MAX_SCHEMA_DEPTH},
+        )
     try:
-        key = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError):
+        key = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        # NaN or an infinity: JSON cannot say them, and a schema that holds one means
+        # something else to every reader (msgpack keeps it, JSON turns it into null)
+        raise PydanticCustomError(
+            "json_schema", "not a valid JSON Schema: it holds NaN or an infinity", {}
+        ) from None
+    except TypeError:
         key = None  # not JSON: the check below says what is wrong
     if key is not None and key in _CHECKED_SCHEMAS:
         return value
@@ -117,6 +156,19 @@ def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
         _CHECKED_SCHEMAS[key] = None
     return value
 
+
+#: characters of a reason (readiness, status, transition, bye) kept: the registrar copies
+#: reasons into the record, which must stay small however long an agent's exception is
+MAX_REASON = 500
+
+
+def clip_reason(value: str) -> str:
+    """``value`` cut to ``MAX_REASON`` characters (the last one an ellipsis)."""
+    return value if len(value) <= MAX_REASON else value[: MAX_REASON - 1] + "…"
+
+
+#: free text explaining a state, clipped to ``MAX_REASON`` characters
+Reason = Annotated[str, AfterValidator(clip_reason)]
 
 # WithJsonSchema: the exported schemas carry the same rules for agents in other languages.
 SubjectToken = Annotated[
@@ -146,7 +198,9 @@ _FEATURES_HELP = (
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no NaN or infinity anywhere: JSON has none, and an infinite SLA or time is a bug
+    # that would surface far away (a deadline no one can compute, a record no one reads)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied; values computed once from the fields
@@ -187,7 +241,9 @@ class Capability(_Model):
     output_schema: JsonSchema = Field(default_factory=dict)
     tags: list[Tag] = Field(default_factory=list, max_length=32)
     qps: float | None = Field(None, gt=0, description="declared sustainable calls per second")
-    latency_sla_ms: float = Field(1000.0, gt=0, description="P95 latency under good conditions")
+    latency_sla_ms: float = Field(
+        1000.0, gt=0, le=MAX_SLA_MS, description="P95 latency under good conditions"
+    )
     # When in doubt, level high: a capability nobody classified is treated as a core asset.
     security_level: int = Field(4, ge=1, le=4)
     idempotent: bool = False
@@ -251,8 +307,22 @@ class Readiness(_Model):
     """An agent's own view of whether it can do useful work (pools, queues, dependencies)."""
 
     ready: bool = True
-    reason: str = ""
-    details: dict[str, float | int | str | bool] = Field(default_factory=dict)
+    reason: Reason = Field("", description="why not ready (clipped to 500 characters)")
+    details: dict[Reason, float | int | Reason | bool] = Field(
+        default_factory=dict, max_length=32, description="gauges behind the answer (32 at most)"
+    )
+
+    @field_validator("details", mode="before")
+    @classmethod
+    def _finite_gauges(cls, value: Any) -> Any:
+        # a gauge that came out NaN or infinite (0/0 in a ratio) is said as text: the
+        # readiness still counts, and the record stays JSON
+        if isinstance(value, dict):
+            return {
+                k: repr(v) if isinstance(v, float) and not math.isfinite(v) else v
+                for k, v in value.items()
+            }
+        return value
 
 
 class Heartbeat(_Model):
@@ -301,7 +371,7 @@ class Bye(_Model):
 
     agent_id: SubjectToken
     instance_id: str = Field(min_length=1, max_length=64)
-    reason: str = "shutdown"
+    reason: Reason = "shutdown"
 
 
 class ProbeReply(_Model):
@@ -320,7 +390,7 @@ class Transition(_Model):
 
     at: float
     status: HealthStatus
-    reason: str
+    reason: Reason
 
 
 class RoutingFacts(NamedTuple):
@@ -341,7 +411,7 @@ class Instance(_Model):
     manifest: Manifest
     instance_id: str
     status: HealthStatus = "healthy"
-    status_reason: str = ""
+    status_reason: Reason = ""
     registered_at: float
     last_heartbeat_at: float
     last_probe_at: float | None = None

@@ -31,14 +31,24 @@ from reach import codec, envelope
 from reach.clock import Clock
 from reach.context import enter_call, set_current
 from reach.contract import Validator, compile_schema
-from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError, RemoteError
+from reach.errors import (
+    AuthenticationFailed,
+    CodecError,
+    ConfigurationError,
+    ContractError,
+    ReachError,
+    RemoteError,
+)
 from reach.jobs import JobRecord, JobStore
 from reach.models import Capability, format_validation_error
 from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
 from reach.telemetry import Telemetry, end_span, traceparent_of
 
-__all__ = ["CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
+__all__ = ["REPLY_FRAMING", "CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
+
+#: bytes a reply may need around it on the wire (a batch's framing and reply token)
+REPLY_FRAMING = 64
 
 log = logging.getLogger("reach.serving")
 
@@ -204,6 +214,9 @@ class CallServer:
         self.on_denied: Callable[[str, envelope.RequestMeta, str, str, str], None] | None = None
         #: set when an OpenTelemetry SDK is configured: SERVER spans and served-call counts
         self.telemetry: Telemetry | None = None
+        #: the largest reply the server carries (the agent sets it from the connection's
+        #: max_payload): a larger output is answered with a contract error, not dropped
+        self.max_reply_bytes: int | None = None
         # (call id, attempt) pairs seen: a byte-for-byte replay is refused, a retry is not
         self._attempts_seen: OrderedDict[tuple[str, int], None] = OrderedDict()
 
@@ -288,10 +301,23 @@ class CallServer:
                     reply, remember = self._fail(*outcome)
                 else:
                     reply = envelope.pack_ok(outcome[0], self.agent_id)
+                    limit = self.max_reply_bytes
+                    if limit is not None and len(reply) > limit:
+                        kind = "contract"
+                        reply, remember = self._fail(
+                            "contract",
+                            "output_too_large",
+                            f"output of {endpoint.name} is {len(reply)} bytes packed, more than"
+                            f" a message may carry ({limit})",
+                        )
         except asyncio.CancelledError:
             remember = False
             reply = self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
             raise
+        except Exception as exc:  # a bug on this side: the caller hears of it, not silence
+            log.exception("serving a call to %s failed", endpoint.name)
+            kind, remember = "internal", False
+            reply = self._error("internal", type(exc).__name__, f"{endpoint.name}: {exc}")
         finally:
             self.in_flight -= 1
             self.completed += 1
@@ -469,8 +495,29 @@ class CallServer:
             )
         try:
             await self.jobs.put(done)  # type: ignore[union-attr]
+            return
+        except (CodecError, ConfigurationError) as exc:  # a result too large to be kept
+            log.error("the result of job %s cannot be stored: %s", record.job_id, exc)
+            kind, code, why = "contract", "output", f"the result cannot be stored: {exc}"
         except ReachError as exc:
             log.error("could not store the result of job %s: %s", record.job_id, exc)
+            return
+        except Exception as exc:  # a bug: said in the record, not left "accepted" for ever
+            log.exception("could not store the result of job %s", record.job_id)
+            kind, code, why = "internal", type(exc).__name__, f"the result cannot be stored: {exc}"
+        failed = record.model_copy(
+            update={
+                "status": "failed",
+                "finished_at": finished,
+                "error_kind": kind,
+                "error_code": code,
+                "error": why,
+            }
+        )
+        try:
+            await self.jobs.put(failed)  # type: ignore[union-attr]
+        except ReachError as exc:
+            log.error("could not store the failure of job %s: %s", record.job_id, exc)
 
 
 class _Failure(NamedTuple):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,13 +13,29 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_STORE = ".reach"
 
 
-def resolve_servers(servers: str | Sequence[str] | None = None) -> list[str]:
-    """``servers=`` argument, else ``REACH_URL`` (comma separated), else the local default."""
+def resolve_servers(
+    servers: str | Sequence[str] | None = None, credentials: Path | None = None
+) -> list[str]:
+    """``servers=`` argument, else ``REACH_URL`` (comma separated), else the ``url`` of the
+    ``credentials`` file (``reach creds add --out`` writes it), else the local default."""
     if servers is None:
-        servers = os.environ.get("REACH_URL") or DEFAULT_URL
+        servers = os.environ.get("REACH_URL") or _url_of(credentials) or DEFAULT_URL
     if isinstance(servers, str):
         servers = servers.split(",")
     return [s.strip() for s in servers if s.strip()]
+
+
+def _url_of(credentials: Path | None) -> str | None:
+    """The ``url`` a credentials file names, if it can be read (reading it for its secret
+    later says what is wrong with it otherwise)."""
+    if credentials is None:
+        return None
+    try:
+        body = json.loads(credentials.read_bytes())
+    except (OSError, ValueError):
+        return None
+    url = body.get("url") if isinstance(body, dict) else None
+    return url if isinstance(url, str) and url.strip() else None
 
 
 def resolve_credentials(credentials: str | os.PathLike[str] | None = None) -> Path | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "reach.v1"
 
 REGISTRY_BUCKET = "REACH_REGISTRY"
@@ -26,6 +28,15 @@ REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 #: registry keys: instances under ``agent.``, live registrars under ``registrar.``
 AGENT_KEY_PREFIX = "agent."
 REGISTRAR_KEY_PREFIX = "registrar."
+
+
+#: what may stand for one token of a subject: an agent id, a capability name, a feature
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def is_token(name: str) -> bool:
+    """Whether ``name`` can be one token of a subject (no dots, spaces, wildcards)."""
+    return TOKEN_RE.fullmatch(name) is not None  # "$" alone would let a final newline by
 
 
 def announce(agent_id: str) -> str:

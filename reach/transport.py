@@ -13,6 +13,8 @@ import contextlib
 import datetime
 import logging
 import random
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +39,7 @@ from reach.errors import (
     ConfigurationError,
     Disconnected,
     NoResponders,
+    PermissionDenied,
     ReachError,
     ReachTimeout,
     TransportError,
@@ -147,11 +150,56 @@ def translate_error(exc: BaseException, what: str) -> ReachError:
     return TransportError(f"{what}: {type(exc).__name__}: {exc}")
 
 
+class Denials:
+    """What the server refused these credentials lately (``-ERR 'Permissions Violation
+    for Publish to "…"'``): the server drops such a message and says so only in this
+    error, so a request to it would otherwise end as a plain timeout."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: deque[tuple[float, str]] = deque(maxlen=32)
+
+    def add(self, error: str) -> None:
+        self._seen.append((time.monotonic(), error.removeprefix("nats: ")))
+
+    def since(self, started: float, subject: str | None = None) -> str | None:
+        """The latest refusal since ``started`` (monotonic), of ``subject`` if given
+        (nats-py reports it in lower case), else of a JetStream or KV subject."""
+        wants = (f'"{subject.lower()}"',) if subject is not None else ('"$js.', '"$kv.')
+        for at, error in reversed(self._seen):
+            if at < started:
+                return None
+            if any(want in error for want in wants):
+                return error
+        return None
+
+    def explain(
+        self, exc: BaseException, what: str, started: float, subject: str | None = None
+    ) -> ReachError:
+        """``translate_error``, but a timeout after a refusal is the refusal."""
+        err = translate_error(exc, what)
+        if isinstance(err, ReachTimeout):
+            refused = self.since(started, subject)
+            if refused is not None:
+                return PermissionDenied(
+                    f"{what}: the NATS server refused these credentials ({refused});"
+                    " use credentials allowed to do this (an admin's for operator commands)"
+                )
+        return err
+
+
+def _permission_error(exc: BaseException) -> bool:
+    return "permissions violation" in str(exc).lower()
+
+
 class Connection:
     """A connected NATS client, narrowed to what Agent-Reach uses."""
 
-    def __init__(self, nc: _NatsClient) -> None:
+    def __init__(self, nc: _NatsClient, denials: Denials | None = None) -> None:
         self._nc = nc
+        #: refusals the server reported on this connection (see ``Denials``)
+        self.denials = denials or Denials()
         self._js = nc.jetstream()
         self._writer = Writer(nc)
         self._mux = ReplyMux(nc, self._writer)
@@ -203,11 +251,12 @@ class Connection:
     async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
         if timeout <= 0:
             raise ReachTimeout(f"no time left to call {subject}")
+        started = time.monotonic()
         try:
             # the call path's mux, never batched: control subjects answer one at a time
             return await self._mux.request(subject, data, timeout, False)
         except Exception as exc:
-            raise translate_error(exc, subject) from exc
+            raise self.denials.explain(exc, subject, started, subject) from exc
 
     async def publish(self, subject: str, data: bytes, reply: str = "") -> None:
         try:
@@ -264,6 +313,7 @@ class Connection:
         history: int = 1,
         ttl: float | None = None,
     ) -> KVBucket:
+        started = time.monotonic()
         try:
             kv = await self._js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
@@ -284,10 +334,10 @@ class Connection:
                     )
                 )
             except Exception as exc:
-                raise translate_error(exc, f"create KV bucket {bucket}") from exc
+                raise self.denials.explain(exc, f"create KV bucket {bucket}", started) from exc
         except Exception as exc:
-            raise translate_error(exc, f"open KV bucket {bucket}") from exc
-        return KVBucket(bucket, kv)
+            raise self.denials.explain(exc, f"open KV bucket {bucket}", started) from exc
+        return KVBucket(bucket, kv, self.denials)
 
     async def stream(
         self,
@@ -307,6 +357,7 @@ class Connection:
         a record, and nobody edits a record. ``check=False`` skips asking the server
         whether it exists (a publisher without JetStream API permissions).
         """
+        started = time.monotonic()
         if create:
             config = StreamConfig(
                 name=name,
@@ -326,22 +377,22 @@ class Connection:
                 try:
                     await self._js.add_stream(config)
                 except Exception as exc:
-                    raise translate_error(exc, f"create stream {name}") from exc
+                    raise self.denials.explain(exc, f"create stream {name}", started) from exc
             except Exception as exc:
-                raise translate_error(exc, f"open stream {name}") from exc
+                raise self.denials.explain(exc, f"open stream {name}", started) from exc
             else:
                 try:
                     await self._js.update_stream(config)
                 except Exception as exc:
-                    raise translate_error(exc, f"update stream {name}") from exc
+                    raise self.denials.explain(exc, f"update stream {name}", started) from exc
         elif check:
             try:
                 await self._js.stream_info(name)
             except nats.js.errors.NotFoundError:
                 raise ConfigurationError(f"stream {name} does not exist") from None
             except Exception as exc:
-                raise translate_error(exc, f"open stream {name}") from exc
-        return Stream(name, self._js)
+                raise self.denials.explain(exc, f"open stream {name}", started) from exc
+        return Stream(name, self._js, self.denials)
 
     async def close(self) -> None:
         if not self._nc.is_closed:
@@ -363,58 +414,77 @@ def _is_conflict(exc: BaseException) -> bool:
 class KVBucket:
     """JetStream KV operations with compare-and-set, translated to Agent-Reach errors."""
 
-    def __init__(self, name: str, kv: Any) -> None:
+    def __init__(self, name: str, kv: Any, denials: Denials | None = None) -> None:
+        self._denials = denials or Denials()
         self.name = name
         self._kv = kv
 
     async def get(self, key: str) -> KVEntry | None:
+        started = time.monotonic()
         try:
             entry = await self._kv.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return None
         except Exception as exc:
-            raise translate_error(exc, f"KV get {self.name}/{key}") from exc
+            raise self._denials.explain(
+                exc, started=started, what=f"KV get {self.name}/{key}"
+            ) from exc
         return KVEntry(key, bytes(entry.value or b""), int(entry.revision))
 
     async def create(self, key: str, value: bytes) -> int:
         """Write only if the key does not exist; KVConflict otherwise."""
+        started = time.monotonic()
         try:
             return int(await self._kv.create(key, value))
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} already exists") from exc
-            raise translate_error(exc, f"KV create {self.name}/{key}") from exc
+            raise self._denials.explain(
+                exc, started=started, what=f"KV create {self.name}/{key}"
+            ) from exc
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         """Write only if the key is still at revision ``last``; KVConflict otherwise."""
+        started = time.monotonic()
         try:
             return int(await self._kv.update(key, value, last=last))
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
-            raise translate_error(exc, f"KV update {self.name}/{key}") from exc
+            raise self._denials.explain(
+                exc, started=started, what=f"KV update {self.name}/{key}"
+            ) from exc
 
     async def put(self, key: str, value: bytes) -> int:
+        started = time.monotonic()
         try:
             return int(await self._kv.put(key, value))
         except Exception as exc:
-            raise translate_error(exc, f"KV put {self.name}/{key}") from exc
+            raise self._denials.explain(
+                exc, started=started, what=f"KV put {self.name}/{key}"
+            ) from exc
 
     async def delete(self, key: str, last: int | None = None) -> None:
         """Delete (only if still at revision ``last`` when given); KVConflict otherwise."""
+        started = time.monotonic()
         try:
             await self._kv.delete(key, last=last)
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
-            raise translate_error(exc, f"KV delete {self.name}/{key}") from exc
+            raise self._denials.explain(
+                exc, started=started, what=f"KV delete {self.name}/{key}"
+            ) from exc
 
     async def watch(self, keys: str) -> AsyncIterator[KVEntry | None]:
         """Current values, then ``None`` once caught up, then every change (deletes flagged)."""
+        started = time.monotonic()
         try:
             watcher = await self._kv.watch(keys)
         except Exception as exc:
-            raise translate_error(exc, f"KV watch {self.name}/{keys}") from exc
+            raise self._denials.explain(
+                exc, started=started, what=f"KV watch {self.name}/{keys}"
+            ) from exc
         try:
             async for entry in watcher:
                 if entry is None:
@@ -444,8 +514,14 @@ async def connect(
     refused = asyncio.Event()
     refusals = 0
 
+    denials = Denials()
+
     async def _error_cb(exc: Exception) -> None:
         nonlocal refusals
+        if _permission_error(exc):
+            log.warning("%s: %s", name, exc)
+            denials.add(str(exc))
+            return
         if len(seen) < 8:
             seen.append(exc)
         log.debug("nats: %s: %s", type(exc).__name__, exc)
@@ -507,7 +583,7 @@ async def connect(
             ) from exc
         raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
-    made.append(Connection(nc))
+    made.append(Connection(nc, denials))
     return made[0]
 
 
@@ -550,9 +626,10 @@ class StreamMessage:
 class Stream:
     """Idempotent publishing (message ids, acks) and ordered reads of one stream."""
 
-    def __init__(self, name: str, js: Any) -> None:
+    def __init__(self, name: str, js: Any, denials: Denials | None = None) -> None:
         self.name = name
         self._js = js
+        self._denials = denials or Denials()
 
     async def publish(
         self,
@@ -565,6 +642,7 @@ class Stream:
     ) -> int:
         """Store ``data`` (with ``headers``) once: a resend with the same ``msg_id`` is not
         stored twice."""
+        started = time.monotonic()
         try:
             ack = await self._js.publish(
                 subject,
@@ -576,7 +654,7 @@ class Stream:
         except nats.js.errors.NoStreamResponseError as exc:
             raise NoResponders(f"no stream answers on {subject} ({self.name})") from exc
         except Exception as exc:
-            raise translate_error(exc, f"publish to {self.name}") from exc
+            raise self._denials.explain(exc, f"publish to {self.name}", started, subject) from exc
         return int(ack.seq)
 
     async def read(
@@ -599,6 +677,7 @@ class Stream:
             start = datetime.datetime.fromtimestamp(since, tz=datetime.UTC)
         else:
             policy, start = DeliverPolicy.ALL, None
+        started = time.monotonic()
         try:
             sub = await self._js.subscribe(
                 subject,
@@ -609,7 +688,7 @@ class Stream:
                 headers_only=headers_only or None,
             )
         except Exception as exc:
-            raise translate_error(exc, f"read {self.name}") from exc
+            raise self._denials.explain(exc, f"read {self.name}", started) from exc
         try:
             if new_only and not follow:
                 return
@@ -641,8 +720,9 @@ class Stream:
 
     async def get(self, seq: int) -> bytes:
         """The data of the message stored as ``seq``."""
+        started = time.monotonic()
         try:
             msg = await self._js.get_msg(self.name, seq)
         except Exception as exc:
-            raise translate_error(exc, f"get message {seq} of {self.name}") from exc
+            raise self._denials.explain(exc, f"get message {seq} of {self.name}", started) from exc
         return bytes(msg.data or b"")

@@ -238,6 +238,9 @@ class ReplyMux:
         #: reply token of a batch ("z…", never a request's hex token) → its subject and its
         #: requests (token, data), kept until its first reply in case it must go again
         self._batches: dict[str, tuple[str, list[tuple[str, bytes]]]] = {}
+        #: reply token of a batch answered in parts → its requests not answered yet (only
+        #: those may be answered on its reply subject), kept until its deadline at most
+        self._unanswered: dict[str, set[str]] = {}
         self._outbox: dict[str, Outbox] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._ready: asyncio.Lock = asyncio.Lock()
@@ -282,9 +285,15 @@ class ReplyMux:
 
     def _on_batch_reply(self, batch: str, msg: _NatsMsg) -> None:
         # a batch is refused or 503'd in one message, its first
-        subject, items = self._batches.pop(batch, ("", []))
+        entry = self._batches.pop(batch, None)
+        items: list[tuple[str, bytes]] = []
+        if entry is None:  # a later part of its replies: the requests not answered yet
+            subject, asked = "", self._unanswered.pop(batch, set())
+        else:
+            subject, items = entry
+            asked = {token for token, _ in items}
         if _is_no_responders(msg):
-            for token, _ in items:
+            for token in asked:
                 self._settle(token, nats.errors.NoRespondersError())
             return
         data = msg.data
@@ -297,12 +306,27 @@ class ReplyMux:
                     self._publish_one(subject, request, token)
             return
         try:
-            items = envelope.unpack_batch(data)
+            replies = envelope.unpack_batch(data)
         except ReachError as exc:
             log.warning("unreadable batch reply on %s: %s", msg.subject, exc)
-            return  # its requests time out
-        for token, reply in items:
-            self._settle(token, reply)
+            replies = []  # its requests wait for later parts, or time out
+        # only this batch's own requests: whoever answers it must not settle other calls
+        # (a responder may publish to the reply subject it was given, and nothing else)
+        strangers = 0
+        for token, reply in replies:
+            if token in asked:
+                asked.discard(token)
+                self._settle(token, reply)
+            else:
+                strangers += 1
+        if strangers:
+            log.warning(
+                "a batch reply on %s answers %d request(s) not of its batch: ignored",
+                msg.subject,
+                strangers,
+            )
+        if asked:  # the rest come in later parts (until the batch's deadline)
+            self._unanswered[batch] = asked
 
     def _expire(self) -> None:
         self._timer = None
@@ -310,12 +334,18 @@ class ReplyMux:
         loop = asyncio.get_running_loop()
         now = loop.time()
         deadlines, pending, batches = self._deadlines, self._pending, self._batches
+        unanswered = self._unanswered
         while deadlines and (
             deadlines[0][0] <= now
-            or (deadlines[0][1] not in pending and deadlines[0][1] not in batches)
+            or (
+                deadlines[0][1] not in pending
+                and deadlines[0][1] not in batches
+                and deadlines[0][1] not in unanswered
+            )
         ):
             _, token = heapq.heappop(deadlines)
             batches.pop(token, None)
+            unanswered.pop(token, None)
             if token in pending:  # most were answered long ago: no error object for them
                 self._settle(token, nats.errors.TimeoutError())
         if deadlines:

@@ -40,9 +40,13 @@ async def test_the_retry_alert_fires_at_the_eleventh_retry_in_a_minute(
     nats_server: NatsServer, registrar: Registrar, conn: Connection
 ) -> None:
     agent, _ = make_agent(nats_server.url, "flaky-1", handler=busy_on_first_attempt)
+    # half of the attempts fail: the breaker would open (rightly) before the 11th call
+    patient = BreakerConfig(min_calls=100)
     async with (
         agent,
-        ReachClient(servers=nats_server.url, retry_budget=RetryBudget(min_retries=100)) as client,
+        ReachClient(
+            servers=nats_server.url, retry_budget=RetryBudget(min_retries=100), breaker=patient
+        ) as client,
     ):
         await wait_routable(client, "work", 1)
         # one retry per call, all within the minute

@@ -9,7 +9,7 @@ import pytest
 
 from reach.agent import Agent
 from reach.client import ReachClient
-from reach.errors import BusinessError, ContractError, ReachTimeout
+from reach.errors import BusinessError, ConfigurationError, ContractError, ReachTimeout
 from reach.testing import NatsServer
 
 from .calls_helpers import wait_routable
@@ -82,3 +82,29 @@ async def test_failed_job_raises_its_typed_error_and_bad_input_fails_at_once(
         client.validate = False
         with pytest.raises(ContractError, match="rows"):
             await client.submit("bulk_export", {"rows": "many"})
+
+
+async def test_submit_to_a_sync_capability_is_refused_before_the_call_runs(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    agent = Agent(
+        {
+            "agent_id": "sync-1",
+            "agent_name": "sync",
+            "version": "1.0.0",
+            "capabilities": [{"name": "quick", "security_level": 1}],
+        },
+        servers=nats_server.url,
+    )
+    ran: list[Any] = []
+
+    @agent.capability("quick")
+    async def quick(req: dict[str, Any]) -> dict[str, Any]:
+        ran.append(req)
+        return {}
+
+    async with agent:
+        await wait_routable(client, "quick", 1)
+        with pytest.raises(ConfigurationError, match="not an async-mode capability"):
+            await client.submit("quick", {"n": 1})
+        assert ran == []  # nothing was done for nothing

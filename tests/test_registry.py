@@ -217,3 +217,39 @@ async def test_two_registrars_at_once_lose_no_update(nats_server: NatsServer) ->
             await r.stop()
         for c in conns:
             await c.close()
+
+
+async def test_probe_latency_is_recorded_and_kept_fresh_by_heartbeats_alone(
+    client: ReachClient, registrar: Registrar, nats_server: NatsServer
+) -> None:
+    """A successful probe that changes nothing is not a KV write of its own, but what it
+    measured reaches the record with the next heartbeat (what `reach agents` shows in its
+    probe column)."""
+    agent = Agent(manifest("probed-1", interval=0.3), servers=nats_server.url)
+
+    @agent.capability("echo")
+    async def handle(req: dict[str, object]) -> dict[str, object]:
+        return req
+
+    async with agent:
+        await client.routes.wait_for(
+            lambda c: (i := c.get("probed-1")) is not None and i.last_probe_ms is not None,
+            timeout=5,
+        )
+        first = client.routes.get("probed-1")
+        assert first is not None
+        assert first.last_probe_at is not None
+        assert first.last_probe_ms is not None
+        assert first.last_probe_ms >= 0
+        # probes every 0.15 s (a new agent), heartbeats every 0.3 s: newer probes arrive
+        await client.routes.wait_for(
+            lambda c: (
+                (i := c.get("probed-1")) is not None
+                and (i.last_probe_at or 0) > (first.last_probe_at or 0)
+            ),
+            timeout=5,
+        )
+        later = client.routes.get("probed-1")
+        assert later is not None
+        assert later.status == "healthy"
+        assert later.last_heartbeat_at > first.last_heartbeat_at

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -52,6 +52,15 @@ log = logging.getLogger("reach.alerts")
 
 RuleName = Literal["retry_storm", "unhealthy", "breaker_rejections", "new_agent_probe_failed"]
 RULES: tuple[str, ...] = get_args(RuleName)
+
+_K = TypeVar("_K")
+
+#: names (capabilities, caller→callee pairs) one rule tracks at most at a time
+MAX_TRACKED = 10_000
+#: how often windows that emptied are forgotten
+PRUNE_EVERY_SEC = 10.0
+#: alerts an AlertWatcher keeps in ``fired``
+FIRED_KEPT = 1000
 
 
 class Alert(BaseModel):
@@ -144,6 +153,11 @@ class _Counts:
         return self.total
 
 
+def _drop_empty(table: dict[_K, _Window] | dict[_K, _Counts], now: float) -> None:
+    for key in [k for k, window in table.items() if not window.count(now)]:
+        del table[key]
+
+
 class AlertEngine:
     """Turns audit events and registry records into alerts (no I/O)."""
 
@@ -152,11 +166,11 @@ class AlertEngine:
         self._clock = clock
         self._retries: dict[tuple[str, str], _Window] = {}
         self._calls: dict[str, _Counts] = {}
-        self._rejections: dict[str, _Window] = defaultdict(
-            lambda: _Window(self.rules.breaker_window_sec)
-        )
+        self._rejections: dict[str, _Window] = {}
         self._last_fired: dict[tuple[str, str], float] = {}
         self._status: dict[str, tuple[str, int]] = {}
+        self._pruned_at = 0.0
+        self._full_warned = False
 
     def _fire(self, rule: RuleName, key: str, now: float, **fields: Any) -> Alert | None:
         last = self._last_fired.get((rule, key))
@@ -219,10 +233,41 @@ class AlertEngine:
             self._count_calls(capability, n)
 
     def _count_calls(self, capability: str, n: int) -> None:
+        now = self._clock.time()
         calls = self._calls.get(capability)
         if calls is None:
+            if not self._room(self._calls, now):
+                return
             calls = self._calls[capability] = _Counts(self.rules.breaker_window_sec)
-        calls.add(self._clock.time(), n)
+        calls.add(now, n)
+
+    def _room(self, table: Mapping[Any, Any], now: float) -> bool:
+        """Whether ``table`` may take one more key: what it tracks comes from notices any
+        caller may publish, so it stays bounded (``MAX_TRACKED``), emptied windows first."""
+        # a prune walks every table: at most every PRUNE_EVERY_SEC, full or not (a flood of
+        # new names must not turn into a walk per name)
+        if now - self._pruned_at >= PRUNE_EVERY_SEC:
+            self.prune(now)
+        if len(table) < MAX_TRACKED:
+            return True
+        if not self._full_warned:
+            self._full_warned = True
+            log.warning(
+                "alerts: tracking %d names already; calls of new ones are not counted", MAX_TRACKED
+            )
+        return False
+
+    def prune(self, now: float) -> None:
+        """Forget windows that emptied and alerts that may fire again."""
+        self._pruned_at = now
+        _drop_empty(self._calls, now)
+        _drop_empty(self._retries, now)
+        _drop_empty(self._rejections, now)
+        repeat = self.rules.repeat_after_sec
+        for key in [k for k, at in self._last_fired.items() if now - at >= repeat]:
+            del self._last_fired[key]
+        if max(len(self._calls), len(self._retries), len(self._rejections)) < MAX_TRACKED:
+            self._full_warned = False  # room again: a later flood is worth a line again
 
     def _observe_call(
         self, capability: str, caller: str, tried: list[Any], error: Any
@@ -234,6 +279,8 @@ class AlertEngine:
             callee = str(agent_id or capability)
             window = self._retries.get((caller, callee))
             if window is None:
+                if not self._room(self._retries, now):
+                    continue
                 window = self._retries[(caller, callee)] = _Window(self.rules.retry_window_sec)
             count = window.add(now)
             if count > self.rules.retry_threshold:
@@ -258,7 +305,12 @@ class AlertEngine:
             return alerts
         calls = self._calls.get(capability)
         total = calls.count(now) if calls is not None else 0
-        rejected = self._rejections[capability].add(now)
+        rejections = self._rejections.get(capability)
+        if rejections is None:
+            if not self._room(self._rejections, now):
+                return alerts
+            rejections = self._rejections[capability] = _Window(self.rules.breaker_window_sec)
+        rejected = rejections.add(now)
         if total >= self.rules.breaker_min_calls and rejected / total > self.rules.breaker_share:
             alert = self._fire(
                 "breaker_rejections",
@@ -334,7 +386,8 @@ class AlertWatcher:
         self._publishing: set[asyncio.Task[None]] = set()
         self._alerts: Stream | None = None
         self._audit: Stream | None = None
-        self.fired: list[Alert] = []
+        #: the alerts this watcher raised, the latest ``FIRED_KEPT``
+        self.fired: deque[Alert] = deque(maxlen=FIRED_KEPT)
 
     async def start(self) -> None:
         self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)

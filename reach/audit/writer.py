@@ -256,10 +256,13 @@ class AuditWriter:
             self._seal_due(time.monotonic())
             if not self._batches:
                 continue
+            failed = False
             try:
                 await self._send_all()
-            except ReachError as exc:
+            except ReachError as exc:  # (no await in here: compiled, it would leak exc)
                 self._warn(exc)
+                failed = True
+            if failed:
                 # back off: new events or a flush() do not cut it short, a reconnect does
                 self._retry_now.clear()
                 with contextlib.suppress(TimeoutError):
@@ -297,7 +300,9 @@ class AuditWriter:
             return
         self._batches.append(
             _Batch(
-                capability=str(capability) or "_",
+                # the subject's last token: a name that cannot be one (a caller asked
+                # for "a.>" or "" by mistake) goes under "_", the events keep the name
+                capability=capability if subjects.is_token(capability) else "_",
                 msg_id=f"{self._writer_id}.{self._batch_seq}",
                 data=data,
                 count=batch.count - lost,

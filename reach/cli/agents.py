@@ -6,14 +6,13 @@ import json
 import time
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from reach.audit.reader import read_events
 from reach.audit.stats import CallStats
-from reach.cli.common import Target, connection_options, run
+from reach.cli.common import Target, connection_options, console, run
 from reach.client import ReachClient
-from reach.errors import ConfigurationError
+from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
 from reach.transport import Connection
 
@@ -47,6 +46,9 @@ async def observed_p99(conn: Connection, now: float) -> dict[str, float]:
                 break
     except ConfigurationError:
         return {}  # no audit stream on this fabric
+    except ReachError as exc:  # not readable with these credentials, say: the list still is
+        click.echo(f"note: no observed p99 ({exc})", err=True)
+        return {}
     out: dict[str, float] = {}
     for agent_id, tally in stats.by_instance().items():
         p99 = tally.p(0.99)
@@ -99,7 +101,7 @@ async def _agents(
     if not instances:
         click.echo("no agents registered" + (" matching the filter" if tag or capability else ""))
         return
-    Console().print(render_table(instances, now, p99))
+    console().print(render_table(instances, now, p99))
 
 
 def register(main: click.Group) -> None:

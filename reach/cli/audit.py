@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from typing import get_args
 
 import click
 
+from reach.audit.events import ErrorClass, Outcome
 from reach.audit.reader import AuditFilter, format_event, parse_since, read_events
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
+
+#: what --kind takes: an outcome, "retry", or an error class
+KINDS = tuple(dict.fromkeys([*get_args(Outcome), "retry", *get_args(ErrorClass)]))
 
 
 async def _tail(
@@ -41,6 +46,8 @@ def register(main: click.Group) -> None:
     @click.option(
         "--kind",
         default="",
+        type=click.Choice(["", *KINDS]),
+        metavar="KIND",
         help="ok, error, fallback, denied, retry, or an error class:"
         " connect, timeout, business, breaker, contract, unavailable, discovery, internal",
     )

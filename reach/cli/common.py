@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from rich.console import Console
 
 from reach.errors import ConfigurationError, ReachError
 from reach.security.fabric import connect_as
@@ -48,7 +49,8 @@ def connection_options(func: F) -> F:
     )
     @functools.wraps(func)
     def wrapper(*args: Any, servers: str | None, creds: str | None, **kwargs: Any) -> Any:
-        target = Target(resolve_servers(servers), resolve_credentials(creds))
+        credentials = resolve_credentials(creds)
+        target = Target(resolve_servers(servers, credentials), credentials)
         return func(*args, target=target, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -90,6 +92,15 @@ async def connection(target: Target, name: str) -> AsyncIterator[Connection]:
         yield conn
     finally:
         await conn.close()
+
+
+#: a table printed to a pipe or file is as wide as it needs (one line per row, greppable)
+PIPED_WIDTH = 1000
+
+
+def console() -> Console:
+    """Where tables go: the terminal's width on a terminal; unwrapped when piped."""
+    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
 
 
 def colour_wanted() -> bool:

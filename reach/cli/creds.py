@@ -7,11 +7,10 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from reach import envelope, subjects
-from reach.cli.common import Target, connection_options, fail, run
+from reach.cli.common import Target, connection_options, console, fail, run
 from reach.security.credentials import KNOWN_ROLES, CredentialsFile, CredentialStore
 from reach.security.fabric import FabricSecurity, connect_as
 
@@ -108,7 +107,7 @@ def list_(target: Target, as_json: bool) -> None:
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(record.created_at)),
                 "yes" if record.revoked else "",
             )
-        Console().print(table)
+        console().print(table)
 
     run(go())
 

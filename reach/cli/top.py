@@ -11,14 +11,15 @@ import contextlib
 import time
 
 import click
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
 from reach.audit.reader import read_events
 from reach.audit.stats import CallStats, Tally
 from reach.cli.agents import _STATUS_STYLE
-from reach.cli.common import Target, connection, connection_options, run
+from reach.cli.common import Target, connection, connection_options, console, run
+from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
@@ -34,7 +35,7 @@ def _ms(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "-"
 
 
-def render(instances: list[Instance], stats: CallStats, now: float) -> Group:
+def render(instances: list[Instance], stats: CallStats, now: float, note: str = "") -> Group:
     stats.trim(now)
     per_inst = stats.by_instance()
     open_breakers = stats.open_breakers(now)
@@ -80,6 +81,8 @@ def render(instances: list[Instance], stats: CallStats, now: float) -> Group:
             str(tally.retries),
             errors,
         )
+    if note:  # the calls cannot be shown (the audit stream is not readable): say why
+        return Group(head, f"[yellow]{note}[/]", "", inst_table, "", cap_table)
     return Group(head, "", inst_table, "", cap_table)
 
 
@@ -88,23 +91,31 @@ async def _top(target: Target, interval: float, window: float, once: bool) -> No
     async with connection(target, "reach-top") as conn:
         routes = RouteCache(await RegistryStore.open(conn, create=False))
         await routes.start()
+        # the instances come from the registry, the calls from the audit stream: if that
+        # cannot be read (credentials without access, say), the instances still show
+        note: list[str] = []
+
+        async def read(follow: bool) -> None:
+            try:
+                async for event in read_events(conn, since=time.time() - window, follow=follow):
+                    stats.add(event)
+            except ReachError as exc:
+                note.append(f"calls not shown: {exc}")
+
+        def view() -> Group:
+            return render(routes.all(), stats, time.time(), note[0] if note else "")
+
         try:
             if once:
-                async for event in read_events(conn, since=time.time() - window):
-                    stats.add(event)
-                Console().print(render(routes.all(), stats, time.time()))
+                await read(follow=False)
+                console().print(view())
                 return
-
-            async def follow() -> None:
-                async for event in read_events(conn, since=time.time() - window, follow=True):
-                    stats.add(event)
-
-            reader = asyncio.create_task(follow())
+            reader = asyncio.create_task(read(follow=True))
             try:
-                with Live(render(routes.all(), stats, time.time()), auto_refresh=False) as live:
-                    while not reader.done():
+                with Live(view(), auto_refresh=False) as live:
+                    while not reader.done() or note:
                         await asyncio.sleep(interval)
-                        live.update(render(routes.all(), stats, time.time()), refresh=True)
+                        live.update(view(), refresh=True)
                 reader.result()
             finally:
                 reader.cancel()

@@ -131,6 +131,13 @@ def up(
             replicas = _CLUSTER_REPLICAS
         elif replicas > cluster:
             fail(f"--replicas {replicas} needs at least {replicas} nodes (--cluster)", code=2)
+    elif explicit and ctx.get_parameter_source("port") != ParameterSource.DEFAULT:
+        given = ctx.params.get("servers") is not None
+        where, hint = ("--servers", "") if given else ("REACH_URL", " (unset it to start one)")
+        fail(
+            f"--port starts a NATS of its own, {where} names one to use: drop one of them{hint}",
+            code=2,
+        )
     elif not explicit and replicas > 1:
         fail(f"--replicas {replicas} needs a NATS cluster: pass its URL with --servers", code=2)
     if auth_callout and not explicit:

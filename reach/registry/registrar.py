@@ -17,7 +17,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from reach import envelope, subjects
 from reach.audit.alerts import AlertRules, AlertWatcher
@@ -40,6 +40,7 @@ from reach.models import (
     Readiness,
     RegistrarRecord,
     Transition,
+    clip_reason,
 )
 from reach.registry.probe import probe
 from reach.registry.store import RegistryStore
@@ -110,6 +111,9 @@ class Registrar:
         self._registrars: dict[str, RegistrarRecord] = {}
         self._owner_cache: dict[str, bool] = {}
         self._last_probe: dict[str, float] = {}
+        #: per instance: (when, ms) of its latest successful probe that changed nothing
+        #: and so was not written; the next heartbeat's write carries it (no write of its own)
+        self._probed: dict[str, tuple[float, float]] = {}
         self._probing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Subscription] = []
@@ -422,11 +426,16 @@ class Registrar:
             return
         try:
             reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
-        except ReachError:
+        except ReachError as exc:
             # it is alive, the registry could not take it (a JetStream leader election):
             # its silence is not counted from the record's older heartbeat
             if hb.agent_id in self._records:
                 self._unrecorded[hb.agent_id] = self._clock.time()
+            if msg.reply:  # told, not left to time out
+                await self._conn.respond(
+                    msg,
+                    envelope.pack_error("unavailable", "not_recorded", str(exc), self.registrar_id),
+                )
             raise
         if msg.reply:
             await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
@@ -444,26 +453,31 @@ class Registrar:
             )
         now = self._clock.time()
 
+        probed = self._probed.get(hb.agent_id)
+
         def apply(inst: Instance) -> Instance | None:
             if inst.instance_id != hb.instance_id:
                 return None
-            updated = inst.model_copy(
-                update={
-                    "last_heartbeat_at": now,
-                    "consecutive_failures": 0,
-                    "in_flight": hb.in_flight,
-                    "max_concurrency": hb.max_concurrency,
-                    "completed": hb.completed,
-                    "last_completion_at": hb.last_completion_at,
-                    "memory_bytes": hb.memory_bytes,
-                    "readiness": hb.readiness,
-                }
-            )
+            update: dict[str, Any] = {
+                "last_heartbeat_at": now,
+                "consecutive_failures": 0,
+                "in_flight": hb.in_flight,
+                "max_concurrency": hb.max_concurrency,
+                "completed": hb.completed,
+                "last_completion_at": hb.last_completion_at,
+                "memory_bytes": hb.memory_bytes,
+                "readiness": hb.readiness,
+            }
+            if probed is not None and probed[0] > (inst.last_probe_at or 0.0):
+                update["last_probe_at"], update["last_probe_ms"] = probed
+            updated = inst.model_copy(update=update)
             return self._with_status(updated, *self._status_from(hb.readiness, "heartbeat"), now)
 
         result = await self._mutate(hb.agent_id, apply)
         if result is None:
             return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+        if probed is not None and self._probed.get(hb.agent_id) == probed:
+            del self._probed[hb.agent_id]
         return HeartbeatReply(ok=True)
 
     async def _on_bye(self, msg: Message) -> None:
@@ -495,6 +509,7 @@ class Registrar:
     ) -> Instance:
         if inst.status == status:
             return inst
+        reason = clip_reason(reason)
         log.info("%s: %s → %s (%s)", inst.agent_id, inst.status, status, reason)
         return inst.model_copy(
             update={
@@ -519,7 +534,9 @@ class Registrar:
                 if result.reply is not None:
                     status, reason = self._status_from(result.reply.readiness, "probe")
                     if cur.status == status and cur.consecutive_failures == 0:
-                        return None  # nothing changed: no KV write
+                        # nothing changed: no KV write; the next heartbeat records it
+                        self._probed[agent_id] = (now, result.latency_ms)
+                        return None
                     updated = cur.model_copy(
                         update={
                             "consecutive_failures": 0,
@@ -540,6 +557,10 @@ class Registrar:
                 return updated
 
             await self._mutate(agent_id, apply)
+        except ReachError as exc:  # NATS busy or away: the next probe tries again
+            log.warning("could not record the probe of %s: %s", agent_id, exc)
+        except Exception:
+            log.exception("probing %s failed", agent_id)
         finally:
             self._probing.discard(agent_id)
 
@@ -584,6 +605,7 @@ class Registrar:
         if current is not None and current[1] < revision:
             del self._records[agent_id]
             self._last_probe.pop(agent_id, None)
+            self._probed.pop(agent_id, None)
             self._unrecorded.pop(agent_id, None)
             self._owner_cache.pop(agent_id, None)
 
@@ -636,6 +658,7 @@ class Registrar:
                 continue
             self._records.pop(agent_id, None)
             self._last_probe.pop(agent_id, None)
+            self._probed.pop(agent_id, None)
             self._unrecorded.pop(agent_id, None)
             log.info("removed %s: %s", agent_id, reason)
             return True

@@ -7,6 +7,7 @@ records change, so a lookup costs a dictionary access plus filtering of the matc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -101,11 +102,15 @@ class RouteCache:
 
     async def start(self, timeout: float = 10.0) -> None:
         self._task = asyncio.create_task(self._run(), name="route-cache-watch")
-        try:
+        # (compiled by mypyc, an await inside an except block leaks the error it handles
+        # into whatever runs next: here and below the waiting happens after the block)
+        synced = False
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._synced.wait(), timeout)
-        except TimeoutError:
+            synced = True
+        if not synced:
             await self.stop()
-            raise
+            raise TimeoutError(f"the registry watch did not catch up within {timeout:g}s")
 
     async def stop(self) -> None:
         self._stopping = True
@@ -135,23 +140,32 @@ class RouteCache:
                 raise
             except ReachError as exc:
                 log.warning("registry watch failed (%s); restarting", exc)
-                await asyncio.sleep(0.5)
+            except Exception:  # a bug here must not leave the cache frozen for good
+                log.exception("registry watch failed; restarting")
+            await asyncio.sleep(0.5)
 
     def _apply(self, agent_id: str, instance: Instance | None, revision: int) -> None:
         current = self._instances.get(agent_id)
         if current is not None and current[1] >= revision:
             return
-        if current is not None:
-            self._unindex(current[0])
         if instance is None:
+            if current is not None:
+                self._unindex(current[0])
             self._instances.pop(agent_id, None)
         else:
             self._instances[agent_id] = (instance, revision)
+            # a new version of a record (a heartbeat) takes its old routes' places: a call
+            # in flight holds an index's list, which must not empty under it and move on
             self._index(instance)
+            if current is not None:
+                self._unindex(current[0], keep=instance)
         self.last_change_at = time.monotonic()
         self.changes += 1
         for listener in self._listeners:
-            listener(agent_id, instance)
+            try:
+                listener(agent_id, instance)
+            except Exception:  # the user's: it must not stop the cache
+                log.exception("route cache listener %r failed", listener)
         # wake every waiter once: they hold the old event, later waiters get a new one
         self._changed.set()
         self._changed = asyncio.Event()
@@ -167,14 +181,23 @@ class RouteCache:
                 self._by_cap_tag.setdefault((cap.name, tag), _Members()).add(entry)
                 self._by_tag.setdefault(tag, set()).add((inst.agent_id, cap.name))
 
-    def _unindex(self, inst: Instance) -> None:
+    def _unindex(self, inst: Instance, keep: Instance | None = None) -> None:
+        """Take ``inst`` out of the indexes, except where ``keep`` (its new version,
+        already indexed) offers the same capability and tag."""
         agent_id = inst.agent_id
+        kept: set[tuple[str, str | None]] = set()
+        if keep is not None:
+            for cap in keep.manifest.capabilities:
+                kept.add((cap.name, None))
+                kept.update((cap.name, tag) for tag in cap.tags)
         for cap in inst.manifest.capabilities:
             members = self._by_capability.get(cap.name)
-            if members is not None and members.remove(agent_id):
+            if (cap.name, None) not in kept and members is not None and members.remove(agent_id):
                 del self._by_capability[cap.name]
             for tag in cap.tags:
                 key = (cap.name, tag)
+                if key in kept:
+                    continue
                 members = self._by_cap_tag.get(key)
                 if members is not None and members.remove(agent_id):
                     del self._by_cap_tag[key]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from reach.models import Instance, Manifest, RegistrarRecord
 from reach.transport import Connection, KVBucket
 
 __all__ = ["RecordChange", "RegistryStore", "decode_instance"]
+
+log = logging.getLogger("reach.registry")
 
 
 #: manifests already validated, by their packed bytes: a heartbeat rewrites an agent's
@@ -150,5 +153,8 @@ def _to_change(key: str, revision: int, value: bytes, deleted: bool) -> RecordCh
             record = RegistrarRecord.model_validate(codec.decode(value))
             return RecordChange(key, revision, registrar=record)
     except (CodecError, ValidationError):
+        return None
+    except Exception:  # one bad record must never end every reader's watch
+        log.exception("registry record %s (revision %d) cannot be read: skipped", key, revision)
         return None
     return None

@@ -204,11 +204,11 @@ def permissions_for(
         if async_jobs:
             pub += _js_read(subjects.JOBS_BUCKET)  # wait for a job: get/watch its record
         return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
-    if agent_id is None or not _TOKEN_RE.match(agent_id):
+    if agent_id is None or not _TOKEN_RE.fullmatch(agent_id):
         raise ValueError("an agent needs an agent_id that is one subject token")
     caps = list(dict.fromkeys(capabilities))
     for cap in caps:
-        if not _TOKEN_RE.match(cap):
+        if not _TOKEN_RE.fullmatch(cap):
             raise ValueError(f"capability {cap!r} is not one subject token")
     pub += [
         subjects.announce(agent_id),  # announce only itself
@@ -236,7 +236,11 @@ def permissions_for(
 
 def _check_inbox(prefix: str) -> None:
     tokens = prefix.split(".")
-    if len(tokens) < 2 or tokens[0] != "_INBOX" or not all(_TOKEN_RE.match(t) for t in tokens[1:]):
+    if (
+        len(tokens) < 2
+        or tokens[0] != "_INBOX"
+        or not all(_TOKEN_RE.fullmatch(t) for t in tokens[1:])
+    ):
         raise ValueError(f"inbox prefix {prefix!r} must be _INBOX.<token>[.<token>...]")
 
 
@@ -350,7 +354,7 @@ class AuthCallout:
         await self._conn.respond(msg, self.response(request, permissions=perms))
 
     async def _check(self, request: CalloutRequest) -> Permissions | None:
-        if not request.user or not request.password or not _TOKEN_RE.match(request.user):
+        if not request.user or not request.password or not _TOKEN_RE.fullmatch(request.user):
             return None  # anonymous, or a user name that cannot be a client id
         return await self._authenticate(request.user, request.password)
 

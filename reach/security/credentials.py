@@ -152,7 +152,7 @@ def _dummy_hash() -> str:
 
 
 def _client_id(value: str) -> str:
-    if not _CLIENT_ID_RE.match(value):
+    if not _CLIENT_ID_RE.fullmatch(value):
         raise PydanticCustomError(
             "client_id",
             "must be 1-64 letters, digits, '_' or '-', got {value}",
@@ -299,7 +299,7 @@ class CredentialStore:
 
     async def get(self, client_id: str) -> ClientRecord | None:
         """The record (revoked ones included), or None if there is no such client."""
-        if not _CLIENT_ID_RE.match(client_id):
+        if not _CLIENT_ID_RE.fullmatch(client_id):
             return None
         entry = await self.bucket.get(self._key(client_id))
         if entry is None or not entry.value:
@@ -329,7 +329,7 @@ class CredentialStore:
         """Mark the client revoked (idempotent); ConfigurationError if it does not exist."""
         key = self._key(client_id)
         for _ in range(10):
-            entry = await self.bucket.get(key) if _CLIENT_ID_RE.match(client_id) else None
+            entry = await self.bucket.get(key) if _CLIENT_ID_RE.fullmatch(client_id) else None
             if entry is None or not entry.value:
                 raise ConfigurationError(f"no client {client_id}")
             record = _decode_record(entry.value)
@@ -346,7 +346,7 @@ class CredentialStore:
     async def authenticate(self, client_id: str, secret: str) -> ClientRecord:
         """The client's record if the secret is right; CredentialsRejected otherwise."""
         # bounded key: an attacker cannot fill the limiter with huge strings
-        limit_key = client_id if _CLIENT_ID_RE.match(client_id) else "<invalid>"
+        limit_key = client_id if _CLIENT_ID_RE.fullmatch(client_id) else "<invalid>"
         wait = self.limiter.retry_after(limit_key)
         if wait > 0:
             log.info("authentication of %r refused: rate_limited (%.1fs left)", client_id, wait)
@@ -448,7 +448,7 @@ class CredentialsFile:
             for name in cls._FIELDS
             if not isinstance(body.get(name), str) or not body[name]
         ]
-        if not problems and not _CLIENT_ID_RE.match(body["client_id"]):
+        if not problems and not _CLIENT_ID_RE.fullmatch(body["client_id"]):
             problems.append("client_id: must be 1-64 letters, digits, '_' or '-'")
         if problems:
             raise ConfigurationError(f"invalid credentials file {path}", problems)

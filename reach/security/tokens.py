@@ -200,7 +200,7 @@ class SigningKey:
         try:
             body: Any = json.loads(data.decode("utf-8"))
             kid, created_at, pem = body["kid"], body["created_at"], body["private_key"]
-            if not (isinstance(kid, str) and _KID_RE.match(kid)):
+            if not (isinstance(kid, str) and _KID_RE.fullmatch(kid)):
                 raise ValueError("bad kid")
             if not isinstance(created_at, int | float) or isinstance(created_at, bool):
                 raise ValueError("bad created_at")
@@ -632,7 +632,7 @@ class KeyStore:
             await self.publish(pub)
 
     async def get(self, kid: str) -> PublicKey | None:
-        if not _KID_RE.match(kid):
+        if not _KID_RE.fullmatch(kid):
             return None
         entry = await self.bucket.get(_KEY_PREFIX + kid)
         if entry is None or not entry.value:
