@@ -478,6 +478,9 @@ class Agent:
             # then does it get a task of its own, so a handler that waits never holds up
             # the next message.
             if not self._accepting:
+                # stopping (subscriptions drain one by one): said at once, so the caller
+                # goes to another instance now rather than after its timeout
+                respond(msg.reply, server.stopping())
                 return
             if not envelope.is_batch(msg.data):
                 run_eagerly(serve(msg), on_task=continued)

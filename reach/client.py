@@ -27,13 +27,15 @@ from reach.audit.events import EventRow, error_class, make_event
 from reach.audit.writer import AuditWriter, WriterConfig
 from reach.clock import Clock, system_clock
 from reach.context import current_call
-from reach.contract import Validator, compile_schema
+from reach.contract import ROOT, Validator, compile_schema
 from reach.errors import (
     AuthenticationFailed,
+    AuthError,
     BusinessError,
     CircuitOpen,
     ConfigurationError,
     ContractError,
+    Disconnected,
     DiscoveryError,
     InternalError,
     NoResponders,
@@ -71,6 +73,8 @@ log = logging.getLogger("reach.client")
 
 #: latency SLA assumed when no instance of the capability is known (queue-subject calls)
 DEFAULT_SLA_MS = 1000.0
+#: bytes of a request's envelope beside its payload, at most (token, trace context, ids)
+REQUEST_FRAMING = 4096
 #: a call's timeout at most (a day; NaN and infinities are refused with it)
 MAX_TIMEOUT_SEC = 24 * 3600.0
 
@@ -270,6 +274,10 @@ class ReachClient:
         self._security = FabricSecurity()
         self._call_prefix = secrets.token_hex(8) + "-"
         self._call_seq = 0
+        #: the largest payload a request can carry (the server's max_payload, less room
+        #: for the envelope: token, trace context, deadline); set on connect
+        self._max_body = 1 << 62
+        self._closing = False
         #: every call leaves an audit event in REACH_AUDIT (written in the background)
         self.audit_enabled = audit
         self._audit_config = audit_config
@@ -285,6 +293,7 @@ class ReachClient:
         await self.close()
 
     async def connect(self) -> None:
+        self._closing = False
         self._conn, creds = await connect_as(
             self.servers, name=self.name, credentials=self.credentials
         )
@@ -309,12 +318,14 @@ class ReachClient:
                 f"no registry at {', '.join(self.servers)}: is `reach up` running?"
             ) from None
         self._nats_request = self._conn.raw_request
+        self._max_body = self._conn.max_payload - REQUEST_FRAMING
         self._security = await FabricSecurity.join(
             self._conn, creds, verify=False, clock=self._clock
         )
         # the audit's caller: the authenticated client id (on an open fabric, the name)
         self._client_id = creds.client_id if creds is not None else self.name
         self._routes = RouteCache(store)
+        self._routes.on_change(self._instance_changed)
         await self._routes.start(self._sync_timeout)
         if self.audit_enabled:
             # a connection of its own: a batch of events (~100 kB) never queues ahead
@@ -326,7 +337,16 @@ class ReachClient:
             await self.audit.start()
         self.telemetry.watch_breakers(self.breakers.open_count, self.name)
 
+    def _instance_changed(self, agent_id: str, instance: Instance | None) -> None:
+        """An instance left the registry: what this client kept of it goes too."""
+        if instance is None:
+            self.breakers.forget(agent_id)
+            self.latency.forget(agent_id)
+            if not self._outstanding.get(agent_id):
+                self._outstanding.pop(agent_id, None)
+
     async def close(self) -> None:
+        self._closing = True  # calls in flight fail now (Disconnected) and are not retried
         if self.audit is not None:
             # what was recorded is written before the connection goes
             await self.audit.stop()
@@ -434,6 +454,8 @@ class ReachClient:
         except ReachError as exc:
             failure = exc
         if failure is not None:
+            if failure.dependency is None and current_call() is not None:
+                failure.dependency = capability  # raised inside a handler (see ReachError)
             if fb is None or fb is NO_FALLBACK or not _falls_back(failure):
                 self._record(capability, state, meta, started, failure)
                 raise failure
@@ -633,6 +655,14 @@ class ReachClient:
         if self.validate and spec is not None and spec.input_schema:
             self._validator(spec.input_schema).validate(payload, plain=plain)
         body = codec.encode(payload, checked=False, plain=plain)
+        if len(body) > self._max_body:
+            # it could never be sent: refused here, nothing counted against any instance
+            raise ContractError(
+                f"{ROOT}: the payload is {len(body)} bytes packed, more than a request to"
+                f" {capability} may carry ({self._max_body})",
+                path=ROOT,
+                rule="max_bytes",
+            )
         state = _Attempt(capability, deadline, attempt_timeout, now, candidates, tags)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         # W3C trace context: the caller's span is the callee's parent, even without an SDK
@@ -672,11 +702,18 @@ class ReachClient:
             first_wait = 0.0
         if self.max_retries == 0 or self._clock.time() + first_wait >= state.deadline:
             raise first_error
+        if not self.retry_budget.try_spend():  # taken only for a retry that will be made
+            raise first_error
         if first_wait:
             await asyncio.sleep(first_wait)
 
         def should_retry(exc: BaseException) -> bool:
-            return isinstance(exc, ReachError) and self._should_retry(exc, state)
+            return (
+                isinstance(exc, ReachError)
+                and self._should_retry(exc, state)
+                and state.attempts <= self.max_retries  # another one is allowed
+                and self.retry_budget.try_spend()
+            )
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries)
@@ -688,18 +725,24 @@ class ReachClient:
             retry=retry_if_exception(should_retry),
             reraise=True,
         )
+        last: ReachError | None = None
         try:
             async for attempt in retrying:
                 with attempt:
                     return await self._attempt(state, meta, body)
         except ReachError as exc:
-            raise RetriesExhausted(
-                f"{state.capability}: {state.attempts} attempts failed,"
-                f" last: {type(exc).__name__}: {exc}",
-                attempts=state.attempts,
-                last=exc,
-            ) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+            last = exc
+        assert last is not None
+        if not last.retryable:
+            # a retry reached an instance that answered: its business, contract or auth
+            # error is the call's outcome as it is, not an exhausted retry
+            raise last
+        raise RetriesExhausted(
+            f"{state.capability}: {state.attempts} attempts failed,"
+            f" last: {type(last).__name__}: {last}",
+            attempts=state.attempts,
+            last=last,
+        ) from last
 
     def _next_call_id(self) -> str:
         # unique per caller without a syscall: a random prefix per client and a counter
@@ -718,13 +761,13 @@ class ReachClient:
         return validator
 
     def _should_retry(self, exc: ReachError, state: _Attempt) -> bool:
-        if not exc.retryable:
+        """Whether ``exc`` may be retried (the retry budget is asked only once a retry will
+        be made, so that retries never made cost nothing)."""
+        if not exc.retryable or self._closing:
             return False
         if isinstance(exc, ReachTimeout) and not state.retry_timeouts:
             return False
-        if self._clock.time() >= state.deadline:
-            return False
-        return self.retry_budget.try_spend()
+        return self._clock.time() < state.deadline
 
     def _choose(self, state: _Attempt) -> Instance | None:
         inst, state.score = choose(
@@ -781,9 +824,7 @@ class ReachClient:
                     inst is not None and inst.batches,
                 )
             except Exception as exc:
-                # a timeout after NATS refused these credentials the subject is that refusal
-                since = time.monotonic() - (time.perf_counter() - started)
-                raise self.connection.denials.explain(exc, subject, since, subject) from exc
+                raise self._explain(exc, subject, started) from exc
             reply = envelope.unpack_reply(data)
         except NoResponders as exc:
             self._failed(state, target, breaker)
@@ -794,10 +835,21 @@ class ReachClient:
                 raise
             raise NotFound(f"no instance offers {state.capability}") from exc
         except ReachError as exc:
-            self._failed(state, target, breaker)
+            if isinstance(exc, Disconnected | ConfigurationError | AuthError):
+                # this side's trouble (its connection, its payload, its permissions):
+                # nothing said about the target, whose breaker only gives its slot back
+                state.failed.add(target)
+                if breaker is not None:
+                    breaker.release()
+            else:
+                self._failed(state, target, breaker)
             state.route.append(
                 (target, state.score, error_class(exc), (time.perf_counter() - started) * 1000)
             )
+            raise
+        except asyncio.CancelledError:
+            if breaker is not None:
+                breaker.release()  # a half-open trial slot comes back
             raise
         finally:
             self._outstanding[target] -= 1
@@ -826,6 +878,19 @@ class ReachClient:
                 breaker.release()
         raise error
 
+    def _explain(self, exc: Exception, subject: str, started: float) -> ReachError:
+        """The typed error of a request that failed in transport: a timeout is a refusal
+        when NATS refused these credentials the subject, and a lost connection when the
+        client was disconnected (or closed) meanwhile, not the target's fault."""
+        conn = self._conn
+        if conn is None:
+            return Disconnected(f"the client was closed during the call to {subject}")
+        since = time.monotonic() - (time.perf_counter() - started)
+        err = conn.denials.explain(exc, subject, since, subject)
+        if isinstance(err, ReachTimeout) and not conn.is_connected:
+            return Disconnected(f"connection to NATS lost during the call to {subject}")
+        return err
+
     def _failed(self, state: _Attempt, target: str, breaker: Any) -> None:
         state.failed.add(target)
         if breaker is not None:
@@ -847,16 +912,21 @@ class ReachClient:
             if hit is not None:
                 age, value = hit
                 return self._fallback_result(capability, value, started, "cache", reason, age=age)
-        if fb.backup_capability is not None or fb.backup_tags:
+        left = None if timeout is None else timeout - (time.perf_counter() - started)
+        if (fb.backup_capability is not None or fb.backup_tags) and (left is None or left > 0):
             backup = fb.backup_capability or capability
+            backup_error: ReachError | None = None
             try:
                 # the backup's own failure ends it: no fallback of the fallback (the
-                # client's default Fallback would call the backup again, for ever)
+                # client's default Fallback would call the backup again, for ever); it
+                # has what is left of the call's time, not a fresh timeout
                 result = await self.call(
-                    backup, payload, timeout=timeout, tags=fb.backup_tags, fallback=NO_FALLBACK
+                    backup, payload, timeout=left, tags=fb.backup_tags, fallback=NO_FALLBACK
                 )
-            except ReachError as backup_exc:
-                reason += f"; backup {backup} failed: {type(backup_exc).__name__}: {backup_exc}"
+            except ReachError as failed:
+                backup_error = failed
+            if backup_error is not None:
+                reason += f"; backup {backup} failed: {type(backup_error).__name__}: {backup_error}"
             else:
                 return CallResult(
                     value=result.value,

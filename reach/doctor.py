@@ -103,6 +103,13 @@ async def gather(
     flt = AuditFilter(capability=target) if ev.capability else AuditFilter(callee=target)
     try:
         ev.events = [e async for e in read_events(conn, flt, since=now - window_sec, follow=False)]
+        if not ev.instances and not ev.events and ev.capability:
+            # not registered and no calls to it as a capability: an agent id that left?
+            flt = AuditFilter(callee=target)
+            since = now - window_sec
+            ev.events = [e async for e in read_events(conn, flt, since=since, follow=False)]
+            if ev.events:
+                ev.capability = None
     except ReachError as exc:
         ev.audit_error = f"{type(exc).__name__}: {exc}"
     results = await asyncio.gather(
@@ -131,14 +138,17 @@ def conclude(ev: Evidence) -> Diagnosis:
     stats = CallStats(window_sec=ev.window_sec)  # steps 2 and 6 read the same calls
     for event in ev.events:
         stats.add(event)
+    # what the calls' failures suggest (step 2) counts only when no step found its cause
+    hints: list[tuple[Layer, str]] = []
     steps = [
         _registry_step(ev, blame),
-        _route_step(ev, stats, blame),
+        _route_step(ev, stats, hints),
         _connectivity_step(ev, blame),
         _agent_step(ev, blame),
         _dependencies_step(ev, blame),
         _fabric_step(ev, stats, blame),
     ]
+    blame += hints
     if blame:
         layer, why = blame[0]
     else:
@@ -149,16 +159,24 @@ def conclude(ev: Evidence) -> Diagnosis:
 def _registry_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
     findings: list[str] = []
     if not ev.instances:
-        gone = sorted({e.callee for e in ev.events if e.callee})
+        gone = sorted(
+            {e.callee for e in ev.events if e.callee}
+            | {a.agent_id for e in ev.events for a in e.attempts if a.agent_id}
+        )
         what = "capability or agent id"
         findings.append(f"no registered instance: no agent offers {ev.target!r} and no {what}")
         if gone:
             findings.append(f"calls went to {', '.join(gone)} earlier: evicted since")
+        last: dict[str, int] = {}
+        for event in ev.events[-5:]:
+            last[event.error or event.outcome] = last.get(event.error or event.outcome, 0) + 1
+        told = ", ".join(f"{n} {kind}" for kind, n in last.items())
+        why = f"; of its last {sum(last.values())} calls: {told}" if last else ""
         blame.append(
             (
                 "registry",
                 f"{ev.target} is not in the registry"
-                + (" (its instances were evicted)" if gone else " (unknown name?)"),
+                + (f" (evicted{why})" if gone else " (unknown name?)"),
             )
         )
         return Step(1, "registry", "fail", findings)
@@ -211,13 +229,36 @@ def _route_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]]) 
         findings.append(
             f"  {_ago(ev.now - event.ts)}: {event.outcome} via {route or 'no instance'}"
         )
-    kinds = sorted({e.error for e in failed if e.error})
-    if failed and set(kinds) <= {"business", "contract"}:
-        blame.append(
-            ("agent", f"recent calls rejected by the handler or contract ({', '.join(kinds)})")
-        )
+    if stats.denials:
+        findings.append(f"{len(stats.denials)} call(s) denied by the callee (security)")
+    # what the calls' own failures point at: weaker evidence than a probe or a record, so
+    # the other steps' findings come first (conclude)
+    counts: dict[str, int] = {}
+    for event in failed:
+        error_kind: str = event.error or event.outcome
+        counts[error_kind] = counts.get(error_kind, 0) + 1
+    for error_kind, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        hint = _FAILURE_HINTS.get(error_kind)
+        if hint is not None:
+            blame.append((hint[0], f"{n} of {len(calls)} recent call(s): {hint[1]}"))
+    if stats.denials and "denied" not in counts:
+        blame.append(("fabric", f"{len(stats.denials)} call(s) denied: check clearance"))
     verdict: Verdict = "ok" if not failed else "warn" if len(failed) < len(calls) else "fail"
     return Step(2, "route log", verdict, findings)
+
+
+#: what a recent call's error class suggests, and in which layer
+_FAILURE_HINTS: dict[str, tuple[Layer, str]] = {
+    "business": ("agent", "rejected by the handler (business)"),
+    "contract": ("agent", "refused by the contract (payload or output schema)"),
+    "internal": ("agent", "the handler failed (internal error)"),
+    "timeout": ("agent", "timed out: the handler is slower than the SLA, or hung"),
+    "connect": ("connectivity", "reached no instance (no responders)"),
+    "unavailable": ("dependencies", "instances alive but not taking calls (not ready, full)"),
+    "breaker": ("fabric", "refused by open circuit breakers"),
+    "denied": ("fabric", "denied: the caller's clearance or token (security)"),
+    "discovery": ("registry", "no instance found to route to"),
+}
 
 
 def _connectivity_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:

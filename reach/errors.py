@@ -67,6 +67,12 @@ class ReachError(Exception):
     layer: ClassVar[str] = "fabric"
     #: the error kind carried on the wire in replies
     kind: ClassVar[str] = "internal"
+    #: set when a call made inside a handler raised it: the capability that call was to.
+    #: Unhandled, it reaches the handler's own caller as an internal error of the handler
+    #: ("dependency_failed"), never as its own kind: a dependency's "unavailable" would
+    #: make every caller up the chain retry (retries multiply per hop), and a contract or
+    #: auth error of the handler's call is the handler's fault, not its caller's
+    dependency: str | None = None
 
 
 class ConfigurationError(ReachError, ValueError):

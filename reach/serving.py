@@ -33,6 +33,7 @@ from reach.context import enter_call, set_current
 from reach.contract import Validator, compile_schema
 from reach.errors import (
     AuthenticationFailed,
+    BusinessError,
     CodecError,
     ConfigurationError,
     ContractError,
@@ -222,6 +223,11 @@ class CallServer:
 
     def _error(self, kind: str, code: str, description: str) -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id)
+
+    def stopping(self) -> bytes:
+        """The reply to a call that arrives while the agent stops: not served, retry
+        elsewhere (the handler never ran)."""
+        return self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
 
     def refuse_batch(self, description: str) -> bytes:
         """The reply to a batch that cannot be read: it answers each of its calls."""
@@ -432,10 +438,8 @@ class CallServer:
             return _Failure(
                 "timeout", "deadline_passed", f"{endpoint.name} stopped at the caller's deadline"
             )
-        except RemoteError as exc:
-            return _Failure(exc.kind, exc.code, exc.description)
         except ReachError as exc:
-            return _Failure(exc.kind, type(exc).__name__, str(exc))
+            return _failure_of(endpoint.name, exc)
         except Exception as exc:
             log.exception("handler of %s crashed", endpoint.name)
             return _Failure("internal", type(exc).__name__, str(exc) or type(exc).__name__)
@@ -524,6 +528,22 @@ class _Failure(NamedTuple):
     kind: str
     code: str
     description: str
+
+
+def _failure_of(capability: str, exc: ReachError) -> _Failure:
+    """What the caller hears of a ReachError the handler of ``capability`` raised: its own
+    (an Unavailable, a BusinessError it chose) as it is; one of a call it made and did not
+    handle as an internal error of this handler, whatever its kind (``ReachError.dependency``),
+    except a business refusal, which it passes on."""
+    if exc.dependency is not None and not isinstance(exc, BusinessError):
+        return _Failure(
+            "internal",
+            "dependency_failed",
+            f"{capability}: its call to {exc.dependency} failed: {type(exc).__name__}: {exc}",
+        )
+    if isinstance(exc, RemoteError):
+        return _Failure(exc.kind, exc.code, exc.description)
+    return _Failure(exc.kind, type(exc).__name__, str(exc))
 
 
 def _decode_input(endpoint: Endpoint, body: bytes) -> Any:

@@ -395,6 +395,7 @@ class Connection:
         return Stream(name, self._js, self.denials)
 
     async def close(self) -> None:
+        self._mux.close()  # requests in flight fail now, not at their deadlines
         if not self._nc.is_closed:
             with contextlib.suppress(Exception):
                 await self._nc.close()

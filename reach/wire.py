@@ -328,6 +328,19 @@ class ReplyMux:
         if asked:  # the rest come in later parts (until the batch's deadline)
             self._unanswered[batch] = asked
 
+    def close(self) -> None:
+        """The connection is closing: every request still waiting fails now (as a closed
+        connection) instead of at its deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = float("inf")
+        self._deadlines.clear()
+        self._batches.clear()
+        self._unanswered.clear()
+        for token in list(self._pending):
+            self._settle(token, nats.errors.ConnectionClosedError())
+
     def _expire(self) -> None:
         self._timer = None
         self._timer_at = float("inf")

@@ -194,7 +194,8 @@ class AlertEngine:
             if isinstance(a, dict)
         ]
         caller = event.get("caller_agent") or event.get("caller") or "anonymous"
-        return self._observe_call(capability, str(caller), tried, event.get("error"))
+        error = "breaker" if event.get("skipped") else event.get("error")
+        return self._observe_call(capability, str(caller), tried, error)
 
     def observe_batch(self, data: bytes) -> list[Alert]:
         """Alerts one stream message (a batch of events) raises. Only rows with retries
@@ -212,7 +213,7 @@ class AlertEngine:
             counted[capability] = counted.get(capability, 0) + 1
             attempts = event.get("attempts")
             retried = isinstance(attempts, list) and len(attempts) > 1
-            if retried or event.get("error") == "breaker":
+            if retried or event.get("error") == "breaker" or event.get("skipped"):
                 special.append(event)
         self.count_calls(counted)
         alerts: list[Alert] = []
@@ -224,7 +225,10 @@ class AlertEngine:
                 else []
             )
             caller = str(event.get("caller_agent") or event.get("caller") or "anonymous")
-            alerts += self._observe_call(event["capability"], caller, tried, event.get("error"))
+            # a call that passed an open breaker over was refused by it there, even if
+            # another instance then served it (the success rate still looks fine)
+            error = "breaker" if event.get("skipped") else event.get("error")
+            alerts += self._observe_call(event["capability"], caller, tried, error)
         return alerts
 
     def count_calls(self, counts: Mapping[str, int]) -> None:

@@ -217,7 +217,9 @@ def denial_event(
     )
 
 
-_SIDE, _ERROR, _ATTEMPTS = (EVENT_FIELDS.index(f) for f in ("side", "error", "attempts"))
+_SIDE, _ERROR, _ATTEMPTS, _SKIPPED = (
+    EVENT_FIELDS.index(f) for f in ("side", "error", "attempts", "skipped")
+)
 #: the capability of an event row
 capability_of = itemgetter(CAPABILITY_INDEX)
 
@@ -233,14 +235,15 @@ class RowSummary:
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
-        #: caller rows the alert rules look at: retried calls, breaker rejections
+        #: caller rows the alert rules look at: retried calls, breaker rejections (a call
+        #: refused by open breakers, or one that passed an open breaker over)
         self.notable = 0
 
     def add(self, row: EventRow) -> None:
         if len(row) == _WIDTH and row[_SIDE] == "caller":
             capability = row[CAPABILITY_INDEX]
             self.calls[capability] = self.calls.get(capability, 0) + 1
-            if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker":
+            if len(row[_ATTEMPTS]) > 1 or row[_ERROR] == "breaker" or row[_SKIPPED]:
                 self.notable += 1
 
     def add_calls(self, capability: str, n: int) -> None:

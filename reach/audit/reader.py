@@ -60,10 +60,17 @@ class AuditFilter:
             return False
         if self.caller and self.caller not in (event.caller, event.caller_agent):
             return False
-        if self.callee and self.callee not in {event.callee, *(a.agent_id for a in event.attempts)}:
+        if self.callee and self.callee not in {
+            # served, tried, or passed over because its breaker was open
+            event.callee,
+            *(a.agent_id for a in event.attempts),
+            *event.skipped,
+        }:
             return False
         if self.kind == "retry":
             return event.retries > 0
+        if self.kind == "breaker" and event.skipped:
+            return True  # an open breaker was passed over, even if another instance served
         return not self.kind or self.kind in (event.outcome, event.error)
 
 

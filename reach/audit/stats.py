@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from reach.audit.records import AuditEvent
+from reach.audit.records import AuditAttempt, AuditEvent
 
 __all__ = ["CallStats", "Tally", "percentile"]
 
@@ -51,6 +51,21 @@ class Tally:
             self.fallbacks += 1
         self.retries += event.retries
 
+    def add_attempt(self, event: AuditEvent, attempt: AuditAttempt) -> None:
+        """One attempt of ``event`` that went to this instance, with its own outcome and
+        latency (a retried call's failure and wait belong to the instance that failed)."""
+        self.calls += 1
+        self.last_ts = max(self.last_ts, event.ts)
+        if attempt.outcome == "ok":
+            self.ok += 1
+            self.latencies.append(attempt.latency_ms)
+        else:
+            kind = attempt.outcome
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+            last = event.attempts[-1] is attempt
+            detail = event.description if last and event.description else ""
+            self.last_error = f"{kind}: {detail}" if detail else kind
+
     @property
     def success_rate(self) -> float | None:
         return self.ok / self.calls if self.calls else None
@@ -86,7 +101,11 @@ class CallStats:
         """Per instance: every attempt it served or failed, skips of its open breaker."""
         out: dict[str, Tally] = {}
         for event in self._events:
-            if event.callee:
+            tried = [a for a in event.attempts if a.agent_id]
+            if tried:
+                for attempt in tried:
+                    out.setdefault(attempt.agent_id, Tally()).add_attempt(event, attempt)
+            elif event.callee:
                 out.setdefault(event.callee, Tally()).add(event)
             for agent_id in event.skipped:
                 out.setdefault(agent_id, Tally()).breaker_skips += 1

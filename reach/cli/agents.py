@@ -29,9 +29,10 @@ def _age(seconds: float) -> str:
     return f"{seconds / 86400:.0f}d"
 
 
-#: observed p99 comes from the audit stream: at most this recent, at most this many calls
-P99_WINDOW_SEC = 300.0
-P99_MAX_EVENTS = 20_000
+#: observed p99 comes from the audit stream's last minute (read oldest first, so a long
+#: window on a busy fabric would stop at the cap on old calls), at most this many calls
+P99_WINDOW_SEC = 60.0
+P99_MAX_EVENTS = 200_000
 
 
 async def observed_p99(conn: Connection, now: float) -> dict[str, float]:

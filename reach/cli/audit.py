@@ -41,7 +41,11 @@ def register(main: click.Group) -> None:
     @audit.command("tail")
     @click.option("-f", "--follow", is_flag=True, help="keep printing new events as they come")
     @click.option("--caller", default="", help="only calls by this client id or agent id")
-    @click.option("--callee", default="", help="only calls served (or tried) by this agent id")
+    @click.option(
+        "--callee",
+        default="",
+        help="only calls served, tried, or passed over (open breaker) by this agent id",
+    )
     @click.option("--capability", default="", help="only calls to this capability")
     @click.option(
         "--kind",
@@ -49,7 +53,8 @@ def register(main: click.Group) -> None:
         type=click.Choice(["", *KINDS]),
         metavar="KIND",
         help="ok, error, fallback, denied, retry, or an error class:"
-        " connect, timeout, business, breaker, contract, unavailable, discovery, internal",
+        " connect, timeout, business, breaker (also: an open breaker passed over),"
+        " contract, unavailable, discovery, internal",
     )
     @click.option("--since", default=None, help="start this long ago (10m, 2h, 30s) or at a time")
     @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")

@@ -460,7 +460,6 @@ class Registrar:
                 return None
             update: dict[str, Any] = {
                 "last_heartbeat_at": now,
-                "consecutive_failures": 0,
                 "in_flight": hb.in_flight,
                 "max_concurrency": hb.max_concurrency,
                 "completed": hb.completed,
@@ -471,6 +470,10 @@ class Registrar:
             if probed is not None and probed[0] > (inst.last_probe_at or 0.0):
                 update["last_probe_at"], update["last_probe_ms"] = probed
             updated = inst.model_copy(update=update)
+            if inst.consecutive_failures >= inst.manifest.health.failures_before_unhealthy:
+                # its probes fail: a heartbeat says the process lives, not that it answers
+                # (only a probe that succeeds clears that, else health would flap)
+                return updated
             return self._with_status(updated, *self._status_from(hb.readiness, "heartbeat"), now)
 
         result = await self._mutate(hb.agent_id, apply)
