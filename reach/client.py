@@ -51,7 +51,7 @@ from reach.fallback import MISSING, NO_FALLBACK, Fallback, FallbackInfo, ResultC
 from reach.jobs import JobHandle, JobStore
 from reach.models import Instance
 from reach.plain import Plain
-from reach.registry.routecache import RouteCache
+from reach.registry.routecache import NAMED_CANDIDATES, RouteCache
 from reach.registry.store import RegistryStore
 from reach.resilience import (
     BreakerBoard,
@@ -518,13 +518,21 @@ class ReachClient:
                     agent_id,
                     latency_ms,
                     # the first few by name and how many: not a walk over every instance
-                    self.routes.first_names(capability, state.tags, candidates),
+                    self._first_names(capability, state.tags, candidates),
                     len(candidates),
                     score,
                     attempt_ms,
                 )
                 return
         audit.record(self._event(capability, state, meta, latency_ms, route))
+
+    def _first_names(
+        self, capability: str, tags: tuple[str, ...], candidates: Sequence[RouteEntry]
+    ) -> tuple[str, ...]:
+        routes = self._routes
+        if routes is None:  # the client closed while the call was in flight
+            return tuple(e.agent_id for e in candidates[:NAMED_CANDIDATES])
+        return routes.first_names(capability, tags, candidates)
 
     def _event(
         self,
@@ -543,7 +551,7 @@ class ReachClient:
         (reach.audit.events), cheap to build and to pack."""
         candidates = state.candidates
         # the first few by name and how many: not a walk over every instance of the capability
-        first = self.routes.first_names(capability, state.tags, candidates)
+        first = self._first_names(capability, state.tags, candidates)
         return (
             "caller",
             state.started_at,
@@ -707,12 +715,16 @@ class ReachClient:
         if first_wait:
             await asyncio.sleep(first_wait)
 
+        # the budget pays for a retry as it starts (the first one was paid above): a retry
+        # that tenacity's stop rules (count, deadline) never start costs nothing
+        refused = [False]
+
         def should_retry(exc: BaseException) -> bool:
             return (
-                isinstance(exc, ReachError)
+                not refused[0]
+                and isinstance(exc, ReachError)
                 and self._should_retry(exc, state)
                 and state.attempts <= self.max_retries  # another one is allowed
-                and self.retry_budget.try_spend()
             )
 
         retrying = AsyncRetrying(
@@ -726,10 +738,18 @@ class ReachClient:
             reraise=True,
         )
         last: ReachError | None = None
+        latest = first_error
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._attempt(state, meta, body)
+                    if attempt.retry_state.attempt_number > 1 and not self.retry_budget.try_spend():
+                        refused[0] = True
+                        raise latest  # the budget is spent: the last error stands
+                    try:
+                        return await self._attempt(state, meta, body)
+                    except ReachError as exc:
+                        latest = exc
+                        raise
         except ReachError as exc:
             last = exc
         assert last is not None
@@ -811,6 +831,8 @@ class ReachClient:
         state.last_target = target
         breaker = self.breakers.get(target) if target else None
         self._outstanding[target] = self._outstanding.get(target, 0) + 1
+        conn = self._conn
+        reconnects = conn.reconnects if conn is not None else 0
         started = time.perf_counter()
         try:
             try:
@@ -824,7 +846,7 @@ class ReachClient:
                     inst is not None and inst.batches,
                 )
             except Exception as exc:
-                raise self._explain(exc, subject, started) from exc
+                raise self._explain(exc, subject, started, reconnects) from exc
             reply = envelope.unpack_reply(data)
         except NoResponders as exc:
             self._failed(state, target, breaker)
@@ -878,16 +900,19 @@ class ReachClient:
                 breaker.release()
         raise error
 
-    def _explain(self, exc: Exception, subject: str, started: float) -> ReachError:
+    def _explain(self, exc: Exception, subject: str, started: float, reconnects: int) -> ReachError:
         """The typed error of a request that failed in transport: a timeout is a refusal
         when NATS refused these credentials the subject, and a lost connection when the
-        client was disconnected (or closed) meanwhile, not the target's fault."""
+        client was disconnected (or closed, or reconnected) meanwhile: not the target's
+        fault."""
         conn = self._conn
         if conn is None:
             return Disconnected(f"the client was closed during the call to {subject}")
         since = time.monotonic() - (time.perf_counter() - started)
         err = conn.denials.explain(exc, subject, since, subject)
-        if isinstance(err, ReachTimeout) and not conn.is_connected:
+        if isinstance(err, ReachTimeout) and (
+            not conn.is_connected or conn.reconnects != reconnects
+        ):
             return Disconnected(f"connection to NATS lost during the call to {subject}")
         return err
 
@@ -912,6 +937,9 @@ class ReachClient:
             if hit is not None:
                 age, value = hit
                 return self._fallback_result(capability, value, started, "cache", reason, age=age)
+        # A timeout the caller gave bounds the whole call: the backup has what is left of
+        # it (none left: no backup). Without one the backup has its own SLA's, as a call
+        # of its own would (a served call's deadline still bounds it, as it bounds any).
         left = None if timeout is None else timeout - (time.perf_counter() - started)
         if (fb.backup_capability is not None or fb.backup_tags) and (left is None or left > 0):
             backup = fb.backup_capability or capability

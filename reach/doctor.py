@@ -159,17 +159,22 @@ def conclude(ev: Evidence) -> Diagnosis:
 def _registry_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
     findings: list[str] = []
     if not ev.instances:
-        gone = sorted(
-            {e.callee for e in ev.events if e.callee}
-            | {a.agent_id for e in ev.events for a in e.attempts if a.agent_id}
-        )
+        if ev.capability is None:  # an agent id that left: what its own attempts saw
+            outcomes = [a.outcome for e in ev.events for a in e.attempts if a.agent_id == ev.target]
+            gone = [ev.target] if outcomes else []
+        else:
+            outcomes = [e.error or e.outcome for e in ev.events]
+            gone = sorted(
+                {e.callee for e in ev.events if e.callee}
+                | {a.agent_id for e in ev.events for a in e.attempts if a.agent_id}
+            )
         what = "capability or agent id"
         findings.append(f"no registered instance: no agent offers {ev.target!r} and no {what}")
         if gone:
             findings.append(f"calls went to {', '.join(gone)} earlier: evicted since")
         last: dict[str, int] = {}
-        for event in ev.events[-5:]:
-            last[event.error or event.outcome] = last.get(event.error or event.outcome, 0) + 1
+        for outcome in outcomes[-5:]:
+            last[outcome] = last.get(outcome, 0) + 1
         told = ", ".join(f"{n} {kind}" for kind, n in last.items())
         why = f"; of its last {sum(last.values())} calls: {told}" if last else ""
         blame.append(
@@ -237,15 +242,22 @@ def _route_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]]) 
     for event in failed:
         error_kind: str = event.error or event.outcome
         counts[error_kind] = counts.get(error_kind, 0) + 1
+    latest = failed[-1] if failed and failed[-1] is calls[-1] else None
     for error_kind, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         hint = _FAILURE_HINTS.get(error_kind)
-        if hint is not None:
+        # a stray failure long ago says little: a fair share of the calls, or the latest
+        current = latest is not None and (latest.error or latest.outcome) == error_kind
+        if hint is not None and (n >= HINT_SHARE * len(calls) or current):
             blame.append((hint[0], f"{n} of {len(calls)} recent call(s): {hint[1]}"))
     if stats.denials and "denied" not in counts:
         blame.append(("fabric", f"{len(stats.denials)} call(s) denied: check clearance"))
     verdict: Verdict = "ok" if not failed else "warn" if len(failed) < len(calls) else "fail"
     return Step(2, "route log", verdict, findings)
 
+
+#: share of the recent calls a failure class needs to be named as the likely cause
+#: (unless the latest call failed so)
+HINT_SHARE = 0.1
 
 #: what a recent call's error class suggests, and in which layer
 _FAILURE_HINTS: dict[str, tuple[Layer, str]] = {

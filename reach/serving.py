@@ -543,6 +543,8 @@ def _failure_of(capability: str, exc: ReachError) -> _Failure:
         )
     if isinstance(exc, RemoteError):
         return _Failure(exc.kind, exc.code, exc.description)
+    if isinstance(exc, ContractError) and exc.rule:
+        return _Failure(exc.kind, exc.rule, str(exc))  # the rule it names, as the caller's own
     return _Failure(exc.kind, type(exc).__name__, str(exc))
 
 

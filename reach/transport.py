@@ -204,12 +204,16 @@ class Connection:
         self._writer = Writer(nc)
         self._mux = ReplyMux(nc, self._writer)
         self._reconnect_listeners: list[Callable[[], None]] = []
+        #: times the connection came back after a disconnect (a request that spans one
+        #: may have been lost with the old socket: not its target's fault)
+        self.reconnects = 0
 
     def on_reconnect(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` each time the connection is back after a disconnect."""
         self._reconnect_listeners.append(listener)
 
     def _reconnected(self) -> None:
+        self.reconnects += 1
         for listener in self._reconnect_listeners:
             try:
                 listener()
