@@ -95,6 +95,11 @@ _ITEM_OVERHEAD = 24
 _finishing: set[asyncio.Task[None]] = set()
 
 
+#: where replies may go: clients' inboxes (nats-py's ``_INBOX``, ``_INBOX.<client_id>`` on
+#: a secured fabric) and nats-server's own (an auth callout request's)
+REPLY_PREFIXES = ("_INBOX.", "$SYS._INBOX.")
+
+
 def _run_now(coro: Coroutine[Any, Any, Any]) -> None:
     """Run a nats-py coroutine from synchronous code; its errors (first step) are raised."""
     task = step_now(coro)
@@ -159,6 +164,12 @@ class Writer:
         cannot go out is logged and dropped: the caller times out and retries elsewhere,
         the responder keeps going. ``now`` as for ``publish``."""
         if not reply:
+            return
+        if not reply.startswith(REPLY_PREFIXES):
+            # NATS does not check a request's reply subject, and a responder may publish to
+            # it: "$JS.API.STREAM.PURGE.…" as a reply would purge a stream with the
+            # responder's rights. Replies go to inboxes, never anywhere else.
+            log.warning("refused to reply on %r: not an inbox", reply[:200])
             return
         try:
             self.publish(reply, data, now=now)

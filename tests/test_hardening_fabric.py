@@ -427,3 +427,37 @@ async def test_forged_notices_with_many_names_keep_the_registrars_alert_state_bo
     else:
         pytest.fail("the registrar did not count the notices")
     assert len(engine._calls) <= MAX_TRACKED
+
+
+# -- replies go to inboxes only -------------------------------------------------------------
+
+
+async def test_a_reply_subject_that_is_no_inbox_is_never_published_to(
+    nats_server: NatsServer, registrar: Registrar, client: ReachClient
+) -> None:
+    """NATS does not check a request's reply subject: a ping whose reply names a registry
+    key would have the registrar overwrite that record with its answer (or purge a bucket:
+    "$JS.API.STREAM.PURGE.…"), with the registrar's rights. Replies go to inboxes only."""
+    agent, _ = make_agent(nats_server.url, "victim-1", capability("work"))
+    async with agent:
+        await wait_routable(client, "work", 1)
+        store = registrar.store
+        before = await store.get("victim-1")
+        assert before is not None
+        raw = await connect([nats_server.url], name="injector")
+        try:
+            await raw.publish(
+                subjects.REGISTRAR_PING, b"", reply="$KV.REACH_REGISTRY.agent.victim-1"
+            )
+            await raw.publish(
+                subjects.REGISTRAR_PING, b"", reply="$JS.API.STREAM.PURGE.KV_REACH_REGISTRY"
+            )
+            # the same subscription answers in order: once this ping is answered, the two
+            # above were handled too
+            await raw.request(subjects.REGISTRAR_PING, b"", timeout=5)
+        finally:
+            await raw.close()
+        after = await store.get("victim-1")
+        assert after is not None  # still there (no purge) and still an Instance
+        assert after[0].instance_id == before[0].instance_id
+        assert await client.call("work", {}) is not None
