@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -409,3 +410,19 @@ def test_bad_credentials_files_are_explained(tmp_path: Path, content: str, messa
 def test_missing_credentials_file_is_explained(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="not found"):
         CredentialsFile.read(tmp_path / "nope.creds")
+
+
+async def test_guesses_sent_in_parallel_meet_the_failure_limit(store: CredentialStore) -> None:
+    """The limiter was asked before the slow hash: 40 wrong guesses sent at once all had
+    their secret checked (against a limit of 5). Checks of one client id take turns."""
+    _, secret = await store.add("target", 3)
+    outcomes = await asyncio.gather(
+        *(store.authenticate("target", f"guess-{i}") for i in range(40)), return_exceptions=True
+    )
+    checked = [o for o in outcomes if type(o) is CredentialsRejected]
+    refused = [o for o in outcomes if isinstance(o, TooManyAttempts)]
+    assert len(checked) == store.limiter.max_failures
+    assert len(checked) + len(refused) == 40
+    with pytest.raises(TooManyAttempts):  # the right secret waits out the back-off too
+        await store.authenticate("target", secret)
+    assert not store._checking  # nothing left behind

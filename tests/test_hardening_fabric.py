@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -20,7 +21,7 @@ from reach.agent import Agent
 from reach.audit.alerts import AlertEngine
 from reach.client import ReachClient
 from reach.clock import ManualClock
-from reach.errors import CodecError, ConfigurationError, ContractError
+from reach.errors import CodecError, ConfigurationError, ContractError, RegistrationRefused
 from reach.messages import encode_model
 from reach.models import (
     AnnounceRequest,
@@ -32,10 +33,12 @@ from reach.models import (
 )
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import decode_instance
+from reach.security.credentials import CredentialsFile
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
 
 from .calls_helpers import capability, make_agent, wait_routable
+from .conftest import Fabric
 
 # -- 2. a registry record whose schema is nested 500 deep -------------------------------
 
@@ -461,3 +464,30 @@ async def test_a_reply_subject_that_is_no_inbox_is_never_published_to(
         assert after is not None  # still there (no purge) and still an Instance
         assert after[0].instance_id == before[0].instance_id
         assert await client.call("work", {}) is not None
+
+
+# -- an agent serves what its credential lists ------------------------------------------
+
+
+async def test_an_agent_credential_serves_only_the_capabilities_it_lists(
+    fabric: Fabric, tmp_path: Path
+) -> None:
+    """NATS lets an agent subscribe to any capability's subject for its own agent_id, so
+    an L1 agent with `--cap transcribe` could announce `customer_orders` and be routed
+    (and handed) other callers' L3 calls. The registrar refuses the announce, audited."""
+    assert fabric.issuer.credentials is not None
+    _, secret = await fabric.issuer.credentials.add(
+        "squatter", 1, agent_id="squat-1", capabilities=["transcribe"]
+    )
+    creds = tmp_path / "squatter.creds"
+    CredentialsFile(fabric.url, "squatter", secret).write(creds)
+
+    squat, _ = make_agent(fabric.url, "squat-1", capability("customer_orders", level=3))
+    squat.credentials = creds
+    with pytest.raises(RegistrationRefused, match="may serve transcribe; not customer_orders"):
+        await squat.start()
+
+    honest, _ = make_agent(fabric.url, "squat-1", capability("transcribe"))
+    honest.credentials = creds
+    async with honest:  # what it lists, it may serve
+        pass

@@ -305,3 +305,28 @@ async def test_heartbeat_and_bye_as_another_agent_are_refused_and_leave_its_reco
         assert after is not None
         assert after.instance_id == before.instance_id
         assert after.in_flight == 0
+
+
+@pytest.mark.parametrize("skew_sec", [3 * 3600.0, -3600.0])
+async def test_a_client_whose_clock_is_off_keeps_a_usable_token(
+    fabric: Fabric, skew_sec: float
+) -> None:
+    """The token's expiry was read as the issuer's absolute time on the client's clock:
+    3 h ahead, every token looked expired; 1 h behind, renewal came after expiry. The
+    client counts the token's lifetime from when it got it, on its own clock."""
+    from reach.clock import ManualClock
+    from reach.security.issuer import DEFAULT_TTL_SEC
+    from reach.security.session import TokenSession
+
+    conn = await connect([fabric.url], name="skewed")
+    clock = ManualClock(wall=time.time() + skew_sec)
+    try:
+        session = TokenSession(conn, CredentialsFile.read(fabric.creds["auditor"]), clock=clock)
+        await session.refresh()
+        assert session.token  # not refused as expired on arrival
+        lifetime = session.expires_at - clock.time()
+        assert 0 < lifetime <= DEFAULT_TTL_SEC
+        clock.advance(lifetime * 0.5)  # halfway through its life, on this clock
+        assert session.token
+    finally:
+        await conn.close()

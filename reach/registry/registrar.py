@@ -37,6 +37,7 @@ from reach.models import (
     Heartbeat,
     HeartbeatReply,
     Instance,
+    Manifest,
     Readiness,
     RegistrarRecord,
     Transition,
@@ -44,8 +45,9 @@ from reach.models import (
 )
 from reach.registry.probe import probe
 from reach.registry.store import RegistryStore
-from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR
+from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR, CredentialStore
 from reach.security.fabric import FabricSecurity
+from reach.security.tokens import Claims
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, KVConflict, Message, Subscription
 
@@ -132,6 +134,8 @@ class Registrar:
         self._handling = 0
         self._stopping = False
         self._security = FabricSecurity()
+        #: opened on the first announce that needs it (secured fabrics only)
+        self._credentials: CredentialStore | None = None
         self._audit: AuditWriter | None = None
         self._alerts: AlertWatcher | None = None
         self.denials = 0
@@ -291,13 +295,38 @@ class Registrar:
             )
 
     def _decode(self, cls: type[_M], msg: Message) -> _M:
+        return self._decode_with_claims(cls, msg)[0]
+
+    def _decode_with_claims(self, cls: type[_M], msg: Message) -> tuple[_M, Claims | None]:
         meta, body = envelope.unpack_request(msg.data, self.config.max_message_bytes)
+        claims = None
         if self._security.verifier is not None:
             # before the body is decoded: only a token bound to this agent_id may speak for it
-            self._authorize(meta, subjects.last_token(msg.subject))
-        return decode_model(cls, body, self._limits)
+            claims = self._authorize(meta, subjects.last_token(msg.subject))
+        return decode_model(cls, body, self._limits), claims
 
-    def _authorize(self, meta: envelope.RequestMeta, agent_id: str) -> None:
+    async def _check_mandate(self, claims: Claims | None, manifest: Manifest) -> None:
+        """_Denied unless the client may serve what ``manifest`` offers: a credential that
+        lists capabilities (``reach creds add --cap``) serves those and no others. (NATS
+        lets an agent subscribe to every capability's subject for its own agent_id, so
+        only this check keeps it from announcing, and being routed, another's.)"""
+        if claims is None or claims.has_role(ROLE_REGISTRAR) or claims.has_role(ROLE_ADMIN):
+            return
+        if self._credentials is None:
+            self._credentials = await CredentialStore.open(self._conn, create=False)
+        record = await self._credentials.get(claims.client_id)
+        if record is None or not record.capabilities:
+            return
+        extra = sorted({c.name for c in manifest.capabilities} - set(record.capabilities))
+        if extra:
+            raise _Denied(
+                "capability_not_allowed",
+                f"client {claims.client_id} may serve {', '.join(record.capabilities)};"
+                f" not {', '.join(extra)}",
+                client_id=claims.client_id,
+            )
+
+    def _authorize(self, meta: envelope.RequestMeta, agent_id: str) -> Claims:
         assert self._security.verifier is not None
         if meta.token is None:
             raise _Denied(
@@ -318,12 +347,17 @@ class Registrar:
                 call_id=meta.call_id,
                 client_id=claims.client_id,
             )
+        return claims
 
     async def _on_announce(self, msg: Message) -> None:
+        failure: ReachError | None = None
         try:
-            req = self._decode(AnnounceRequest, msg)
+            req, claims = self._decode_with_claims(AnnounceRequest, msg)
+            await self._check_mandate(claims, req.manifest)
         except (CodecError, ContractError, _Denied) as exc:
-            await self._reply_bad_message(msg, exc)
+            failure = exc
+        if failure is not None:
+            await self._reply_bad_message(msg, failure)
             return
         agent_id = req.manifest.agent_id
         if subjects.last_token(msg.subject) != agent_id:

@@ -249,6 +249,10 @@ class CredentialStore:
         self.bucket = bucket
         self._clock = clock
         self.limiter = limiter if limiter is not None else FailureLimiter(clock=clock)
+        #: per client id: the check of a secret under way, and how many wait for it. One
+        #: at a time per id, so guesses sent in parallel meet the failure limit too (all
+        #: of them would otherwise pass its check before the first wrong one counts)
+        self._checking: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     @classmethod
     async def open(
@@ -347,6 +351,17 @@ class CredentialStore:
         """The client's record if the secret is right; CredentialsRejected otherwise."""
         # bounded key: an attacker cannot fill the limiter with huge strings
         limit_key = client_id if _CLIENT_ID_RE.fullmatch(client_id) else "<invalid>"
+        lock, waiting = self._checking.setdefault(limit_key, (asyncio.Lock(), [0]))
+        waiting[0] += 1
+        try:
+            async with lock:
+                return await self._authenticate(client_id, limit_key, secret)
+        finally:
+            waiting[0] -= 1
+            if not waiting[0]:
+                del self._checking[limit_key]
+
+    async def _authenticate(self, client_id: str, limit_key: str, secret: str) -> ClientRecord:
         wait = self.limiter.retry_after(limit_key)
         if wait > 0:
             log.info("authentication of %r refused: rate_limited (%.1fs left)", client_id, wait)

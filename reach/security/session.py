@@ -10,6 +10,8 @@ import asyncio
 import logging
 import random
 
+import jwt
+
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, ReachError
@@ -94,9 +96,22 @@ class TokenSession:
             )
         answer = decode_model(TokenReply, reply.body)
         self._token = answer.token
-        self._expires_at = answer.expires_at
+        self._expires_at = self._local_expiry(answer)
         self.level = answer.level
         self.agent_id = answer.agent_id
+
+    def _local_expiry(self, answer: TokenReply) -> float:
+        """When the token expires, on this process's clock: now plus the token's lifetime
+        (its exp - iat, both the issuer's), not the issuer's exp read on a clock that may be
+        hours off (ahead: every token looks expired; behind: renewal comes too late)."""
+        try:
+            claims = jwt.decode(answer.token, options={"verify_signature": False})
+            lifetime = float(claims["exp"]) - float(claims["iat"])
+        except (jwt.PyJWTError, KeyError, TypeError, ValueError):
+            return answer.expires_at
+        if not 0 < lifetime < 7 * 24 * 3600:
+            return answer.expires_at
+        return self._clock.time() + lifetime
 
     async def _renew_loop(self) -> None:
         while True:
