@@ -15,6 +15,8 @@ import pytest
 from reach import subjects
 from reach.client import ReachClient
 from reach.embedded import free_port
+from reach.errors import PermissionDenied
+from reach.jobs import JobStore
 from reach.security.fabric import connect_as
 
 from .calls_helpers import capability, make_agent, wait_routable
@@ -105,3 +107,29 @@ async def test_replies_to_a_batch_of_calls_pass_the_servers_response_permissions
         await caller.call("slow", {"i": 0})
         results = await asyncio.gather(*(caller.call("slow", {"i": i}) for i in range(64)))
     assert [r.value for r in results] == [{"i": i} for i in range(64)]
+
+
+async def test_only_clients_given_the_jobs_role_reach_the_jobs_bucket(
+    fabric: tuple[str, Path], tmp_path: Path
+) -> None:
+    """REACH_JOBS was open to every login: any L1 caller could read another client's L4
+    job results, any agent overwrite them. KV permissions cannot be narrowed to one job,
+    so the bucket is for clients given the jobs role."""
+    url, store = fabric
+    dev = store / "dev.creds"
+    for name, extra in (("plain", ()), ("jobber", ("--role", "jobs"))):
+        code, out, err = await run_reach(
+            "creds", "add", name, "--level", "1", *extra, "--out", str(tmp_path / f"{name}.creds"),
+            "--servers", url, "--creds", str(dev),
+        )  # fmt: skip
+        assert code == 0, out + err
+    for name, allowed in (("plain", False), ("jobber", True)):
+        conn, _ = await connect_as([url], name=name, credentials=tmp_path / f"{name}.creds")
+        try:
+            if allowed:
+                await JobStore.open(conn, create=False)
+            else:
+                with pytest.raises(PermissionDenied):
+                    await JobStore.open(conn, create=False)
+        finally:
+            await conn.close()

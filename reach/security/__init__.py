@@ -20,6 +20,7 @@ Pure building blocks; the agent, client, registrar and CLI wire them together::
 from reach.security.credentials import (
     KNOWN_ROLES,
     ROLE_ADMIN,
+    ROLE_JOBS,
     ROLE_REGISTRAR,
     ClientRecord,
     CredentialsFile,
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_TTL_SEC",
     "KNOWN_ROLES",
     "ROLE_ADMIN",
+    "ROLE_JOBS",
     "ROLE_REGISTRAR",
     "Claims",
     "ClientRecord",

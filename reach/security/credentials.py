@@ -42,6 +42,7 @@ from reach.transport import Connection, KVBucket, KVConflict, KVEntry
 __all__ = [
     "KNOWN_ROLES",
     "ROLE_ADMIN",
+    "ROLE_JOBS",
     "ROLE_REGISTRAR",
     "ClientRecord",
     "CredentialStore",
@@ -61,7 +62,11 @@ log = logging.getLogger("reach.security")
 ROLE_ADMIN: Final = "admin"
 #: the registrar / token issuer service
 ROLE_REGISTRAR: Final = "registrar"
-KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR})
+#: may use REACH_JOBS: an async-mode agent (writes its jobs' records) or a caller that
+#: waits for jobs. KV permissions cannot be narrowed to one job, so a holder may read
+#: (and an agent overwrite) every job record: given only to who needs it
+ROLE_JOBS: Final = "jobs"
+KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS})
 
 # scrypt n=2**14, r=8, p=1: ~40 ms per hash on the development machine (measured), 16 MiB
 _SCRYPT_N: Final = 2**14

@@ -12,7 +12,7 @@ import logging
 from reach.errors import AuthenticationFailed
 from reach.security import natsconf
 from reach.security.callout import AuthCallout, Permissions, permissions_for
-from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR, CredentialStore
+from reach.security.credentials import ROLE_ADMIN, ROLE_JOBS, ROLE_REGISTRAR, CredentialStore
 from reach.transport import Connection, connect
 
 __all__ = ["LoginGate"]
@@ -64,5 +64,7 @@ class LoginGate:
             agent_id=record.agent_id,
             capabilities=list(record.capabilities),
             inbox_prefix=f"_INBOX.{record.client_id}",
-            async_jobs=True,
+            # REACH_JOBS is readable (and, by agents, writable) by every holder of this
+            # permission: only clients given the jobs role (reach creds add --role jobs)
+            async_jobs=record.has_role(ROLE_JOBS),
         )
