@@ -38,15 +38,11 @@ class Tally:
     last_error: str = ""
 
     def add(self, event: AuditEvent) -> None:
-        self.calls += 1
-        self.last_ts = max(self.last_ts, event.ts)
-        if event.outcome == "ok":
-            self.ok += 1
-            self.latencies.append(event.latency_ms)
-        else:
-            kind = event.error or event.outcome
-            self.errors[kind] = self.errors.get(kind, 0) + 1
-            self.last_error = f"{kind}: {event.description}" if event.description else kind
+        """One call (to a capability, or to an instance when its attempts are unknown)."""
+        self._count(
+            event.ts, event.outcome == "ok", event.latency_ms,
+            event.error or event.outcome, event.description,
+        )  # fmt: skip
         if event.fallback:
             self.fallbacks += 1
         self.retries += event.retries
@@ -54,16 +50,20 @@ class Tally:
     def add_attempt(self, event: AuditEvent, attempt: AuditAttempt) -> None:
         """One attempt of ``event`` that went to this instance, with its own outcome and
         latency (a retried call's failure and wait belong to the instance that failed)."""
+        last = event.attempts[-1] is attempt
+        self._count(
+            event.ts, attempt.outcome == "ok", attempt.latency_ms,
+            attempt.outcome, event.description if last else "",
+        )  # fmt: skip
+
+    def _count(self, ts: float, ok: bool, latency_ms: float, kind: str, detail: str) -> None:
         self.calls += 1
-        self.last_ts = max(self.last_ts, event.ts)
-        if attempt.outcome == "ok":
+        self.last_ts = max(self.last_ts, ts)
+        if ok:
             self.ok += 1
-            self.latencies.append(attempt.latency_ms)
+            self.latencies.append(latency_ms)
         else:
-            kind = attempt.outcome
             self.errors[kind] = self.errors.get(kind, 0) + 1
-            last = event.attempts[-1] is attempt
-            detail = event.description if last and event.description else ""
             self.last_error = f"{kind}: {detail}" if detail else kind
 
     @property
