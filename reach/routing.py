@@ -351,8 +351,12 @@ def choose(
     if breakers.get(entry.agent_id).allow():
         return entry.instance, score
     refused = entry
+    if skipped is not None and refused.agent_id not in skipped:
+        skipped.append(refused.agent_id)  # passed over, whoever serves the call instead
     for score, entry in _ranked(scored, random.random):
-        if entry is not refused and breakers.get(entry.agent_id).allow():
+        if entry is refused:
+            continue
+        if breakers.get(entry.agent_id).allow():
             return entry.instance, score
         if skipped is not None and entry.agent_id not in skipped:
             skipped.append(entry.agent_id)

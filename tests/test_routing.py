@@ -335,3 +335,38 @@ def test_choice_goes_back_to_a_failed_instance_only_when_nothing_else_is_left() 
         None,
         None,
     )
+
+
+def test_an_open_breaker_passed_over_is_always_said_even_among_ties() -> None:
+    """Two instances in one tie band, one breaker open: when the pick falls on the open one
+    and another serves, the open one was passed over and is said so. The ranking after a
+    refusal reshuffles the tie band, and the refused one was recorded only when the
+    reshuffle happened to put it first (about half as often as it was passed over)."""
+    import random
+
+    from reach.resilience import BreakerBoard
+    from reach.routing import choose, route_entries
+
+    tracker = LatencyTracker()
+    for agent_id in ("a", "b"):
+        tracker.observe(agent_id, 50.0)
+    routes = route_entries([instance(a) for a in ("a", "b")], "echo")
+    board = BreakerBoard()
+    _open(board, "a")
+    said = 0
+    state = random.getstate()
+    try:
+        for seed in range(200):
+            random.seed(seed)
+            skipped: list[str] = []
+            chosen, _ = choose(
+                routes, "echo", latency=tracker, outstanding={}, breakers=board, skipped=skipped
+            )
+            assert chosen is not None
+            assert chosen.agent_id == "b"
+            assert skipped in ([], ["a"])
+            said += skipped == ["a"]
+    finally:
+        random.setstate(state)
+    # the pick falls on "a" about half the time (100 of 200 expected; 50 before)
+    assert said > 70
