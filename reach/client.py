@@ -162,9 +162,8 @@ def _remote_error(reply: envelope.Reply, target: str) -> ReachError:
         return ReachTimeout(f"{by}: {desc}")
     if reply.kind == "denied":
         if reply.code.startswith("insufficient_level:"):
-            parts = reply.code.split(":")
             try:
-                _, required_text, held_text = parts
+                _, required_text, held_text = reply.code.split(":")
                 required, held = int(required_text), int(held_text)
             except ValueError:  # a callee that does not say it our way
                 return AuthenticationFailed(f"{by}: {desc}")
@@ -737,7 +736,6 @@ class ReachClient:
             retry=retry_if_exception(should_retry),
             reraise=True,
         )
-        last: ReachError | None = None
         latest = first_error
         try:
             async for attempt in retrying:
@@ -751,18 +749,17 @@ class ReachClient:
                         latest = exc
                         raise
         except ReachError as exc:
-            last = exc
-        assert last is not None
-        if not last.retryable:
-            # a retry reached an instance that answered: its business, contract or auth
-            # error is the call's outcome as it is, not an exhausted retry
-            raise last
-        raise RetriesExhausted(
-            f"{state.capability}: {state.attempts} attempts failed,"
-            f" last: {type(last).__name__}: {last}",
-            attempts=state.attempts,
-            last=last,
-        ) from last
+            if not exc.retryable:
+                # a retry reached an instance that answered: its business, contract or auth
+                # error is the call's outcome as it is, not an exhausted retry
+                raise
+            raise RetriesExhausted(
+                f"{state.capability}: {state.attempts} attempts failed,"
+                f" last: {type(exc).__name__}: {exc}",
+                attempts=state.attempts,
+                last=exc,
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _next_call_id(self) -> str:
         # unique per caller without a syscall: a random prefix per client and a counter
@@ -946,8 +943,7 @@ class ReachClient:
             backup_error: ReachError | None = None
             try:
                 # the backup's own failure ends it: no fallback of the fallback (the
-                # client's default Fallback would call the backup again, for ever); it
-                # has what is left of the call's time, not a fresh timeout
+                # client's default Fallback would call the backup again, for ever)
                 result = await self.call(
                     backup, payload, timeout=left, tags=fb.backup_tags, fallback=NO_FALLBACK
                 )

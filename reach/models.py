@@ -54,7 +54,6 @@ __all__ = [
     "parse_manifest",
 ]
 
-_TOKEN_RE = subjects.TOKEN_RE
 _TAG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 # semver.org's grammar
 _SEMVER_RE = re.compile(
@@ -65,7 +64,7 @@ _SEMVER_RE = re.compile(
 
 
 def _subject_token(value: str) -> str:
-    if not _TOKEN_RE.fullmatch(value):
+    if not subjects.is_token(value):
         raise PydanticCustomError(
             "subject_token",
             "must be 1-128 letters, digits, '_' or '-' (a NATS subject token), got {value}",
@@ -174,7 +173,7 @@ Reason = Annotated[str, AfterValidator(clip_reason)]
 SubjectToken = Annotated[
     str,
     AfterValidator(_subject_token),
-    WithJsonSchema({"type": "string", "pattern": _TOKEN_RE.pattern}),
+    WithJsonSchema({"type": "string", "pattern": subjects.TOKEN_RE.pattern}),
 ]
 Tag = Annotated[
     str, AfterValidator(_tag), WithJsonSchema({"type": "string", "pattern": _TAG_RE.pattern})

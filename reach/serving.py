@@ -318,7 +318,7 @@ class CallServer:
                         )
         except asyncio.CancelledError:
             remember = False
-            reply = self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
+            reply = self.stopping()
             raise
         except Exception as exc:  # a bug on this side: the caller hears of it, not silence
             log.exception("serving a call to %s failed", endpoint.name)

@@ -32,7 +32,6 @@ import binascii
 import contextlib
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -63,7 +62,6 @@ AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
 _REQUEST_AUDIENCE = "nats-authorization-request"
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 _LEEWAY = 5  # seconds of clock skew tolerated on the request's exp/nbf
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # one subject token, no wildcard
 
 
 # -- JWTs as nats-io/jwt v2 writes them -------------------------------------------------------
@@ -204,11 +202,11 @@ def permissions_for(
         if async_jobs:
             pub += _js_read(subjects.JOBS_BUCKET)  # wait for a job: get/watch its record
         return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
-    if agent_id is None or not _TOKEN_RE.fullmatch(agent_id):
+    if agent_id is None or not subjects.is_token(agent_id):
         raise ValueError("an agent needs an agent_id that is one subject token")
     caps = list(dict.fromkeys(capabilities))
     for cap in caps:
-        if not _TOKEN_RE.fullmatch(cap):
+        if not subjects.is_token(cap):
             raise ValueError(f"capability {cap!r} is not one subject token")
     pub += [
         subjects.announce(agent_id),  # announce only itself
@@ -239,7 +237,7 @@ def _check_inbox(prefix: str) -> None:
     if (
         len(tokens) < 2
         or tokens[0] != "_INBOX"
-        or not all(_TOKEN_RE.fullmatch(t) for t in tokens[1:])
+        or not all(subjects.is_token(t) for t in tokens[1:])
     ):
         raise ValueError(f"inbox prefix {prefix!r} must be _INBOX.<token>[.<token>...]")
 
@@ -354,7 +352,7 @@ class AuthCallout:
         await self._conn.respond(msg, self.response(request, permissions=perms))
 
     async def _check(self, request: CalloutRequest) -> Permissions | None:
-        if not request.user or not request.password or not _TOKEN_RE.fullmatch(request.user):
+        if not request.user or not request.password or not subjects.is_token(request.user):
             return None  # anonymous, or a user name that cannot be a client id
         return await self._authenticate(request.user, request.password)
 
