@@ -267,18 +267,16 @@ class _Chooser:
 
     def __init__(self, cache: Any) -> None:
         from reach.resilience.breaker import BreakerBoard
-        from reach.routing import LatencyTracker
 
         self.cache = cache
-        self.latency = LatencyTracker()
         self.breakers = BreakerBoard()
-        self.outstanding: dict[str, int] = {}
 
     def warm(self) -> None:
         """Latency seen for half of the instances, breakers for all: a caller in use."""
+        peers = self.cache.peers
         for n, inst in enumerate(self.cache.all()):
             if n % 2 == 0:
-                self.latency.observe(inst.agent_id, 5.0 + n % 40)
+                peers.observe(inst.agent_id, 5.0 + n % 40)
             self.breakers.get(inst.agent_id)
 
     def choose(self, capability: str, tags: Sequence[str] = ()) -> Any:
@@ -288,13 +286,7 @@ class _Chooser:
         candidates = self.cache.entries(capability, tags)
         if candidates:  # ReachClient._spec: the capability's contract
             candidates[0].spec  # noqa: B018
-        chosen, _ = choose(
-            candidates,
-            capability,
-            latency=self.latency,
-            outstanding=self.outstanding,
-            breakers=self.breakers,
-        )
+        chosen, _ = choose(candidates, capability, breakers=self.breakers)
         return chosen
 
 

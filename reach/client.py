@@ -60,7 +60,7 @@ from reach.resilience import (
     stop_at_deadline,
     wait_backoff,
 )
-from reach.routing import LatencyTracker, RouteEntry, choose
+from reach.routing import Peer, Peers, RouteEntry, choose
 from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
@@ -264,8 +264,10 @@ class ReachClient:
         self._routes: RouteCache | None = None
         self.breakers = BreakerBoard(breaker or BreakerConfig(), clock)
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
-        self.latency = LatencyTracker()
-        self._outstanding: dict[str, int] = {}
+        #: what this client observed of each instance (latency) and its calls in flight
+        self.peers = Peers()
+        #: calls in flight to the capability's queue subject (no instance known)
+        self._anyone = Peer("")
         self._results = ResultCache()
         self._jobs: JobStore | None = None
         self._validators: dict[int, tuple[dict[str, Any], Validator]] = {}
@@ -323,7 +325,7 @@ class ReachClient:
         )
         # the audit's caller: the authenticated client id (on an open fabric, the name)
         self._client_id = creds.client_id if creds is not None else self.name
-        self._routes = RouteCache(store)
+        self._routes = RouteCache(store, self.peers)
         self._routes.on_change(self._instance_changed)
         await self._routes.start(self._sync_timeout)
         if self.audit_enabled:
@@ -340,9 +342,7 @@ class ReachClient:
         """An instance left the registry: what this client kept of it goes too."""
         if instance is None:
             self.breakers.forget(agent_id)
-            self.latency.forget(agent_id)
-            if not self._outstanding.get(agent_id):
-                self._outstanding.pop(agent_id, None)
+            self.peers.forget(agent_id)
 
     async def close(self) -> None:
         self._closing = True  # calls in flight fail now (Disconnected) and are not retried
@@ -786,17 +786,15 @@ class ReachClient:
             return False
         return self._clock.time() < state.deadline
 
-    def _choose(self, state: _Attempt) -> Instance | None:
-        inst, state.score = choose(
+    def _choose(self, state: _Attempt) -> RouteEntry | None:
+        route, state.score = choose(
             state.candidates,
             state.capability,
-            latency=self.latency,
-            outstanding=self._outstanding,
             breakers=self.breakers,
             failed=state.failed,
             skipped=state.skipped,
         )
-        return inst
+        return route
 
     async def _attempt(
         self,
@@ -814,20 +812,22 @@ class ReachClient:
             raise ReachTimeout(
                 f"{state.capability}: deadline passed before attempt {state.attempts}"
             )
-        inst = self._choose(state)
-        if inst is None:
+        chosen = self._choose(state)
+        if chosen is None:
             if state.tags:  # the queue group would reach instances without them
                 raise NotFound(
                     f"no instance of {state.capability} carries tags {', '.join(state.tags)}"
                 )
             subject = subjects.capability(state.capability)
             target = ""
+            peer = self._anyone
         else:
-            target = inst.agent_id
+            target = chosen.agent_id
             subject = subjects.capability_instance(state.capability, target)
+            peer = chosen.peer
         state.last_target = target
         breaker = self.breakers.get(target) if target else None
-        self._outstanding[target] = self._outstanding.get(target, 0) + 1
+        peer.outstanding += 1
         conn = self._conn
         reconnects = conn.reconnects if conn is not None else 0
         started = time.perf_counter()
@@ -840,7 +840,7 @@ class ReachClient:
                     subject,
                     envelope.pack_request(meta, body),
                     remaining,
-                    inst is not None and inst.batches,
+                    chosen is not None and chosen.instance.batches,
                 )
             except Exception as exc:
                 raise self._explain(exc, subject, started, reconnects) from exc
@@ -871,13 +871,13 @@ class ReachClient:
                 breaker.release()  # a half-open trial slot comes back
             raise
         finally:
-            self._outstanding[target] -= 1
+            peer.outstanding -= 1
         elapsed_ms = (time.perf_counter() - started) * 1000
         if reply.ok:
             state.route.append((reply.by or target, state.score, "ok", elapsed_ms))
             if breaker is not None:
                 breaker.record_success()
-                self.latency.observe(target, elapsed_ms)
+                self.peers.fold(peer, elapsed_ms)
             if reply.by and not target:
                 state.last_target = reply.by
             if reply.job:
@@ -892,7 +892,7 @@ class ReachClient:
             if isinstance(error, RemoteError):
                 # the instance answered: a business or handler error says nothing of reach
                 breaker.record_success()
-                self.latency.observe(target, elapsed_ms)
+                self.peers.fold(peer, elapsed_ms)
             else:
                 breaker.release()
         raise error

@@ -12,9 +12,8 @@ calls in flight); cheap enough to run on every call.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
-from operator import itemgetter
-from typing import Final, NamedTuple, TypeVar
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Final, TypeVar, final
 
 from reach.errors import CircuitOpen, ConfigurationError, NoHealthyInstance
 from reach.models import Capability, HealthStatus, Instance
@@ -24,7 +23,8 @@ __all__ = [
     "HEALTH_SCORES",
     "RANK_ALL",
     "RANK_SAMPLE",
-    "LatencyTracker",
+    "Peer",
+    "Peers",
     "RouteEntry",
     "choose",
     "rank",
@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_SCORE = itemgetter(0)
 
 #: up to this many candidates are all ranked; beyond, a random sample of RANK_SAMPLE is
 #: (scoring costs about half a µs per candidate: 10,000 of one capability would cost ms)
@@ -99,98 +98,164 @@ def _latency_term(share_of_sla: float) -> float:
     return 0.0 if term < 0.0 else 1.0 if term > 1.0 else term
 
 
-class LatencyTracker:
-    """Exponentially weighted moving average of observed call latency, per agent_id.
+@final
+class Peer:
+    """This caller's view of one instance: the average latency it observed (an
+    exponentially weighted moving average) and its own calls in flight to it.
 
-    ``alpha`` is the weight of the newest observation: 0.2 follows a change within ~10 calls
-    while one slow call moves the average by a fifth of the difference only.
+    One object per agent id, held by every route to the instance (routes are rebuilt with
+    each heartbeat; this is not), so a choice reads it directly: no dictionary lookup per
+    candidate, and its numbers sit in the object itself."""
+
+    __slots__ = ("agent_id", "latency_ms", "measured", "outstanding")
+
+    def __init__(self, agent_id: str) -> None:
+        self.agent_id = agent_id
+        #: the average (ms); meaningless until ``measured``
+        self.latency_ms = 0.0
+        self.measured = False
+        #: this caller's calls in flight to the instance
+        self.outstanding = 0
+
+    def observe(self, ms: float, alpha: float) -> None:
+        """Fold one observed latency in with weight ``alpha``; the first is taken as is."""
+        if ms < 0.0:
+            ms = 0.0
+        if self.measured:
+            self.latency_ms += alpha * (ms - self.latency_ms)
+        else:
+            self.latency_ms = ms
+            self.measured = True
+
+
+class Peers:
+    """The caller's :class:`Peer` of every instance it routes to, by agent id.
+
+    ``alpha`` is the weight of the newest latency observation: 0.2 follows a change within
+    ~10 calls while one slow call moves the average by a fifth of the difference only.
     """
 
-    __slots__ = ("_avg", "alpha")
+    __slots__ = ("_peers", "alpha")
 
     def __init__(self, alpha: float = 0.2) -> None:
         if isinstance(alpha, bool) or not 0 < alpha <= 1:
             raise ConfigurationError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = alpha
-        self._avg: dict[str, float] = {}
+        self._peers: dict[str, Peer] = {}
+
+    def peer(self, agent_id: str) -> Peer:
+        """The instance's peer, created on first use."""
+        found = self._peers.get(agent_id)
+        if found is None:
+            found = self._peers[agent_id] = Peer(agent_id)
+        return found
 
     def observe(self, agent_id: str, ms: float) -> None:
-        """Fold one observed latency (ms) in; the first observation is taken as is."""
-        if ms < 0.0:
-            ms = 0.0
-        avg = self._avg.get(agent_id)
-        self._avg[agent_id] = ms if avg is None else avg + self.alpha * (ms - avg)
+        """Fold one observed latency (ms) of ``agent_id`` in."""
+        self.peer(agent_id).observe(ms, self.alpha)
 
-    def get(self, agent_id: str) -> float | None:
-        """The average latency (ms), None if never observed."""
-        return self._avg.get(agent_id)
+    def fold(self, peer: Peer, ms: float) -> None:
+        """Fold one observed latency (ms) into ``peer`` (the call path's way: it holds it)."""
+        peer.observe(ms, self.alpha)
+
+    def latency(self, agent_id: str) -> float | None:
+        """The average latency (ms) observed of ``agent_id``, None if never observed."""
+        found = self._peers.get(agent_id)
+        return found.latency_ms if found is not None and found.measured else None
 
     def forget(self, agent_id: str) -> None:
-        """Drop an agent's average (it left the registry)."""
-        self._avg.pop(agent_id, None)
+        """Drop an agent's peer (it left the registry). A call still in flight to it
+        holds the old object: what it reports lands there, and goes with it."""
+        self._peers.pop(agent_id, None)
+
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._peers
 
     def __len__(self) -> int:
-        return len(self._avg)
+        return len(self._peers)
 
 
-class RouteEntry(NamedTuple):
+@final
+class RouteEntry:
     """One instance as a route to one capability: what a choice reads of it, gathered once
     per registry record (the route cache builds it as the record arrives), never per call.
 
-    Among thousands of instances each candidate is a cache miss, so a choice touches this
-    one tuple and the caller's own observations, not the record's objects."""
+    Among thousands of instances each candidate is a CPU cache miss, so a choice touches
+    this one object (compiled, its numbers sit in it) and the instance's :class:`Peer`,
+    not the record's objects nor a dictionary per candidate."""
 
-    agent_id: str
-    unhealthy: bool
-    #: the terms of the score a call does not change: W_HEALTH·health + W_STABLE·stable
-    base: float
-    #: 1 / the capability's latency_sla_ms
-    per_sla_ms: float
-    #: in-flight calls at the instance's last heartbeat
-    in_flight: int
-    #: 1 / the instance's max_concurrency
-    per_slot: float
-    instance: Instance
-    #: the capability as the instance declares it (its contract and SLA)
-    spec: Capability
+    __slots__ = (
+        "agent_id",
+        "base",
+        "in_flight",
+        "instance",
+        "peer",
+        "per_sla_ms",
+        "per_slot",
+        "spec",
+        "unhealthy",
+    )
+
+    def __init__(
+        self,
+        agent_id: str,
+        unhealthy: bool,
+        base: float,
+        per_sla_ms: float,
+        in_flight: int,
+        per_slot: float,
+        instance: Instance,
+        spec: Capability,
+        peer: Peer,
+    ) -> None:
+        self.agent_id = agent_id
+        self.unhealthy = unhealthy
+        #: the terms of the score a call does not change: W_HEALTH·health + W_STABLE·stable
+        self.base = base
+        #: 1 / the capability's latency_sla_ms
+        self.per_sla_ms = per_sla_ms
+        #: in-flight calls at the instance's last heartbeat
+        self.in_flight = in_flight
+        #: 1 / the instance's max_concurrency
+        self.per_slot = per_slot
+        self.instance = instance
+        #: the capability as the instance declares it (its contract and SLA)
+        self.spec = spec
+        #: the caller's view of the instance (its latency, its calls in flight)
+        self.peer = peer
+
+    def __repr__(self) -> str:
+        return f"RouteEntry({self.agent_id!r}, {self.spec.name!r})"
 
 
-def route_entry(instance: Instance, capability: str) -> RouteEntry | None:
+def route_entry(instance: Instance, capability: str, peer: Peer) -> RouteEntry | None:
     """``instance`` as a route to ``capability``; None if it does not offer it."""
     facts = instance.routing_facts
     spec = instance.manifest.capability(capability)
     if spec is None:
         return None
-    sla_ms = facts.sla_ms[capability]
     return RouteEntry(
         facts.agent_id,
         facts.status == "unhealthy",
-        _shared(_base(facts.status, facts.stable)),
-        _shared(1.0 / sla_ms),
+        _base(facts.status, facts.stable),
+        1.0 / facts.sla_ms[capability],
         facts.in_flight,
-        _shared(1.0 / (facts.max_concurrency or 1)),
+        1.0 / (facts.max_concurrency or 1),
         instance,
         spec,
+        peer,
     )
 
 
-def _shared(value: float) -> float:
-    """One float object per distinct value (there are few: a handful of SLAs and pool
-    sizes), so a choice among thousands of entries reads values that stay in the CPU
-    cache instead of one scattered object per entry."""
-    if len(_SHARED) >= _SHARED_MAX:
-        return value
-    return _SHARED.setdefault(value, value)
-
-
-_SHARED: dict[float, float] = {}
-_SHARED_MAX = 4096
-
-
-def route_entries(instances: Iterable[Instance], capability: str) -> list[RouteEntry]:
+def route_entries(instances: Iterable[Instance], capability: str, peers: Peers) -> list[RouteEntry]:
     """The instances that offer ``capability``, as routes to it (for lists of records that
     do not come from a route cache, which keeps them ready)."""
-    return [e for e in (route_entry(i, capability) for i in instances) if e is not None]
+    out: list[RouteEntry] = []
+    for inst in instances:
+        entry = route_entry(inst, capability, peers.peer(inst.agent_id))
+        if entry is not None:
+            out.append(entry)
+    return out
 
 
 def sample(items: Sequence[_T], k: int) -> list[_T]:
@@ -209,78 +274,75 @@ def sample(items: Sequence[_T], k: int) -> list[_T]:
     return [items[i] for i in picked]
 
 
-def _scored(
-    entries: Iterable[RouteEntry],
-    latency: LatencyTracker,
-    outstanding: Mapping[str, int],
-    exclude: Container[str],
-) -> list[tuple[float, RouteEntry]]:
-    """The entries that can take a call with their scores, in the order given.
+def _score_into(
+    entries: Sequence[RouteEntry],
+    exclude: Collection[str],
+    routes: list[RouteEntry],
+    scores: list[float],
+) -> None:
+    """The entries that can take a call, appended to ``routes`` in the order given, with
+    their scores at the same places in ``scores``.
 
     Load is the larger of the instance's own in-flight count (from its last heartbeat,
-    possibly stale) and the caller's own calls in flight to it (``outstanding``, always
+    possibly stale) and the caller's own calls in flight to it (its peer's, always
     current), over its ``max_concurrency``. An instance whose latency this caller has not
     observed yet is scored with the best latency observed among the candidates (so a new
     instance gets tried and measured instead of starved), or as half the SLA if none is.
     """
-    scored: list[tuple[float, RouteEntry]] = []
     unmeasured: list[int] = []
-    best_known: float | None = None
-    observed_of = latency._avg.get  # per candidate: a dict access, not a method call
-    mine_of = outstanding.get
-    # RouteEntry's fields by position: attribute access costs more, thousands of times
+    best_known = -1.0  # the lowest latency observed among them; < 0: none
+    excluding = len(exclude) > 0
     for entry in entries:
-        agent_id = entry[0]
-        if entry[1] or agent_id in exclude:
+        if entry.unhealthy or (excluding and entry.agent_id in exclude):
             continue
-        in_flight = entry[4]
-        mine = mine_of(agent_id, 0)
-        load = (in_flight if in_flight > mine else mine) * entry[5]
-        score = entry[2] + W_LOAD * (1.0 - (0.0 if load < 0.0 else 1.0 if load > 1.0 else load))
-        observed = observed_of(agent_id)
-        if observed is None:
-            unmeasured.append(len(scored))
-        else:
-            if best_known is None or observed < best_known:
+        peer = entry.peer
+        in_flight = entry.in_flight
+        mine = peer.outstanding
+        load = (in_flight if in_flight > mine else mine) * entry.per_slot
+        score = entry.base + W_LOAD * (1.0 - (0.0 if load < 0.0 else 1.0 if load > 1.0 else load))
+        if peer.measured:
+            observed = peer.latency_ms
+            if best_known < 0.0 or observed < best_known:
                 best_known = observed
-            term = 1.0 - observed * entry[3]
+            term = 1.0 - observed * entry.per_sla_ms
             score += W_LATENCY * (0.0 if term < 0.0 else 1.0 if term > 1.0 else term)
-        scored.append((score, entry))
+        else:
+            unmeasured.append(len(routes))
+        routes.append(entry)
+        scores.append(score)
     for n in unmeasured:
-        score, entry = scored[n]
         term = (
             UNKNOWN_LATENCY_TERM
-            if best_known is None
-            else _latency_term(best_known * entry.per_sla_ms)
+            if best_known < 0.0
+            else _latency_term(best_known * routes[n].per_sla_ms)
         )
-        scored[n] = (score + W_LATENCY * term, entry)
-    return scored
+        scores[n] += W_LATENCY * term
 
 
 def _ranked(
-    scored: list[tuple[float, RouteEntry]], rng: Callable[[], float]
+    routes: list[RouteEntry], scores: list[float], rng: Callable[[], float]
 ) -> list[tuple[float, RouteEntry]]:
-    """``scored`` best first; scores within ``TIE_BAND`` of the best in random order."""
-    if len(scored) < 2:
-        return scored
+    """The routes with their scores, best first; scores within ``TIE_BAND`` of the best in
+    random order."""
+    if len(routes) < 2:
+        return list(zip(scores, routes, strict=True))
     # the index settles equal scores, so entries are never compared
-    order = sorted(((score, n) for n, (score, _) in enumerate(scored)), reverse=True)
+    order = sorted(((score, n) for n, score in enumerate(scores)), reverse=True)
     floor = order[0][0] - TIE_BAND
     cut = next((i for i, (score, _) in enumerate(order) if score < floor), len(order))
     if cut > 1:
         ties = order[:cut]
         draws = [rng() for _ in ties]
         order[:cut] = [ties[i] for i in sorted(range(cut), key=draws.__getitem__)]
-    return [scored[n] for _, n in order]
+    return [(score, routes[n]) for score, n in order]
 
 
 def rank(
     instances: Iterable[Instance],
     capability: str,
     *,
-    latency: LatencyTracker,
-    outstanding: Mapping[str, int],
-    exclude: Container[str] = (),
+    peers: Peers,
+    exclude: Collection[str] = (),
     rng: Callable[[], float] = random.random,
 ) -> list[tuple[float, Instance]]:
     """Instances that can take a call to ``capability``, best first, with their scores.
@@ -288,8 +350,8 @@ def rank(
     Healthy and degraded instances that offer the capability and are not in ``exclude``
     (e.g. the instances a retry already tried); never unhealthy ones. Load is the larger of
     the instance's own in-flight count (from its last heartbeat, possibly stale) and the
-    caller's own calls in flight to it (``outstanding``, always current), over its
-    ``max_concurrency``.
+    caller's own calls in flight to it (its peer's ``outstanding``, always current), over
+    its ``max_concurrency``.
 
     Scores within ``TIE_BAND`` of the best are treated as equal and ordered randomly
     (``rng``, one draw per instance): when instances are about equally good, always
@@ -297,25 +359,25 @@ def rank(
     others idle (and unmeasured). The band is narrower than the pre-release penalty, so a
     stable version still wins over an otherwise equal pre-release one.
 
-    An instance whose latency this caller has not observed yet is scored with the best
-    latency observed among the candidates, so a new instance gets tried and measured
-    instead of starved.
+    An instance whose latency this caller has not observed yet (``peers``) is scored with
+    the best latency observed among the candidates, so a new instance gets tried and
+    measured instead of starved.
     """
-    scored = _scored(route_entries(instances, capability), latency, outstanding, exclude)
-    return [(score, entry.instance) for score, entry in _ranked(scored, rng)]
+    routes: list[RouteEntry] = []
+    scores: list[float] = []
+    _score_into(route_entries(instances, capability, peers), exclude, routes, scores)
+    return [(score, entry.instance) for score, entry in _ranked(routes, scores, rng)]
 
 
 def choose(
     entries: Sequence[RouteEntry],
     capability: str,
     *,
-    latency: LatencyTracker,
-    outstanding: Mapping[str, int],
     breakers: BreakerBoard,
     failed: Collection[str] = (),
     skipped: list[str] | None = None,
-) -> tuple[Instance | None, float | None]:
-    """The instance a call goes to, and its score (None: the only candidate, not ranked).
+) -> tuple[RouteEntry | None, float | None]:
+    """The route a call takes, and its score (None: the only candidate, not ranked).
 
     ``entries`` are the capability's instances as routes to it (``RouteCache.entries``, or
     ``route_entries`` of a list of records); ``(None, None)`` when there are none (the
@@ -330,14 +392,16 @@ def choose(
     if len(entries) == 1 and not failed:
         only = entries[0]
         if not only.unhealthy and breakers.get(only.agent_id).allow():
-            return only.instance, None
+            return only, None
     pool = sample(entries, RANK_SAMPLE) if len(entries) > RANK_ALL else entries
-    scored = _scored(pool, latency, outstanding, failed)
-    if not scored and pool is not entries:
-        scored = _scored(entries, latency, outstanding, failed)
-    if not scored and failed:
-        scored = _scored(entries, latency, outstanding, ())
-    if not scored:
+    routes: list[RouteEntry] = []
+    scores: list[float] = []
+    _score_into(pool, failed, routes, scores)
+    if not routes and pool is not entries:
+        _score_into(entries, failed, routes, scores)
+    if not routes and failed:
+        _score_into(entries, (), routes, scores)
+    if not routes:
         if not entries:
             return None, None
         why = ", ".join(
@@ -345,22 +409,30 @@ def choose(
         )
         raise NoHealthyInstance(f"no healthy instance of {capability}: {why}")
     # the common case without a sort: one of the best, and its breaker lets it through
-    floor = max(scored, key=_SCORE)[0] - TIE_BAND
-    best = [item for item in scored if item[0] >= floor]
-    score, entry = best[int(random.random() * len(best))] if len(best) > 1 else best[0]
+    n = len(routes)
+    pick = 0
+    if n > 1:
+        top = scores[0]
+        for i in range(1, n):
+            if scores[i] > top:
+                top = scores[i]
+        floor = top - TIE_BAND
+        band = [i for i in range(n) if scores[i] >= floor]
+        pick = band[int(random.random() * len(band))] if len(band) > 1 else band[0]
+    entry = routes[pick]
     if breakers.get(entry.agent_id).allow():
-        return entry.instance, score
+        return entry, scores[pick]
     refused = entry
     if skipped is not None and refused.agent_id not in skipped:
         skipped.append(refused.agent_id)  # passed over, whoever serves the call instead
-    for score, entry in _ranked(scored, random.random):
+    for score, entry in _ranked(routes, scores, random.random):
         if entry is refused:
             continue
         if breakers.get(entry.agent_id).allow():
-            return entry.instance, score
+            return entry, score
         if skipped is not None and entry.agent_id not in skipped:
             skipped.append(entry.agent_id)
-    targets = [entry.agent_id for _, entry in scored]
+    targets = [entry.agent_id for entry in routes]
     retry_at = breakers.earliest_retry_at(targets)
     retry_in = max(0.0, retry_at - breakers.clock.monotonic())
     raise CircuitOpen(capability, retry_at, retry_in=retry_in)

@@ -216,8 +216,8 @@ async def test_not_ready_instance_answers_unavailable_and_the_call_moves_on(
         ready["ok"] = False
         await sick.current_readiness()
         # route to the sick one explicitly first: it refuses, and the retry goes elsewhere
-        client.latency.observe("sick-1", 0.01)
-        client.latency.observe("well-1", 300)
+        client.peers.observe("sick-1", 0.01)
+        client.peers.observe("well-1", 300)
         result = await client.call("work", {})
         assert result.agent_id == "well-1"
         assert bs.calls == 0
@@ -239,8 +239,8 @@ async def test_instance_over_its_declared_concurrency_answers_unavailable_at_onc
     free, _bf = make_agent(nats_server.url, "free-1")
     async with busy, free:
         await wait_routable(client, "work", 2)
-        client.latency.observe("busy-1", 0.01)
-        client.latency.observe("free-1", 100)
+        client.peers.observe("busy-1", 0.01)
+        client.peers.observe("free-1", 100)
         results = await asyncio.gather(*(client.call("work", {"i": i}) for i in range(4)))
     assert {r.agent_id for r in results} >= {"free-1"}
     assert bb.calls <= 1
@@ -276,8 +276,8 @@ async def test_slow_instance_times_out_and_an_idempotent_call_moves_to_another(
     bs.sleep = 5.0
     async with slow, fast:
         await wait_routable(client, "work", 2)
-        client.latency.observe("slow-2", 1)
-        client.latency.observe("fast-2", 250)
+        client.peers.observe("slow-2", 1)
+        client.peers.observe("fast-2", 250)
         result = await client.call("work", {}, timeout=1.5)
     assert result.agent_id == "fast-2"
     assert result.attempts == 2
@@ -480,8 +480,8 @@ async def test_retries_prefer_an_instance_that_has_not_failed_this_call(
     bagent, bb = make_agent(nats_server.url, "pick-b")
     async with a, bagent:
         await client.routes.wait_for(lambda c: len(c.find("work")) == 2, timeout=5)
-        client.latency.observe("pick-a", 0.001)
-        client.latency.observe("pick-b", 390)
+        client.peers.observe("pick-a", 0.001)
+        client.peers.observe("pick-b", 390)
         result = await client.call("work", {})
     assert result.agent_id == "pick-b"
     assert result.attempts == 2

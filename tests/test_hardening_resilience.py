@@ -48,8 +48,8 @@ async def _until(condition: Callable[[], bool], what: str, timeout: float = SETT
 
 def _prefer(client: ReachClient, first: str, second: str) -> None:
     """Make ``client`` route to ``first`` before ``second`` (far better measured latency)."""
-    client.latency.observe(first, 1)
-    client.latency.observe(second, 990)
+    client.peers.observe(first, 1)
+    client.peers.observe(second, 990)
 
 
 # -- 1. an instance that stops while calls come in ------------------------------------
@@ -500,16 +500,16 @@ async def test_a_client_forgets_what_it_kept_of_an_instance_that_left(
                 )
                 # calls until one went to it (its breaker, latency and in-flight count)
                 for _ in range(50):
-                    if client.latency.get(f"gone-{i}") is not None:
+                    if client.peers.latency(f"gone-{i}") is not None:
                         break
                     await client.call("work", {}, timeout=2)
                 assert f"gone-{i}" in client.breakers
-                assert f"gone-{i}" in client._outstanding
+                assert f"gone-{i}" in client.peers
             await client.routes.wait_for(lambda c, i=i: c.get(f"gone-{i}") is None, timeout=5)
         for i in range(3):
             assert f"gone-{i}" not in client.breakers
-            assert client.latency.get(f"gone-{i}") is None
-            assert f"gone-{i}" not in client._outstanding
+            assert client.peers.latency(f"gone-{i}") is None
+            assert f"gone-{i}" not in client.peers
         # what it keeps of the instance still there stays
         assert "stay-1" in client.breakers
-        assert client.latency.get("stay-1") is not None
+        assert client.peers.latency("stay-1") is not None

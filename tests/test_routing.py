@@ -10,7 +10,7 @@ import pytest
 
 from reach.errors import ConfigurationError
 from reach.models import Instance, Manifest
-from reach.routing import LatencyTracker, rank, score_instance
+from reach.routing import Peers, rank, score_instance
 
 
 def instance(
@@ -100,30 +100,30 @@ def test_slower_and_busier_instances_score_lower() -> None:
     assert fast - busy == pytest.approx(0.08)
 
 
-# -- latency tracker ---------------------------------------------------------------------
+# -- peers: latency average ---------------------------------------------------------------------
 
 
-def test_latency_tracker_is_an_ewma() -> None:
-    tracker = LatencyTracker(alpha=0.2)
-    assert tracker.get("a") is None
+def test_peer_latency_is_an_ewma() -> None:
+    tracker = Peers(alpha=0.2)
+    assert tracker.latency("a") is None
     tracker.observe("a", 100)
-    assert tracker.get("a") == 100
+    assert tracker.latency("a") == 100
     tracker.observe("a", 200)
-    assert tracker.get("a") == pytest.approx(120)
+    assert tracker.latency("a") == pytest.approx(120)
     tracker.observe("a", 200)
-    assert tracker.get("a") == pytest.approx(136)
+    assert tracker.latency("a") == pytest.approx(136)
     tracker.observe("b", -3)
-    assert tracker.get("b") == 0
+    assert tracker.latency("b") == 0
     tracker.forget("a")
     tracker.forget("never-seen")
-    assert tracker.get("a") is None
+    assert tracker.latency("a") is None
     assert len(tracker) == 1
 
 
 @pytest.mark.parametrize("alpha", [0, -0.1, 1.5])
-def test_latency_tracker_refuses_bad_alpha(alpha: float) -> None:
+def test_peers_refuse_bad_alpha(alpha: float) -> None:
     with pytest.raises(ConfigurationError):
-        LatencyTracker(alpha=alpha)
+        Peers(alpha=alpha)
 
 
 # -- rank --------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def ids(ranked: list[tuple[float, Instance]]) -> list[str]:
 
 
 def test_rank_orders_best_first_and_drops_what_cannot_take_the_call() -> None:
-    tracker = LatencyTracker()
+    tracker = Peers()
     tracker.observe("fast", 50)
     tracker.observe("slow", 450)
     instances = [
@@ -145,7 +145,7 @@ def test_rank_orders_best_first_and_drops_what_cannot_take_the_call() -> None:
         instance("degraded", status="degraded"),
         instance("beta", version="1.1.0-beta.1"),
     ]
-    ranked = rank(instances, "echo", latency=tracker, outstanding={})
+    ranked = rank(instances, "echo", peers=tracker)
     # beta and degraded are unmeasured: scored with the best latency seen (fast's 50 ms)
     assert ids(ranked) == ["fast", "beta", "degraded", "slow"]
     scores = [score for score, _ in ranked]
@@ -155,21 +155,18 @@ def test_rank_orders_best_first_and_drops_what_cannot_take_the_call() -> None:
 
 
 def test_rank_uses_the_capabilitys_own_sla() -> None:
-    tracker = LatencyTracker()
+    tracker = Peers()
     tracker.observe("a", 400)
     inst = instance("a", capabilities=("echo", "slow_echo"), sla_ms=800)
-    [(score, _)] = rank([inst], "slow_echo", latency=tracker, outstanding={})
+    [(score, _)] = rank([inst], "slow_echo", peers=tracker)
     assert score == pytest.approx(0.4 + 0.3 * 0.5 + 0.2 + 0.1)
 
 
 def test_rank_honours_exclude() -> None:
     instances = [instance("a"), instance("b"), instance("c")]
-    ranked = rank(instances, "echo", latency=LatencyTracker(), outstanding={}, exclude={"a", "c"})
+    ranked = rank(instances, "echo", peers=Peers(), exclude={"a", "c"})
     assert ids(ranked) == ["b"]
-    assert (
-        rank(instances, "echo", latency=LatencyTracker(), outstanding={}, exclude=["a", "b", "c"])
-        == []
-    )
+    assert rank(instances, "echo", peers=Peers(), exclude=["a", "b", "c"]) == []
 
 
 def test_load_is_the_larger_of_heartbeat_and_own_calls_in_flight() -> None:
@@ -178,7 +175,9 @@ def test_load_is_the_larger_of_heartbeat_and_own_calls_in_flight() -> None:
         instance("busy-with-me", in_flight=0, max_concurrency=10),
         instance("idle", max_concurrency=10),
     ]
-    ranked = rank(instances, "echo", latency=LatencyTracker(), outstanding={"busy-with-me": 5})
+    peers = Peers()
+    peers.peer("busy-with-me").outstanding = 5
+    ranked = rank(instances, "echo", peers=peers)
     assert ids(ranked) == ["idle", "busy-with-me", "reported-busy"]
     by_id = {inst.agent_id: score for score, inst in ranked}
     assert by_id["idle"] - by_id["busy-with-me"] == pytest.approx(0.2 * 0.5)
@@ -187,49 +186,46 @@ def test_load_is_the_larger_of_heartbeat_and_own_calls_in_flight() -> None:
 
 def test_overloaded_degraded_instance_still_ranks_but_last() -> None:
     instances = [instance("d", status="degraded", in_flight=100, max_concurrency=10), instance("h")]
-    assert ids(rank(instances, "echo", latency=LatencyTracker(), outstanding={})) == ["h", "d"]
+    assert ids(rank(instances, "echo", peers=Peers())) == ["h", "d"]
 
 
 def test_equal_scores_are_spread_across_instances() -> None:
     instances = [instance(f"echo-{i}") for i in range(3)]
     rng = random.Random(7).random
-    first = Counter(
-        ids(rank(instances, "echo", latency=LatencyTracker(), outstanding={}, rng=rng))[0]
-        for _ in range(600)
-    )
+    first = Counter(ids(rank(instances, "echo", peers=Peers(), rng=rng))[0] for _ in range(600))
     assert set(first) == {"echo-0", "echo-1", "echo-2"}
     assert min(first.values()) > 120
 
 
 def test_a_better_score_always_wins_over_the_random_tie_break() -> None:
     instances = [instance(f"echo-{i}") for i in range(5)]
+    peers = Peers()
+    peers.peer("echo-1").outstanding = 10
     for _ in range(50):
-        ranked = rank(
-            instances, "echo", latency=LatencyTracker(), outstanding={"echo-3": 0, "echo-1": 10}
-        )
+        ranked = rank(instances, "echo", peers=peers)
         assert ids(ranked)[-1] == "echo-1"
 
 
 def test_near_equal_instances_share_the_traffic() -> None:
-    tracker = LatencyTracker()
+    tracker = Peers()
     for name, ms in (("a", 1.0), ("b", 1.3), ("c", 0.9)):
         tracker.observe(name, ms)
     instances = [instance("a"), instance("b"), instance("c")]
-    firsts = [ids(rank(instances, "echo", latency=tracker, outstanding={}))[0] for _ in range(300)]
+    firsts = [ids(rank(instances, "echo", peers=tracker))[0] for _ in range(300)]
     assert all(firsts.count(n) > 50 for n in "abc")
 
 
 def test_an_unmeasured_instance_is_tried_rather_than_starved() -> None:
-    tracker = LatencyTracker()
+    tracker = Peers()
     tracker.observe("old", 2.0)
     instances = [instance("old"), instance("new")]
-    firsts = [ids(rank(instances, "echo", latency=tracker, outstanding={}))[0] for _ in range(200)]
+    firsts = [ids(rank(instances, "echo", peers=tracker))[0] for _ in range(200)]
     assert firsts.count("new") > 40
 
 
 def test_rank_handles_a_thousand_instances() -> None:
     instances = [instance(f"echo-{i}", in_flight=i % 64) for i in range(1000)]
-    ranked = rank(instances, "echo", latency=LatencyTracker(), outstanding={})
+    ranked = rank(instances, "echo", peers=Peers())
     assert len(ranked) == 1000
     # in-flight counts a few apart are within the tie band; the busiest always come last
     assert ranked[0][1].in_flight <= 8
@@ -245,11 +241,9 @@ def test_choice_among_many_samples_but_never_misses_the_one_healthy_instance() -
 
     many = [instance(f"a-{n}", status="unhealthy") for n in range(10 * RANK_ALL)]
     many[37] = instance("a-37")
-    routes = route_entries(many, "echo")
+    routes = route_entries(many, "echo", Peers())
     for _ in range(20):
-        chosen, score = choose(
-            routes, "echo", latency=LatencyTracker(), outstanding={}, breakers=BreakerBoard()
-        )
+        chosen, score = choose(routes, "echo", breakers=BreakerBoard())
         assert chosen is not None
         assert chosen.agent_id == "a-37"
         assert score is not None
@@ -259,10 +253,10 @@ def test_choice_spreads_over_many_equal_instances() -> None:
     from reach.resilience import BreakerBoard
     from reach.routing import choose, route_entries
 
-    many = route_entries([instance(f"a-{n}") for n in range(1000)], "echo")
+    many = route_entries([instance(f"a-{n}") for n in range(1000)], "echo", Peers())
     board = BreakerBoard()
     picked = Counter(
-        choose(many, "echo", latency=LatencyTracker(), outstanding={}, breakers=board)[0].agent_id  # type: ignore[union-attr]
+        choose(many, "echo", breakers=board)[0].agent_id  # type: ignore[union-attr]
         for _ in range(2000)
     )
     assert len(picked) > 500  # a sample each time, not always the same few
@@ -278,7 +272,7 @@ def test_a_copied_record_is_routed_on_its_own_facts() -> None:
     assert copy.routing_facts.status == "unhealthy"
     assert copy.routing_facts.in_flight == 9
     assert copy.batches
-    assert rank([copy], "echo", latency=LatencyTracker(), outstanding={}) == []
+    assert rank([copy], "echo", peers=Peers()) == []
     assert inst.routing_facts.status == "healthy"  # the original keeps its own
 
 
@@ -295,16 +289,14 @@ def test_choice_passes_over_open_breakers_and_says_which() -> None:
     from reach.resilience import BreakerBoard
     from reach.routing import choose, route_entries
 
-    tracker = LatencyTracker()
+    tracker = Peers()
     for agent_id, ms in (("best", 10.0), ("next", 200.0), ("last", 400.0)):
         tracker.observe(agent_id, ms)
-    routes = route_entries([instance(a) for a in ("last", "best", "next")], "echo")
+    routes = route_entries([instance(a) for a in ("last", "best", "next")], "echo", tracker)
     board = BreakerBoard()
     _open(board, "best")
     skipped: list[str] = []
-    chosen, score = choose(
-        routes, "echo", latency=tracker, outstanding={}, breakers=board, skipped=skipped
-    )
+    chosen, score = choose(routes, "echo", breakers=board, skipped=skipped)
     assert chosen is not None
     assert chosen.agent_id == "next"
     assert score == pytest.approx(0.4 + 0.3 * (1 - 200 / 500) + 0.2 + 0.1)
@@ -312,26 +304,22 @@ def test_choice_passes_over_open_breakers_and_says_which() -> None:
     _open(board, "next")
     _open(board, "last")
     with pytest.raises(CircuitOpen):
-        choose(routes, "echo", latency=tracker, outstanding={}, breakers=board)
+        choose(routes, "echo", breakers=board)
 
 
 def test_choice_goes_back_to_a_failed_instance_only_when_nothing_else_is_left() -> None:
     from reach.resilience import BreakerBoard
     from reach.routing import choose, route_entries
 
-    routes = route_entries([instance("a"), instance("b")], "echo")
+    routes = route_entries([instance("a"), instance("b")], "echo", Peers())
     board = BreakerBoard()
     for _ in range(50):
-        chosen, _ = choose(
-            routes, "echo", latency=LatencyTracker(), outstanding={}, breakers=board, failed={"a"}
-        )
+        chosen, _ = choose(routes, "echo", breakers=board, failed={"a"})
         assert chosen is not None
         assert chosen.agent_id == "b"
-    chosen, _ = choose(
-        routes, "echo", latency=LatencyTracker(), outstanding={}, breakers=board, failed={"a", "b"}
-    )
+    chosen, _ = choose(routes, "echo", breakers=board, failed={"a", "b"})
     assert chosen is not None
-    assert choose([], "echo", latency=LatencyTracker(), outstanding={}, breakers=board) == (
+    assert choose([], "echo", breakers=board) == (
         None,
         None,
     )
@@ -347,10 +335,10 @@ def test_an_open_breaker_passed_over_is_always_said_even_among_ties() -> None:
     from reach.resilience import BreakerBoard
     from reach.routing import choose, route_entries
 
-    tracker = LatencyTracker()
+    tracker = Peers()
     for agent_id in ("a", "b"):
         tracker.observe(agent_id, 50.0)
-    routes = route_entries([instance(a) for a in ("a", "b")], "echo")
+    routes = route_entries([instance(a) for a in ("a", "b")], "echo", tracker)
     board = BreakerBoard()
     _open(board, "a")
     said = 0
@@ -359,9 +347,7 @@ def test_an_open_breaker_passed_over_is_always_said_even_among_ties() -> None:
         for seed in range(200):
             random.seed(seed)
             skipped: list[str] = []
-            chosen, _ = choose(
-                routes, "echo", latency=tracker, outstanding={}, breakers=board, skipped=skipped
-            )
+            chosen, _ = choose(routes, "echo", breakers=board, skipped=skipped)
             assert chosen is not None
             assert chosen.agent_id == "b"
             assert skipped in ([], ["a"])

@@ -16,7 +16,7 @@ from reach import subjects
 from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.store import RegistryStore
-from reach.routing import RouteEntry, route_entry, sample
+from reach.routing import Peers, RouteEntry, route_entry, sample
 from reach.tasks import cancel_and_wait
 
 __all__ = ["NAMED_CANDIDATES", "RouteCache", "version_matches"]
@@ -84,8 +84,11 @@ _NOBODY = _Members()
 class RouteCache:
     """Instances by agent id, capability and tag, fed by a watch on REACH_REGISTRY."""
 
-    def __init__(self, store: RegistryStore) -> None:
+    def __init__(self, store: RegistryStore, peers: Peers | None = None) -> None:
         self._store = store
+        #: the caller's view of each instance, which its routes point to (the caller
+        #: forgets an instance's peer when it leaves)
+        self.peers = peers if peers is not None else Peers()
         self._instances: dict[str, tuple[Instance, int]] = {}
         self._by_capability: dict[str, _Members] = {}
         #: (capability, tag) → the instances whose capability carries the tag
@@ -171,9 +174,10 @@ class RouteCache:
         self._changed = asyncio.Event()
 
     def _index(self, inst: Instance) -> None:
+        peer = self.peers.peer(inst.agent_id)
         for cap in inst.manifest.capabilities:
             # gathered now, as the record arrives, not on a call
-            entry = route_entry(inst, cap.name)
+            entry = route_entry(inst, cap.name, peer)
             if entry is None:  # pragma: no cover - every capability has its SLA
                 continue
             self._by_capability.setdefault(cap.name, _Members()).add(entry)
