@@ -513,3 +513,45 @@ async def test_a_client_forgets_what_it_kept_of_an_instance_that_left(
         # what it keeps of the instance still there stays
         assert "stay-1" in client.breakers
         assert client.peers.latency("stay-1") is not None
+
+
+async def test_a_call_that_ends_after_its_instance_left_brings_none_of_it_back(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    """The record goes while a call to it is in flight; the call then succeeds. What it
+    reports (latency, calls in flight, breaker) lands on what the call held, which goes
+    with it: the client keeps nothing of the instance that left."""
+    from reach.registry.store import RegistryStore
+    from reach.transport import connect
+
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def held(req: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return {"ok": True}
+
+    # no heartbeat or probe during the test would bring the record back
+    slow = {"interval_sec": 30, "timeout_sec": 3, "failures_before_unhealthy": 2}
+    agent, _ = make_agent(nats_server.url, "late-1", handler=held, health=slow)
+    conn = await connect([nats_server.url], name="test-deleter")
+    try:
+        async with agent, ReachClient(servers=nats_server.url) as client:
+            await wait_routable(client, "work", 1)
+            call = asyncio.create_task(client.call("work", {}, timeout=10))
+            await asyncio.wait_for(entered.wait(), SETTLE)
+            assert "late-1" in client.peers
+            assert client.peers.peer("late-1").outstanding == 1
+            await (await RegistryStore.open(conn, create=False)).delete("late-1")
+            await client.routes.wait_for(lambda c: c.get("late-1") is None, timeout=5)
+            assert "late-1" not in client.peers
+            assert "late-1" not in client.breakers
+            release.set()
+            result = await call
+            assert result.agent_id == "late-1"
+            assert "late-1" not in client.peers
+            assert client.peers.latency("late-1") is None
+            assert "late-1" not in client.breakers
+    finally:
+        await conn.close()
