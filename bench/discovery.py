@@ -13,13 +13,14 @@ one given by ``--servers``):
    process; p50/p99 over sequential announces.
 3. **Registrar load** — a registrar process with 1,000 and 10,000 simulated instances
    heartbeating every 5 s (one light process announces them all, sends properly
-   enveloped heartbeats with a token and answers the registrar's probes): registrar CPU
+   enveloped heartbeats, each instance with a token of its own, and answers the registrar's
+   probes): registrar CPU
    from /proc and KV writes/s from the REACH_REGISTRY stream's sequence, over a window.
 
 Child roles (started by the bench, not by hand)::
 
     python -m bench.discovery child watch URL PREFIX
-    python -m bench.discovery child hbsim URL CREDS PREFIX COUNT INTERVAL [--bye]
+    python -m bench.discovery child hbsim URL CREDS PREFIX COUNT INTERVAL [--bye] [--signing-key F]
 """
 
 from __future__ import annotations
@@ -561,19 +562,35 @@ def _sim_manifest(agent_id: str, interval: float) -> Any:
 
 
 class _Control:
-    """Enveloped control messages (announce, heartbeat, bye) with this process's token."""
+    """Enveloped control messages (announce, heartbeat, bye): each agent's with its own
+    token when ``tokens`` has one (as on a fabric, where every agent logs in with its own
+    credential), else with this process's."""
 
     def __init__(self, conn: Any, security: Any) -> None:
         self.conn = conn
         self.security = security
+        self.tokens: dict[str, str] = {}
+
+    def sign_tokens(self, key_file: Path, agent_ids: Sequence[str]) -> None:
+        """A token for each of ``agent_ids``, bound to it, signed with the registrar's key
+        (what each would get at login with a credential from ``reach creds add --agent``)."""
+        from reach.security.credentials import ClientRecord
+        from reach.security.tokens import KeyRing, TokenIssuer
+
+        issuer = TokenIssuer(KeyRing.load_or_generate(key_file))
+        now = time.time()
+        for agent_id in agent_ids:
+            record = ClientRecord(
+                client_id=agent_id, level=1, agent_id=agent_id, secret_hash="-", created_at=now
+            )
+            self.tokens[agent_id] = issuer.issue(record)
 
     def request(self, agent_id: str, model: Any) -> bytes:
         from reach import envelope
         from reach.messages import encode_model
 
-        meta = envelope.RequestMeta(
-            call_id=secrets.token_hex(8), caller=agent_id, token=self.security.token()
-        )
+        token = self.tokens.get(agent_id) or self.security.token()
+        meta = envelope.RequestMeta(call_id=secrets.token_hex(8), caller=agent_id, token=token)
         return envelope.pack_request(meta, encode_model(model))
 
     async def announce(self, agent_id: str, instance_id: str, interval: float) -> bool:
@@ -772,6 +789,11 @@ async def _load_case(
         args = ["hbsim", url, str(creds or "-"), prefix, str(count), str(settings.hb_interval_sec)]
         if servers is not None:
             args.append("--bye")  # a shared server keeps no records of ours
+        key = logs / registrar.name / "signing.key"
+        if creds is not None and key.exists():
+            # each instance speaks with a token of its own, as on a fabric: the registrar
+            # checks as many distinct tokens as there are instances
+            args += ["--signing-key", str(key)]
         started = time.perf_counter()
         sim = await _spawn(f"hbsim-{count}", args, logs)
         try:
@@ -922,8 +944,10 @@ class _Simulator:
     async def announce(self, n: int) -> None:
         try:
             ok = await self.control.announce(self.ids[n], self.instance_ids[n], self.interval)
-        except Exception:
+        except Exception as exc:
             ok = False
+            if not self.announce_failed:  # the first one says why
+                print(f"announce of {self.ids[n]} failed: {exc}", file=sys.stderr, flush=True)
         if not ok:
             self.announce_failed += 1
             return
@@ -1020,10 +1044,18 @@ class _Simulator:
 
 
 async def _child_hbsim(
-    url: str, creds: Path | None, prefix: str, count: int, interval: float, bye: bool
+    url: str,
+    creds: Path | None,
+    prefix: str,
+    count: int,
+    interval: float,
+    bye: bool,
+    signing_key: Path | None,
 ) -> None:
     control = await _Control.open(url, creds, "bench-hbsim")
     sim = _Simulator(control, prefix, count, interval, secrets.token_hex(4))
+    if signing_key is not None:
+        control.sign_tokens(signing_key, sim.ids)
     await sim.start()
     beating = asyncio.create_task(sim.heartbeat_loop())
     print("READY", flush=True)
@@ -1364,12 +1396,23 @@ def _child_main(argv: Sequence[str]) -> int:
     sim.add_argument("count", type=int)
     sim.add_argument("interval", type=float)
     sim.add_argument("--bye", action="store_true")
+    sim.add_argument("--signing-key", type=Path, help="sign a token for each instance")
     args = parser.parse_args(argv)
     if args.role == "watch":
         asyncio.run(_child_watch(args.url, args.prefix))
     else:
         creds = None if args.creds == "-" else Path(args.creds)
-        asyncio.run(_child_hbsim(args.url, creds, args.prefix, args.count, args.interval, args.bye))
+        asyncio.run(
+            _child_hbsim(
+                args.url,
+                creds,
+                args.prefix,
+                args.count,
+                args.interval,
+                args.bye,
+                args.signing_key,
+            )
+        )
     return 0
 
 
