@@ -170,10 +170,12 @@ async def _registrar(url: str, workdir: Path) -> AsyncIterator[None]:
     """The registrar and the token issuer, as ``reach up`` runs them; the credentials the
     benchmark's agents and callers use are written to ``workdir/bench.creds``."""
     from reach.registry import Registrar
+    from reach.runtime import tune_gc
     from reach.security import ROLE_ADMIN, CredentialsFile
     from reach.security.issuer import TokenService
     from reach.transport import connect
 
+    tune_gc()  # as reach up does
     conn = await connect([url], name="bench-registrar")
     issuer = TokenService(conn, key_file=workdir / "signing.key")
     registrar = Registrar(conn)

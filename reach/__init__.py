@@ -48,6 +48,7 @@ from reach.models import (
 )
 from reach.registry import Registrar, RegistrarConfig
 from reach.resilience import BreakerConfig, RetryBudget
+from reach.runtime import tune_gc
 from reach.telemetry import Telemetry
 
 __all__ = [
@@ -100,4 +101,5 @@ __all__ = [
     "WriterConfig",
     "current_call",
     "read_events",
+    "tune_gc",
 ]

@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

@@ -30,6 +30,7 @@ from reach.cli.common import Target, connection_options, fail, run, store_option
 from reach.embedded import EmbeddedServer, free_port
 from reach.errors import ConfigurationError, Disconnected, ReachError
 from reach.registry import Registrar, RegistrarConfig
+from reach.runtime import tune_gc
 from reach.security import natsconf
 from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
@@ -259,6 +260,7 @@ async def _up(options: UpOptions) -> str | None:
                     # the routes), so a cluster with a node down still lets clients in
                     log.warning("login gate for %s: node down, answering from another", url)
                     await gate.start(servers)
+        tune_gc()  # the registrar replaces a record per heartbeat (reach.runtime)
         registrar = Registrar(
             conn,
             RegistrarConfig(
