@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import nats
 import nats.errors
@@ -62,6 +62,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("reach.transport")
+
+_T = TypeVar("_T")
 
 #: reconnect back-off: base doubling per failed attempt, capped, plus jitter (thundering herd)
 _RECONNECT_BASE = 0.1
@@ -153,24 +155,31 @@ def translate_error(exc: BaseException, what: str) -> ReachError:
 class Denials:
     """What the server refused these credentials lately (``-ERR 'Permissions Violation
     for Publish to "…"'``): the server drops such a message and says so only in this
-    error, so a request to it would otherwise end as a plain timeout."""
+    error, so a request to it would otherwise end as a plain timeout. ``guard`` ends an
+    operation as soon as the refusal arrives instead."""
 
-    __slots__ = ("_seen",)
+    __slots__ = ("_seen", "_waiting")
 
     def __init__(self) -> None:
         self._seen: deque[tuple[float, str]] = deque(maxlen=32)
+        #: operations in ``guard``: what refusal ends each, and its future
+        self._waiting: list[tuple[Callable[[str], bool], asyncio.Future[str]]] = []
 
     def add(self, error: str) -> None:
-        self._seen.append((time.monotonic(), error.removeprefix("nats: ")))
+        error = error.removeprefix("nats: ")
+        self._seen.append((time.monotonic(), error))
+        for refuses, waiter in self._waiting:
+            if not waiter.done() and refuses(error):
+                waiter.set_result(error)
 
     def since(self, started: float, subject: str | None = None) -> str | None:
         """The latest refusal since ``started`` (monotonic), of ``subject`` if given
         (nats-py reports it in lower case), else of a JetStream or KV subject."""
-        wants = (f'"{subject.lower()}"',) if subject is not None else ('"$js.', '"$kv.')
+        refuses = _refusal_of(subject)
         for at, error in reversed(self._seen):
             if at < started:
                 return None
-            if any(want in error for want in wants):
+            if refuses(error):
                 return error
         return None
 
@@ -182,11 +191,58 @@ class Denials:
         if isinstance(err, ReachTimeout):
             refused = self.since(started, subject)
             if refused is not None:
-                return PermissionDenied(
-                    f"{what}: the NATS server refused these credentials ({refused});"
-                    " use credentials allowed to do this (an admin's for operator commands)"
-                )
+                return _denied(what, refused)
         return err
+
+    async def guard(
+        self, operation: Awaitable[_T], what: str, refuses: Callable[[str], bool]
+    ) -> _T:
+        """``operation``, ended by PermissionDenied as soon as the server reports a refusal
+        that ``refuses`` recognises (for example, of a subject it publishes to), instead
+        of when its timeout ends."""
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        entry = (refuses, waiter)
+        self._waiting.append(entry)
+        task = asyncio.ensure_future(operation)
+        try:
+            await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiting.remove(entry)
+            if not task.done():
+                task.cancel()
+                # whatever it ends with is this call's to ignore now, never "not retrieved"
+                task.add_done_callback(_ignore_outcome)
+        if task.done() and not task.cancelled():
+            return task.result()
+        raise _denied(what, waiter.result())
+
+
+def _ignore_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _denied(what: str, refused: str) -> PermissionDenied:
+    return PermissionDenied(
+        f"{what}: the NATS server refused these credentials ({refused});"
+        " use credentials allowed to do this (an admin's for operator commands)"
+    )
+
+
+def _refusal_of(subject: str | None) -> Callable[[str], bool]:
+    """Recognises a refusal to publish to ``subject`` (nats-py reports it in lower case),
+    or, for None, of any JetStream or KV subject."""
+    if subject is not None:
+        quoted = f'"{subject.lower()}"'
+        return lambda error: quoted in error
+    return lambda error: '"$js.' in error or '"$kv.' in error
+
+
+def _api_refusal_of(stream: str) -> Callable[[str], bool]:
+    """Recognises a refusal of a JetStream API request about ``stream`` (its info, its
+    consumers): ``$JS.API.<VERB>[.<VERB>].<stream>[.…]``."""
+    name = stream.lower()
+    return lambda error: '"$js.api.' in error and (f'.{name}"' in error or f".{name}." in error)
 
 
 def _permission_error(exc: BaseException) -> bool:
@@ -257,8 +313,13 @@ class Connection:
             raise ReachTimeout(f"no time left to call {subject}")
         started = time.monotonic()
         try:
-            # the call path's mux, never batched: control subjects answer one at a time
-            return await self._mux.request(subject, data, timeout, False)
+            # the call path's mux, never batched: control subjects answer one at a time;
+            # a refusal ends it at once, not when its timeout does
+            return await self.denials.guard(
+                self._mux.request(subject, data, timeout, False), subject, _refusal_of(subject)
+            )
+        except PermissionDenied:
+            raise
         except Exception as exc:
             raise self.denials.explain(exc, subject, started, subject) from exc
 
@@ -319,7 +380,13 @@ class Connection:
     ) -> KVBucket:
         started = time.monotonic()
         try:
-            kv = await self._js.key_value(bucket)
+            kv = await self.denials.guard(
+                self._js.key_value(bucket),
+                f"open KV bucket {bucket}",
+                _api_refusal_of(f"KV_{bucket}"),
+            )
+        except PermissionDenied:
+            raise
         except nats.js.errors.BucketNotFoundError:
             if not create:
                 raise ConfigurationError(f"KV bucket {bucket} does not exist") from None
@@ -391,7 +458,11 @@ class Connection:
                     raise self.denials.explain(exc, f"update stream {name}", started) from exc
         elif check:
             try:
-                await self._js.stream_info(name)
+                await self.denials.guard(
+                    self._js.stream_info(name), f"open stream {name}", _api_refusal_of(name)
+                )
+            except PermissionDenied:
+                raise
             except nats.js.errors.NotFoundError:
                 raise ConfigurationError(f"stream {name} does not exist") from None
             except Exception as exc:
@@ -684,14 +755,20 @@ class Stream:
             policy, start = DeliverPolicy.ALL, None
         started = time.monotonic()
         try:
-            sub = await self._js.subscribe(
-                subject,
-                stream=self.name,
-                ordered_consumer=True,
-                deliver_policy=policy,
-                config=ConsumerConfig(opt_start_time=start) if start else None,
-                headers_only=headers_only or None,
+            sub = await self._denials.guard(
+                self._js.subscribe(
+                    subject,
+                    stream=self.name,
+                    ordered_consumer=True,
+                    deliver_policy=policy,
+                    config=ConsumerConfig(opt_start_time=start) if start else None,
+                    headers_only=headers_only or None,
+                ),
+                f"read {self.name}",
+                _api_refusal_of(self.name),
             )
+        except PermissionDenied:
+            raise
         except Exception as exc:
             raise self._denials.explain(exc, f"read {self.name}", started) from exc
         try:

@@ -141,6 +141,39 @@ async def test_a_refused_request_or_kv_write_is_permission_denied_not_a_timeout(
             await conn.close()
 
 
+async def test_a_refusal_ends_the_operation_at_once_not_at_its_timeout(
+    secured: Secured,
+) -> None:
+    """nats-server reports a refused publish at once (an -ERR on the connection); a
+    request, a stream read or a bucket opening waited for its own timeout before saying
+    so (`reach agents` with a caller's credentials took 5 s). Each now ends as soon as the
+    refusal arrives: well within deadlines far shorter than their timeouts."""
+    from reach.errors import PermissionDenied
+
+    async with secured_agent(secured):
+        conn, _ = await connect_as([secured.url], name="watcher", credentials=secured.watcher)
+        try:
+            async with asyncio.timeout(10):  # the request's own timeout: 60 s
+                with pytest.raises(PermissionDenied, match=r"reach\.v1\.probe\.a-1"):
+                    await conn.request(subjects.probe("a-1"), b"", timeout=60.0)
+            audit = await conn.stream(subjects.AUDIT_STREAM, create=False, check=False)
+            async with asyncio.timeout(3):  # nats-py's JetStream API timeout: 5 s
+                with pytest.raises(PermissionDenied, match="read REACH_AUDIT"):
+                    async for _ in audit.read():
+                        pass
+            async with asyncio.timeout(3):
+                with pytest.raises(PermissionDenied, match="open stream REACH_AUDIT"):
+                    await conn.stream(subjects.AUDIT_STREAM, create=False)
+            async with asyncio.timeout(3):  # no jobs role
+                with pytest.raises(PermissionDenied, match="open KV bucket REACH_JOBS"):
+                    await conn.key_value(subjects.JOBS_BUCKET, create=False)
+            # the connection is as good as before: what it may do, it does
+            registry = await conn.key_value(subjects.REGISTRY_BUCKET, create=False)
+            assert await registry.get("agent.a-1") is not None
+        finally:
+            await conn.close()
+
+
 async def test_agents_and_top_with_a_callers_credentials_still_list_the_agents(
     secured: Secured,
 ) -> None:
