@@ -341,8 +341,7 @@ class ReachClient:
     def _instance_changed(self, agent_id: str, instance: Instance | None) -> None:
         """An instance left the registry: what this client kept of it goes too."""
         if instance is None:
-            self.breakers.forget(agent_id)
-            self.peers.forget(agent_id)
+            self.breakers.forget(agent_id)  # (its peer the route cache forgets)
 
     async def close(self) -> None:
         self._closing = True  # calls in flight fail now (Disconnected) and are not retried

@@ -162,15 +162,15 @@ class Denials:
 
     def __init__(self) -> None:
         self._seen: deque[tuple[float, str]] = deque(maxlen=32)
-        #: operations in ``guard``: what refusal ends each, and its future
-        self._waiting: list[tuple[Callable[[str], bool], asyncio.Future[str]]] = []
+        #: operations in ``guard``: what to call on a refusal, and which refusals end it
+        self._waiting: dict[Callable[[str], None], Callable[[str], bool]] = {}
 
     def add(self, error: str) -> None:
         error = error.removeprefix("nats: ")
         self._seen.append((time.monotonic(), error))
-        for refuses, waiter in self._waiting:
-            if not waiter.done() and refuses(error):
-                waiter.set_result(error)
+        for stop, refuses in list(self._waiting.items()):
+            if refuses(error):
+                stop(error)
 
     def since(self, started: float, subject: str | None = None) -> str | None:
         """The latest refusal since ``started`` (monotonic), of ``subject`` if given
@@ -197,29 +197,30 @@ class Denials:
     async def guard(
         self, operation: Awaitable[_T], what: str, refuses: Callable[[str], bool]
     ) -> _T:
-        """``operation``, ended by PermissionDenied as soon as the server reports a refusal
-        that ``refuses`` recognises (for example, of a subject it publishes to), instead
-        of when its timeout ends."""
-        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        entry = (refuses, waiter)
-        self._waiting.append(entry)
-        task = asyncio.ensure_future(operation)
+        """Await ``operation``, ended by PermissionDenied as soon as the server reports a
+        refusal that ``refuses`` recognises (the subject it publishes to) instead of when
+        its timeout ends. It runs in the current task, which a refusal cancels the way
+        ``asyncio.timeout`` does: no task of its own, and a cancellation from outside
+        stays a cancellation."""
+        me = asyncio.current_task()
+        if me is None:  # pragma: no cover - every caller runs in a task
+            return await operation
+        refused: list[str] = []
+
+        def stop(error: str) -> None:
+            if not refused:
+                refused.append(error)
+                me.cancel()
+
+        self._waiting[stop] = refuses
         try:
-            await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+            return await operation
+        except asyncio.CancelledError:
+            if refused and me.uncancel() == 0:  # ours alone: the refusal, not a cancel
+                raise _denied(what, refused[0]) from None
+            raise
         finally:
-            self._waiting.remove(entry)
-            if not task.done():
-                task.cancel()
-                # whatever it ends with is this call's to ignore now, never "not retrieved"
-                task.add_done_callback(_ignore_outcome)
-        if task.done() and not task.cancelled():
-            return task.result()
-        raise _denied(what, waiter.result())
-
-
-def _ignore_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+            del self._waiting[stop]
 
 
 def _denied(what: str, refused: str) -> PermissionDenied:
@@ -238,11 +239,13 @@ def _refusal_of(subject: str | None) -> Callable[[str], bool]:
     return lambda error: '"$js.' in error or '"$kv.' in error
 
 
-def _api_refusal_of(stream: str) -> Callable[[str], bool]:
-    """Recognises a refusal of a JetStream API request about ``stream`` (its info, its
-    consumers): ``$JS.API.<VERB>[.<VERB>].<stream>[.…]``."""
-    name = stream.lower()
-    return lambda error: '"$js.api.' in error and (f'.{name}"' in error or f".{name}." in error)
+def _api_refusal_of(request: str, stream: str) -> Callable[[str], bool]:
+    """Recognises a refusal of the JetStream API ``request`` (``STREAM.INFO``,
+    ``CONSUMER.CREATE``) about ``stream``: ``$JS.API.<request>.<stream>[.…]`` (nats-py
+    reports it in lower case). Another request about the stream, refused at the same
+    moment, does not end this one."""
+    prefix = f'"$js.api.{request.lower()}.{stream.lower()}'
+    return lambda error: prefix + '"' in error or prefix + "." in error
 
 
 def _permission_error(exc: BaseException) -> bool:
@@ -383,7 +386,7 @@ class Connection:
             kv = await self.denials.guard(
                 self._js.key_value(bucket),
                 f"open KV bucket {bucket}",
-                _api_refusal_of(f"KV_{bucket}"),
+                _api_refusal_of("STREAM.INFO", f"KV_{bucket}"),
             )
         except PermissionDenied:
             raise
@@ -459,7 +462,9 @@ class Connection:
         elif check:
             try:
                 await self.denials.guard(
-                    self._js.stream_info(name), f"open stream {name}", _api_refusal_of(name)
+                    self._js.stream_info(name),
+                    f"open stream {name}",
+                    _api_refusal_of("STREAM.INFO", name),
                 )
             except PermissionDenied:
                 raise
@@ -765,7 +770,7 @@ class Stream:
                     headers_only=headers_only or None,
                 ),
                 f"read {self.name}",
-                _api_refusal_of(self.name),
+                _api_refusal_of("CONSUMER.CREATE", self.name),
             )
         except PermissionDenied:
             raise

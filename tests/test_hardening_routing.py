@@ -71,14 +71,14 @@ async def test_a_client_wide_fallback_uses_its_backup_and_no_fallback_turns_it_o
 # -- 2. a heartbeat during a call keeps its candidates -----------------------------------
 
 
-def _instance(heartbeat_at: float, caps: list[dict[str, Any]]) -> Instance:
+def _instance(heartbeat_at: float, caps: list[dict[str, Any]], agent_id: str = "one-1") -> Instance:
     manifest = Manifest.model_validate(
-        {"agent_id": "one-1", "agent_name": "one", "version": "1.0.0", "capabilities": caps}
+        {"agent_id": agent_id, "agent_name": "one", "version": "1.0.0", "capabilities": caps}
     )
     return Instance.model_validate(
         {
             "manifest": manifest,
-            "instance_id": "one-1-i",
+            "instance_id": f"{agent_id}-i",
             "registered_at": 1.0,
             "last_heartbeat_at": heartbeat_at,
         }
@@ -267,3 +267,15 @@ def test_an_unreadable_credentials_file_falls_back_to_the_default_url(
     assert resolve_servers(None, path) == [DEFAULT_URL]
     assert resolve_servers(None, tmp_path) == [DEFAULT_URL]  # a directory
     assert resolve_servers(None, None) == [DEFAULT_URL]
+
+
+def test_a_route_cache_forgets_the_peer_of_an_instance_that_left() -> None:
+    """Whoever owns the cache (a client, `reach top`, a tool): the caller's view of an
+    instance goes with its record, and does not pile up over the instances ever seen."""
+    cache = RouteCache(store=None)  # type: ignore[arg-type]  # _apply needs no store
+    for n in range(50):
+        cache._apply(f"gone-{n}", _instance(1.0, [{"name": "slow"}], f"gone-{n}"), n + 1)
+    assert len(cache.peers) == 50
+    for n in range(50):
+        cache._apply(f"gone-{n}", None, 100 + n)
+    assert len(cache.peers) == 0

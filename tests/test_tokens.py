@@ -478,6 +478,31 @@ def test_expired_tokens_are_let_go(
     assert sorted(verifier._cache) == sorted(fresh)
 
 
+def test_a_token_that_expires_as_it_is_checked_is_still_answered(
+    issuer: TokenIssuer, ring: KeyRing, clock: ManualClock
+) -> None:
+    """Valid when its claims are checked, past its expiry when the cache then reads the
+    clock again: the answer stands and nothing else escapes (a StopIteration did, out of
+    an empty cache, and ended the coroutine that asked)."""
+    token = issuer.issue(record())
+    valid_until = clock.time() + 7200 + 30
+
+    class Stepping:
+        def __init__(self) -> None:
+            self.now = valid_until - 0.0015
+
+        def time(self) -> float:
+            self.now += 0.001  # each reading a millisecond later
+            return self.now
+
+        def monotonic(self) -> float:
+            return self.now
+
+    verifier = TokenVerifier({ring.active.kid: ring.active.private_key.public_key()})
+    verifier._clock = Stepping()  # type: ignore[assignment]
+    assert verifier.verify(token).client_id == "report-gen"
+
+
 def test_a_lookup_function_can_supply_keys(
     issuer: TokenIssuer, ring: KeyRing, clock: ManualClock
 ) -> None:

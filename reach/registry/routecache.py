@@ -86,8 +86,8 @@ class RouteCache:
 
     def __init__(self, store: RegistryStore, peers: Peers | None = None) -> None:
         self._store = store
-        #: the caller's view of each instance, which its routes point to (the caller
-        #: forgets an instance's peer when it leaves)
+        #: the caller's view of each instance, which its routes point to (forgotten when
+        #: the instance leaves the registry)
         self.peers = peers if peers is not None else Peers()
         self._instances: dict[str, tuple[Instance, int]] = {}
         self._by_capability: dict[str, _Members] = {}
@@ -155,6 +155,7 @@ class RouteCache:
             if current is not None:
                 self._unindex(current[0])
             self._instances.pop(agent_id, None)
+            self.peers.forget(agent_id)  # a call still in flight to it keeps its own
         else:
             self._instances[agent_id] = (instance, revision)
             # a new version of a record (a heartbeat) takes its old routes' places: a call

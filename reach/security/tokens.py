@@ -483,7 +483,8 @@ class TokenVerifier:
             now = self._clock.time()
             for _ in range(2):
                 oldest = next(iter(cache.values()))
-                if oldest[2] >= now:
+                # never the one just added (it may expire between two readings of the clock)
+                if oldest[2] >= now or len(cache) == 1:
                     break
                 cache.popitem(last=False)
             if len(cache) > self._cache_size:
