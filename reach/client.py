@@ -441,6 +441,9 @@ class ReachClient:
             state, meta, body = self._prepare(
                 capability, payload, timeout, tuple(tags), idempotency_key
             )
+            if meta.token is None and self._security.session is not None:
+                # the first call to this capability: its token from the issuer, once
+                meta.token = await self._security.fetch_call_token(capability)
             first: ReachError | None = None
             try:
                 # the first attempt needs no retry machinery: the common case stays cheap
@@ -680,7 +683,8 @@ class ReachClient:
         )
         meta = envelope.RequestMeta(
             call_id=self._next_call_id(),
-            token=self._security.token(),
+            # the token for this capability: the fabric's own never goes to a callee
+            token=self._security.call_token(capability),
             deadline_ms=int(deadline * 1000),
             idempotency_key=idempotency_key,
             caller=parent.agent_id if parent is not None else None,

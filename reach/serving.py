@@ -42,7 +42,7 @@ from reach.errors import (
 )
 from reach.jobs import JobRecord, JobStore
 from reach.models import Capability, format_validation_error
-from reach.security.tokens import TokenVerifier
+from reach.security.tokens import TokenVerifier, call_audience
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
 from reach.telemetry import Telemetry, end_span, traceparent_of
 
@@ -73,6 +73,9 @@ class Endpoint:
     output_validator: Validator
     input_model: type[BaseModel] | None = None
     output_model: type[BaseModel] | None = None
+    #: the audience of the tokens its calls carry (``call_audience``; ``endpoint_for``
+    #: sets it)
+    audience: str = ""
 
     @property
     def name(self) -> str:
@@ -103,6 +106,7 @@ def endpoint_for(capability: Capability, handler: Handler) -> Endpoint:
         output_validator=compile_schema(output_schema),
         input_model=input_model,
         output_model=output_model,
+        audience=call_audience(capability.name),
     )
 
 
@@ -344,7 +348,9 @@ class CallServer:
         if meta.token is None:
             return self._deny(endpoint, meta, "no_token", f"{endpoint.name} requires a token"), ""
         try:
-            claims = self.verifier.verify(meta.token)
+            # a token for this capability's calls: no other (a fabric token, another
+            # capability's) is accepted, so no callee can use what callers sent it elsewhere
+            claims = self.verifier.verify(meta.token, endpoint.audience)
         except AuthenticationFailed as exc:
             return self._deny(endpoint, meta, "authentication_failed", str(exc)), ""
         required = endpoint.capability.security_level

@@ -20,7 +20,7 @@ from reach.errors import AuthenticationFailed, NotAuthorized, RegistrationRefuse
 from reach.registry import Registrar
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenService
-from reach.security.tokens import KeyRing, TokenIssuer
+from reach.security.tokens import KeyRing, TokenIssuer, call_audience
 from reach.testing import NatsServer
 from reach.transport import connect
 
@@ -53,7 +53,7 @@ def _forged(fabric: Fabric, kind: str) -> str:
     now = int(time.time())
     claims: dict[str, Any] = {
         "iss": "reach",
-        "aud": "reach",
+        "aud": call_audience("customer_orders"),
         "sub": "auditor",
         "lvl": 4,
         "iat": now,
@@ -77,7 +77,7 @@ def _forged(fabric: Fabric, kind: str) -> str:
         from reach.security.credentials import ClientRecord
 
         record = ClientRecord(client_id="auditor", level=4, secret_hash="x", created_at=now)
-        return stranger.issue(record)
+        return stranger.issue_with_claims(record, audience=call_audience("customer_orders"))[0]
     if kind == "tampered-level":
         good = _real_token(fabric, level=1)
         head, body, sig = good.split(".")
@@ -102,7 +102,7 @@ def _real_token(fabric: Fabric, *, level: int, shift: float = 0.0) -> str:
     clock = ManualClock(wall=time.time() + shift)
     issuer = TokenIssuer(fabric.issuer.ring, clock=clock)
     record = ClientRecord(client_id="forger", level=level, secret_hash="x", created_at=1.0)
-    return issuer.issue(record)
+    return issuer.issue_with_claims(record, audience=call_audience("customer_orders"))[0]
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ async def test_a_replayed_call_is_refused(fabric: Fabric) -> None:
         ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
     ):
         await wait_routable(auditor, "customer_orders", 1)
-        token = auditor._security.token()
+        token = await auditor._security.fetch_call_token("customer_orders")
         request = envelope.pack_request(envelope.RequestMeta(call_id="once", token=token), b"\x80")
         subject = subjects.capability_instance("customer_orders", "vault-1")
         first = envelope.unpack_reply(await fabric.conn.request(subject, request, 2))
@@ -144,6 +144,86 @@ async def test_a_replayed_call_is_refused(fabric: Fabric) -> None:
     assert again.kind == "denied"
     assert again.code == "replayed"
     assert b.calls == 1
+
+
+async def test_a_callee_cannot_use_the_tokens_its_callers_send_it_anywhere_else(
+    fabric: Fabric,
+) -> None:
+    """A callee sees every token its callers send: here intruder-1 (level 1, serving
+    "weather") keeps the auditor's (level 3). Those are call tokens for its own
+    capability: the vault's customer_orders refuses them, the issuer will not exchange
+    them, and the registrar's verifier does not take them. The auditor's fabric token
+    never reaches a callee."""
+    import asyncio
+
+    from reach.messages import encode_model
+    from reach.security.issuer import TokenRequest
+    from reach.security.tokens import TokenRejected
+
+    kept: list[str] = []
+    got = asyncio.Event()
+
+    async def keep(msg: Any) -> None:  # what intruder-1 receives, seen as it is
+        meta, _ = envelope.unpack_request(msg.data)
+        kept.append(meta.token or "")
+        got.set()
+
+    intruder, _ = make_agent(fabric.url, "intruder-1", capability("weather", level=1))
+    intruder.credentials = fabric.creds["intruder"]
+    b = Behaviour()
+    spy = await fabric.conn.subscribe(subjects.capability_instance("weather", "intruder-1"), keep)
+    try:
+        async with (
+            vault_agent(fabric, b),
+            intruder,
+            ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
+        ):
+            await wait_routable(auditor, "customer_orders", 1)
+            await wait_routable(auditor, "weather", 1)
+            await auditor.call("weather", {})
+            await asyncio.wait_for(got.wait(), 5)
+            token = kept[0]
+            assert token != auditor._security.token()
+            claims = jwt.decode(token, options={"verify_signature": False})
+            assert claims["aud"] == call_audience("weather")
+            assert claims["lvl"] == 3  # the auditor's clearance, worth stealing
+
+            # replayed to the vault (level 3, which the intruder's own token cannot reach)
+            request = envelope.pack_request(
+                envelope.RequestMeta(call_id="replayed-1", token=token), b"\x80"
+            )
+            reply = envelope.unpack_reply(
+                await fabric.conn.request(
+                    subjects.capability_instance("customer_orders", "vault-1"), request, 2
+                )
+            )
+            assert reply.kind == "denied"
+            assert "audience" in reply.description
+            # exchanged at the issuer for a token to customer_orders
+            ask = TokenRequest(client_id="auditor", token=token, audience="customer_orders")
+            request = envelope.pack_request(envelope.RequestMeta(call_id="x"), encode_model(ask))
+            reply = envelope.unpack_reply(await fabric.conn.request(subjects.TOKEN, request, 2))
+            assert reply.kind == "denied"
+            assert "audience" in reply.description
+            # shown to the registrar (which checks tokens with the fabric's audience)
+            assert fabric.issuer._verifier is not None
+            with pytest.raises(TokenRejected, match="audience"):
+                fabric.issuer._verifier.verify(token)
+    finally:
+        await spy.unsubscribe()
+    assert b.calls == 0
+
+
+async def test_a_revoked_client_gets_no_new_call_token(fabric: Fabric) -> None:
+    async with (
+        vault_agent(fabric, Behaviour()),
+        ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
+    ):
+        await wait_routable(auditor, "customer_orders", 1)
+        assert fabric.issuer.credentials is not None
+        await fabric.issuer.credentials.revoke("auditor")
+        with pytest.raises(AuthenticationFailed, match="revoked"):
+            await auditor.call("customer_orders", {})
 
 
 async def test_an_agent_cannot_announce_as_another(fabric: Fabric) -> None:
@@ -256,8 +336,13 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
             ReachClient(servers=nats_server.url, credentials=creds["auditor"]) as client,
         ):
             await wait_routable(client, "customer_orders", 1)
+            # a capability called before: its call token is at hand
+            assert (await client.call("customer_orders", {})).agent_id == "vault-1"
             await issuer.stop()  # the issuer goes away
             assert (await client.call("customer_orders", {})).agent_id == "vault-1"
+            # a first call to another capability needs the issuer for its token
+            with pytest.raises(AuthenticationFailed, match="issuer did not answer"):
+                await client.call("weather", {})
             session = client._security.session
             assert session is not None
             # renewal fails (no issuer); the token is used until it expires, then no longer

@@ -503,6 +503,42 @@ def test_a_token_that_expires_as_it_is_checked_is_still_answered(
     assert verifier.verify(token).client_id == "report-gen"
 
 
+def test_a_call_token_is_for_one_capability_and_outlives_nothing(
+    issuer: TokenIssuer, verifier: TokenVerifier, clock: ManualClock
+) -> None:
+    from reach.security.tokens import call_audience
+
+    fabric = issuer.issue_with_claims(record())[1]
+    token, claims = issuer.issue_with_claims(
+        record(), audience=call_audience("orders"), not_after=fabric.exp - 600
+    )
+    assert claims.exp == fabric.exp - 600  # never later than the token it was exchanged for
+    assert verifier.verify(token, call_audience("orders")).audience == ("call:orders",)
+    assert rejected(verifier, token).reason == "wrong_audience"  # the fabric's audience
+    with pytest.raises(AuthenticationFailed, match="does not include 'call:weather'"):
+        verifier.verify(token, call_audience("weather"))
+    # and the other way round: a fabric token is no call token
+    with pytest.raises(AuthenticationFailed, match="audience"):
+        verifier.verify(issuer.issue(record()), call_audience("orders"))
+
+
+def test_a_token_request_is_a_login_or_an_exchange_never_both() -> None:
+    from pydantic import ValidationError
+
+    from reach.security.issuer import TokenRequest
+
+    TokenRequest(client_id="a", secret="s")
+    TokenRequest(client_id="a", token="t", audience="orders")
+    for bad in (
+        {"client_id": "a"},
+        {"client_id": "a", "secret": "s", "token": "t", "audience": "orders"},
+        {"client_id": "a", "token": "t"},  # an exchange names its capability
+        {"client_id": "a", "token": "t", "audience": "a.>"},  # not a capability name
+    ):
+        with pytest.raises(ValidationError):
+            TokenRequest.model_validate(bad)
+
+
 def test_a_lookup_function_can_supply_keys(
     issuer: TokenIssuer, ring: KeyRing, clock: ManualClock
 ) -> None:

@@ -57,8 +57,20 @@ class FabricSecurity:
         return self.verifier is not None or self.session is not None
 
     def token(self) -> str | None:
-        """The token to put on a request (None on an open fabric)."""
+        """The fabric token, for requests to the fabric's services (None on an open
+        fabric). Never sent to a callee: calls carry ``call_token``."""
         return self.session.token if self.session is not None else None
+
+    def call_token(self, capability: str) -> str | None:
+        """The token for a call to ``capability`` if one is at hand; None on an open
+        fabric, or when ``fetch_call_token`` must get it."""
+        return self.session.call_token(capability) if self.session is not None else None
+
+    async def fetch_call_token(self, capability: str) -> str | None:
+        """A token for calls to ``capability`` from the issuer (None on an open fabric)."""
+        if self.session is None:
+            return None
+        return await self.session.fetch_call_token(capability)
 
     @classmethod
     async def join(

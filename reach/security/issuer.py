@@ -11,12 +11,13 @@ import asyncio
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.messages import decode_model, encode_model
+from reach.models import SubjectToken
 from reach.security.credentials import (
     ROLE_ADMIN,
     CredentialsFile,
@@ -25,11 +26,14 @@ from reach.security.credentials import (
 )
 from reach.security.tokens import (
     DEFAULT_TTL_SEC,
+    MAX_TOKEN_CHARS,
+    Claims,
     KeyRing,
     KeyStore,
     SigningKey,
     TokenIssuer,
     TokenVerifier,
+    call_audience,
 )
 from reach.transport import Connection, Message, Subscription
 
@@ -42,10 +46,23 @@ _CONCURRENT_CHECKS = 4
 
 
 class TokenRequest(BaseModel):
+    """A login (``secret``: a fabric token) or an exchange (``token``, the client's valid
+    fabric token, and ``audience``, a capability: a token for calls to it)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     client_id: str = Field(min_length=1, max_length=64)
-    secret: str = Field(min_length=1, max_length=512)
+    secret: str | None = Field(None, min_length=1, max_length=512)
+    token: str | None = Field(None, min_length=1, max_length=MAX_TOKEN_CHARS)
+    audience: SubjectToken | None = None
+
+    @model_validator(mode="after")
+    def _one_proof(self) -> TokenRequest:
+        if (self.secret is None) == (self.token is None):
+            raise ValueError("give either secret or token")
+        if self.token is not None and self.audience is None:
+            raise ValueError("an exchange of a token names its audience (a capability)")
+        return self
 
 
 class TokenReply(BaseModel):
@@ -142,9 +159,13 @@ class TokenService:
             await self._conn.respond(msg, envelope.pack_error("contract", "bad_request", str(exc)))
             return
         try:
-            async with self._checks:
-                record = await self.credentials.authenticate(req.client_id, req.secret)
-            token, claims = self.issuer.issue_with_claims(record)
+            if req.token is not None:
+                token, claims = await self._exchange(req)
+            else:
+                assert req.secret is not None
+                async with self._checks:
+                    record = await self.credentials.authenticate(req.client_id, req.secret)
+                token, claims = self.issuer.issue_with_claims(record)
         except TooManyAttempts as exc:
             log.warning("token refused for %r: too many wrong secrets", req.client_id)
             await self._conn.respond(msg, envelope.pack_error("denied", "rate_limited", str(exc)))
@@ -162,6 +183,26 @@ class TokenService:
             token=token, expires_at=claims.exp, level=claims.level, agent_id=claims.agent_id
         )
         await self._conn.respond(msg, envelope.pack_ok(encode_model(reply)))
+
+    async def _exchange(self, req: TokenRequest) -> tuple[str, Claims]:
+        """A call token for ``req.audience`` in exchange for the client's fabric token:
+        no secret check (the token says who it is), the credential looked up again (a
+        revoked one gets nothing, a changed level counts), and no longer valid than the
+        token shown."""
+        assert self._verifier is not None
+        assert self.credentials is not None
+        assert self.issuer is not None
+        assert req.token is not None
+        assert req.audience is not None
+        shown = self._verifier.verify(req.token)  # a fabric token, not a call token
+        if shown.client_id != req.client_id:
+            raise AuthenticationFailed(f"the token is {shown.client_id}'s, not {req.client_id}'s")
+        record = await self.credentials.get(shown.client_id)
+        if record is None:
+            raise AuthenticationFailed(f"client {shown.client_id} is unknown")
+        return self.issuer.issue_with_claims(
+            record, audience=call_audience(req.audience), not_after=shown.exp
+        )
 
 
 async def ensure_first_credentials(service: TokenService, store: Path, url: str) -> list[Path]:

@@ -1,7 +1,11 @@
-"""A client's token: fetched on connect, renewed at ~75 % of its life (with jitter).
+"""A client's tokens: its fabric token, fetched on connect and renewed at ~75 % of its
+life (with jitter), and a call token per capability it calls, got in exchange for the
+fabric token on the first call and renewed the same way.
 
-If the issuer is down, a still-valid token keeps working; once it expires, calls fail
-closed with AuthenticationFailed.
+The fabric token goes to the fabric's services (registrar, issuer) only; a callee sees a
+call token for its own capability, which nothing else accepts (``call_audience``). If the
+issuer is down, still-valid tokens keep working; once they expire, calls fail closed
+with AuthenticationFailed.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import Any
 
 import jwt
 
@@ -36,6 +41,10 @@ class TokenSession:
         self.level = 0
         self.agent_id: str | None = None
         self._task: asyncio.Task[None] | None = None
+        #: capability → (call token, renew at, expires at), times on this process's clock
+        self._calls: dict[str, tuple[str, float, float]] = {}
+        #: exchanges in flight, one per capability however many calls wait for it
+        self._fetching: dict[str, asyncio.Task[str]] = {}
 
     @property
     def expires_at(self) -> float:
@@ -75,12 +84,64 @@ class TokenSession:
         self._task = asyncio.create_task(self._renew_loop(), name="token-renewal")
 
     async def stop(self) -> None:
+        tasks: list[asyncio.Task[Any]] = [*self._fetching.values()]
         if self._task is not None:
-            await cancel_and_wait([self._task])
+            tasks.append(self._task)
             self._task = None
+        await cancel_and_wait(tasks)
+
+    def call_token(self, capability: str) -> str | None:
+        """The token for calls to ``capability``, None if there is none valid (then
+        ``fetch_call_token``). Past ~75 % of its life a new one is asked for in the
+        background while this one is still used."""
+        held = self._calls.get(capability)
+        if held is None:
+            return None
+        token, renew_at, expires_at = held
+        now = self._clock.time()
+        if now >= expires_at:
+            return None
+        if now >= renew_at and capability not in self._fetching:
+            self._exchange(capability, background=True)
+        return token
+
+    async def fetch_call_token(self, capability: str) -> str:
+        """A token for calls to ``capability``, asked of the issuer in exchange for the
+        fabric token (one request however many calls wait); AuthenticationFailed if there
+        is no valid fabric token or the issuer refuses."""
+        return await asyncio.shield(self._fetching.get(capability) or self._exchange(capability))
+
+    def _exchange(self, capability: str, *, background: bool = False) -> asyncio.Task[str]:
+        task = asyncio.ensure_future(self._fetch(capability))
+        self._fetching[capability] = task
+
+        def settled(done: asyncio.Task[str]) -> None:
+            self._fetching.pop(capability, None)
+            # whoever waited (or nobody: a renewal in the background) saw it or not:
+            # retrieved here either way; the token in use stays until it expires
+            if not done.cancelled() and (exc := done.exception()) is not None and background:
+                log.warning("call token renewal for %s failed: %s", capability, exc)
+
+        task.add_done_callback(settled)
+        return task
+
+    async def _fetch(self, capability: str) -> str:
+        request = TokenRequest(client_id=self.client_id, token=self.token, audience=capability)
+        answer = await self._ask(request)
+        expires_at = self._local_expiry(answer)
+        life = expires_at - self._clock.time()
+        self._calls[capability] = (answer.token, expires_at - 0.25 * life, expires_at)
+        return answer.token
 
     async def refresh(self) -> None:
         request = TokenRequest(client_id=self._creds.client_id, secret=self._creds.secret)
+        answer = await self._ask(request)
+        self._token = answer.token
+        self._expires_at = self._local_expiry(answer)
+        self.level = answer.level
+        self.agent_id = answer.agent_id
+
+    async def _ask(self, request: TokenRequest) -> TokenReply:
         data = envelope.pack_request(
             envelope.RequestMeta(call_id=f"token-{random.getrandbits(48):x}"),
             encode_model(request),
@@ -94,11 +155,7 @@ class TokenSession:
             raise AuthenticationFailed(
                 f"token refused for client {self._creds.client_id}: {reply.description}"
             )
-        answer = decode_model(TokenReply, reply.body)
-        self._token = answer.token
-        self._expires_at = self._local_expiry(answer)
-        self.level = answer.level
-        self.agent_id = answer.agent_id
+        return decode_model(TokenReply, reply.body)
 
     def _local_expiry(self, answer: TokenReply) -> float:
         """When the token expires, on this process's clock: now plus the token's lifetime

@@ -59,6 +59,7 @@ __all__ = [
     "TokenIssuer",
     "TokenRejected",
     "TokenVerifier",
+    "call_audience",
 ]
 
 log = logging.getLogger("reach.security")
@@ -310,9 +311,21 @@ class Claims:
     iat: float
     jti: str
     kid: str
+    #: whom the token is for: the fabric's control services (DEFAULT_AUDIENCE), or the
+    #: instances of one capability (``call_audience``)
+    audience: tuple[str, ...] = ()
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
+
+
+def call_audience(capability: str) -> str:
+    """The audience of a token for calls to ``capability``: what a callee accepts. A
+    caller's fabric token (DEFAULT_AUDIENCE) never travels to callees, and a call token
+    is refused by the registrar, the issuer and every other capability's callees: a
+    callee that keeps what it was sent can replay it only to instances of its own
+    capability, never to the control services or elsewhere."""
+    return f"call:{capability}"
 
 
 class TokenIssuer:
@@ -339,13 +352,24 @@ class TokenIssuer:
         """A signed JWT for ``record`` (which the caller has authenticated)."""
         return self.issue_with_claims(record)[0]
 
-    def issue_with_claims(self, record: ClientRecord) -> tuple[str, Claims]:
-        """The token and what it says (``exp`` tells the holder when to renew)."""
+    def issue_with_claims(
+        self,
+        record: ClientRecord,
+        *,
+        audience: str | None = None,
+        not_after: float | None = None,
+    ) -> tuple[str, Claims]:
+        """The token and what it says (``exp`` tells the holder when to renew): for
+        ``audience`` (the issuer's own by default), expiring by ``not_after`` at the latest
+        (a call token never outlives the fabric token it was exchanged for)."""
         if record.revoked:
             raise AuthenticationFailed(f"client {record.client_id} is revoked")
         key = self.keyring.active
         now = int(self._clock.time())
         exp = now + max(1, int(self.ttl_sec))
+        if not_after is not None:
+            exp = min(exp, int(not_after))
+        aud = self.audience if audience is None else audience
         claims = Claims(
             client_id=record.client_id,
             agent_id=record.agent_id,
@@ -356,10 +380,11 @@ class TokenIssuer:
             iat=float(now),
             jti=secrets.token_urlsafe(16),
             kid=key.kid,
+            audience=(aud,),
         )
         payload: dict[str, Any] = {
             "iss": self.issuer,
-            "aud": self.audience,
+            "aud": aud,
             "sub": record.client_id,
             "lvl": record.level,
             "roles": sorted(record.roles),
@@ -464,14 +489,16 @@ class TokenVerifier:
         for token in [t for t, (claims, _, _) in self._cache.items() if claims.kid == kid]:
             del self._cache[token]
 
-    def verify(self, token: str) -> Claims:
-        """The token's claims; TokenRejected (an AuthenticationFailed) naming what was wrong."""
+    def verify(self, token: str, audience: str | None = None) -> Claims:
+        """The token's claims if it is for ``audience`` (the verifier's own by default);
+        TokenRejected (an AuthenticationFailed) naming what was wrong."""
+        wanted = self.audience if audience is None else audience
         cached = self._cache.get(token) if type(token) is str else None
         if cached is not None:
             claims, valid_from, valid_until = cached
             if valid_from <= self._clock.time() <= valid_until:
                 self._cache.move_to_end(token)
-                return claims
+                return _for(claims, wanted)
             del self._cache[token]  # expired (or clock went back): check in full, fail below
         claims = self._verify_uncached(token)
         if self._cache_size:
@@ -489,7 +516,9 @@ class TokenVerifier:
                 cache.popitem(last=False)
             if len(cache) > self._cache_size:
                 cache.popitem(last=False)
-        return claims
+        # remembered whoever it is for: a token shown to the wrong audience is refused
+        # again without another signature check
+        return _for(claims, wanted)
 
     def _key_for(self, kid: str) -> tuple[Ed25519PublicKey, float | None] | None:
         held = self._keys.get(kid)
@@ -540,17 +569,12 @@ class TokenVerifier:
                 f"issuer {payload.get('iss')!r} is not {self.issuer!r}", reason="wrong_issuer"
             )
         aud = payload.get("aud")
-        if not (
-            aud == self.audience
-            or (
-                isinstance(aud, list)
-                and self.audience in aud
-                and all(isinstance(a, str) for a in aud)
-            )
-        ):
-            raise TokenRejected(
-                f"audience {aud!r} does not include {self.audience!r}", reason="wrong_audience"
-            )
+        if isinstance(aud, str) and aud:
+            audience: tuple[str, ...] = (aud,)
+        elif isinstance(aud, list) and aud and all(isinstance(a, str) and a for a in aud):
+            audience = tuple(aud)
+        else:
+            raise TokenRejected(f"audience {aud!r} is not a name", reason="wrong_audience")
         exp = _number(payload, "exp")
         nbf = _number(payload, "nbf")
         iat = _number(payload, "iat")
@@ -591,7 +615,18 @@ class TokenVerifier:
             iat=iat,
             jti=jti,
             kid=kid,
+            audience=audience,
         )
+
+
+def _for(claims: Claims, audience: str) -> Claims:
+    """``claims`` if the token is for ``audience``, else TokenRejected."""
+    if audience not in claims.audience:
+        raise TokenRejected(
+            f"audience {list(claims.audience)!r} does not include {audience!r}",
+            reason="wrong_audience",
+        )
+    return claims
 
 
 # -- the key store -----------------------------------------------------------------------
