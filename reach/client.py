@@ -443,7 +443,7 @@ class ReachClient:
             )
             if meta.token is None and self._security.session is not None:
                 # the first call to this capability: its token from the issuer, once
-                meta.token = await self._security.fetch_call_token(capability)
+                meta.token = await self._call_token(capability, state.deadline)
             first: ReachError | None = None
             try:
                 # the first attempt needs no retry machinery: the common case stays cheap
@@ -493,6 +493,25 @@ class ReachClient:
             latency_ms=latency_ms,
             route=route,
         )
+
+    async def _call_token(self, capability: str, deadline: float) -> str | None:
+        """A token for calls to ``capability`` from the issuer, within the call's deadline
+        (ReachTimeout after it; Unavailable if the issuer does not answer)."""
+        remaining = deadline - self._clock.time()
+        fetched: str | None = None
+        late = remaining <= 0
+        if not late:
+            try:
+                fetched = await asyncio.wait_for(
+                    self._security.fetch_call_token(capability), remaining
+                )
+            except TimeoutError as exc:
+                if isinstance(exc, ReachError):
+                    raise
+                late = True
+        if late:
+            raise ReachTimeout(f"{capability}: no call token from the issuer before the deadline")
+        return fetched
 
     def _audit_success(
         self,

@@ -16,7 +16,14 @@ import pytest
 
 from reach import envelope, subjects
 from reach.client import ReachClient
-from reach.errors import AuthenticationFailed, NotAuthorized, RegistrationRefused
+from reach.errors import (
+    AuthenticationFailed,
+    Disconnected,
+    NotAuthorized,
+    RegistrationRefused,
+    Unavailable,
+)
+from reach.fallback import Fallback
 from reach.registry import Registrar
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenService
@@ -226,6 +233,70 @@ async def test_a_revoked_client_gets_no_new_call_token(fabric: Fabric) -> None:
             await auditor.call("customer_orders", {})
 
 
+async def test_a_retired_signing_key_cannot_mint_call_tokens(fabric: Fabric) -> None:
+    """The issuer checks a fabric token it is to exchange against REACH_KEYS, as agents
+    do: a key rotated away signs nothing that outlives its retirement (it had kept every
+    key it ever had, without their limits, and exchanged such a token for a fresh call
+    token signed with the current key)."""
+    import jwt as pyjwt
+
+    from reach.messages import encode_model
+    from reach.security.issuer import TokenRequest
+
+    assert fabric.issuer.ring is not None
+    old = fabric.issuer.ring.active
+    await fabric.issuer.rotate(settle_sec=0.1)
+    now = int(time.time())
+    forged = pyjwt.encode(
+        {"iss": "reach", "aud": "reach", "sub": "auditor", "lvl": 3, "roles": [], "iat": now,
+         "nbf": now, "exp": now + 30 * 86400, "jti": "long-lived"},
+        old.private_key, algorithm="EdDSA", headers={"kid": old.kid},
+    )  # fmt: skip
+    ask = TokenRequest(client_id="auditor", token=forged, audience="customer_orders")
+    request = envelope.pack_request(envelope.RequestMeta(call_id="x"), encode_model(ask))
+    reply = envelope.unpack_reply(await fabric.conn.request(subjects.TOKEN, request, 5))
+    assert reply.kind == "denied"
+    assert "retired" in reply.description
+
+
+async def test_a_failed_call_token_renewal_is_tried_again_after_a_while_not_on_every_call(
+    fabric: Fabric,
+) -> None:
+    import asyncio
+
+    asked = 0
+
+    async def count(msg: Any) -> None:
+        nonlocal asked
+        asked += 1
+
+    spy = await fabric.conn.subscribe(subjects.TOKEN, count)
+    try:
+        async with (
+            vault_agent(fabric, Behaviour()),
+            ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
+        ):
+            await wait_routable(auditor, "customer_orders", 1)
+            await auditor.call("customer_orders", {})
+            session = auditor._security.session
+            assert session is not None
+            assert fabric.issuer.credentials is not None
+            await fabric.issuer.credentials.revoke("auditor")  # renewals now fail
+            token, _, expires_at = session._calls["customer_orders"]
+            session._calls["customer_orders"] = (token, time.time() - 1, expires_at)  # due
+            before = asked
+            for _ in range(50):
+                await auditor.call("customer_orders", {})  # the token in hand still works
+                await asyncio.sleep(0.005)
+            assert asked - before <= 2  # one renewal, not one per call
+            # a stopped session starts nothing more, and tells a waiting caller why
+            await session.stop()
+            with pytest.raises(Disconnected):
+                await session.fetch_call_token("weather")
+    finally:
+        await spy.unsubscribe()
+
+
 async def test_an_agent_cannot_announce_as_another(fabric: Fabric) -> None:
     impostor, _ = make_agent(fabric.url, "vault-1", capability("customer_orders", level=3))
     impostor.credentials = fabric.creds["intruder"]
@@ -340,9 +411,13 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
             assert (await client.call("customer_orders", {})).agent_id == "vault-1"
             await issuer.stop()  # the issuer goes away
             assert (await client.call("customer_orders", {})).agent_id == "vault-1"
-            # a first call to another capability needs the issuer for its token
-            with pytest.raises(AuthenticationFailed, match="issuer did not answer"):
-                await client.call("weather", {})
+            # a first call to another capability needs the issuer for its token: the issuer
+            # is away, as an instance may be (at once, and a fallback applies)
+            with pytest.raises(Unavailable, match="issuer did not answer"):
+                await client.call("weather", {}, timeout=30)
+            fallback = Fallback(default={"weather": "unknown"})
+            result = await client.call("weather", {}, fallback=fallback)
+            assert result.value == {"weather": "unknown"}
             session = client._security.session
             assert session is not None
             # renewal fails (no issuer); the token is used until it expires, then no longer

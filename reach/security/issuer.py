@@ -35,6 +35,7 @@ from reach.security.tokens import (
     TokenVerifier,
     call_audience,
 )
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
 
 __all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentials"]
@@ -95,6 +96,7 @@ class TokenService:
         self._sub: Subscription | None = None
         self._rotate_sub: Subscription | None = None
         self._verifier: TokenVerifier | None = None
+        self._follow: asyncio.Task[None] | None = None
         self.credentials: CredentialStore | None = None
         self.keys: KeyStore | None = None
         self.ring: KeyRing | None = None
@@ -112,7 +114,14 @@ class TokenService:
             subjects.TOKEN, self._on_request, queue="reach-issuer"
         )
         self._rotate_sub = await self._conn.subscribe(subjects.KEY_ROTATE, self._on_rotate)
-        self._verifier = TokenVerifier({k.kid: k.key() for k in self.ring.public_keys()})
+        # the tokens it is shown (an admin's rotate, a fabric token to exchange) are checked
+        # against REACH_KEYS as every agent checks them: a retired key only for tokens that
+        # expire by its retirement, a removed key not at all, and keys of another issuer
+        # of the fabric (or of this one before a restart) as long as they are published
+        self._verifier = TokenVerifier(clock=self._clock)
+        ready = asyncio.Event()
+        self._follow = asyncio.create_task(self.keys.follow(self._verifier, ready))
+        await asyncio.wait_for(ready.wait(), 10)
         await self._conn.flush()
 
     async def stop(self) -> None:
@@ -120,6 +129,9 @@ class TokenService:
             if sub is not None:
                 await sub.unsubscribe()
         self._sub = self._rotate_sub = None
+        if self._follow is not None:
+            await cancel_and_wait([self._follow])
+            self._follow = None
 
     async def rotate(self, settle_sec: float = 1.0) -> SigningKey:
         """A new signing key; tokens of the old one stay valid until they expire."""
@@ -140,9 +152,7 @@ class TokenService:
         except (CodecError, AuthenticationFailed) as exc:
             await self._conn.respond(msg, envelope.pack_error("denied", "not_admin", str(exc)))
             return
-        key = await self.rotate()
-        for pub in self.ring.public_keys() if self.ring else ():
-            self._verifier.add_key(pub.kid, pub.key())
+        key = await self.rotate()  # (the verifier learns the new key from REACH_KEYS)
         log.info("signing key rotated by %s: %s", claims.client_id, key.kid)
         await self._conn.respond(msg, envelope.pack_ok(key.kid.encode()))
 
@@ -195,6 +205,8 @@ class TokenService:
         assert req.token is not None
         assert req.audience is not None
         shown = self._verifier.verify(req.token)  # a fabric token, not a call token
+        if shown.exp <= self._clock.time():  # within the leeway, but nothing left to give
+            raise AuthenticationFailed(f"the token of {shown.client_id} has expired")
         if shown.client_id != req.client_id:
             raise AuthenticationFailed(f"the token is {shown.client_id}'s, not {req.client_id}'s")
         record = await self.credentials.get(shown.client_id)

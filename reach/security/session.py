@@ -19,7 +19,7 @@ import jwt
 
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
-from reach.errors import AuthenticationFailed, ReachError
+from reach.errors import AuthenticationFailed, Disconnected, ReachError, Unavailable
 from reach.messages import decode_model, encode_model
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenReply, TokenRequest
@@ -45,6 +45,7 @@ class TokenSession:
         self._calls: dict[str, tuple[str, float, float]] = {}
         #: exchanges in flight, one per capability however many calls wait for it
         self._fetching: dict[str, asyncio.Task[str]] = {}
+        self._closed = False
 
     @property
     def expires_at(self) -> float:
@@ -84,6 +85,7 @@ class TokenSession:
         self._task = asyncio.create_task(self._renew_loop(), name="token-renewal")
 
     async def stop(self) -> None:
+        self._closed = True
         tasks: list[asyncio.Task[Any]] = [*self._fetching.values()]
         if self._task is not None:
             tasks.append(self._task)
@@ -93,7 +95,7 @@ class TokenSession:
     def call_token(self, capability: str) -> str | None:
         """The token for calls to ``capability``, None if there is none valid (then
         ``fetch_call_token``). Past ~75 % of its life a new one is asked for in the
-        background while this one is still used."""
+        background while this one is still used (after a failure, again with back-off)."""
         held = self._calls.get(capability)
         if held is None:
             return None
@@ -101,15 +103,26 @@ class TokenSession:
         now = self._clock.time()
         if now >= expires_at:
             return None
-        if now >= renew_at and capability not in self._fetching:
+        if now >= renew_at and capability not in self._fetching and not self._closed:
             self._exchange(capability, background=True)
         return token
 
     async def fetch_call_token(self, capability: str) -> str:
         """A token for calls to ``capability``, asked of the issuer in exchange for the
         fabric token (one request however many calls wait); AuthenticationFailed if there
-        is no valid fabric token or the issuer refuses."""
-        return await asyncio.shield(self._fetching.get(capability) or self._exchange(capability))
+        is no valid fabric token or the issuer refuses, Unavailable if it does not answer,
+        Disconnected once the session stopped."""
+        if self._closed:
+            raise Disconnected("the token session is closed")
+        task = self._fetching.get(capability) or self._exchange(capability)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if task.cancelled() and (me is None or me.cancelling() == 0):
+                # the session stopped under it: not this caller's cancellation
+                raise Disconnected("the token session closed while a token was asked for") from None
+            raise
 
     def _exchange(self, capability: str, *, background: bool = False) -> asyncio.Task[str]:
         task = asyncio.ensure_future(self._fetch(capability))
@@ -119,7 +132,15 @@ class TokenSession:
             self._fetching.pop(capability, None)
             # whoever waited (or nobody: a renewal in the background) saw it or not:
             # retrieved here either way; the token in use stays until it expires
-            if not done.cancelled() and (exc := done.exception()) is not None and background:
+            if done.cancelled() or (exc := done.exception()) is None:
+                return
+            held = self._calls.get(capability)
+            if background and held is not None:
+                # the next try after a back-off, not on the next call (and one warning)
+                token, _, expires_at = held
+                now = self._clock.time()
+                retry_at = now + min(30.0, max(1.0, 0.05 * (expires_at - now)))
+                self._calls[capability] = (token, retry_at, expires_at)
                 log.warning("call token renewal for %s failed: %s", capability, exc)
 
         task.add_done_callback(settled)
@@ -127,8 +148,13 @@ class TokenSession:
 
     async def _fetch(self, capability: str) -> str:
         request = TokenRequest(client_id=self.client_id, token=self.token, audience=capability)
-        answer = await self._ask(request)
-        expires_at = self._local_expiry(answer)
+        try:
+            answer = await self._ask(request)
+        except _IssuerSilent as exc:
+            # the issuer is away: a reachability failure (retried, a fallback applies)
+            raise Unavailable(str(exc)) from exc
+        # never later than the fabric token it was exchanged for, on this clock
+        expires_at = min(self._local_expiry(answer), self._expires_at)
         life = expires_at - self._clock.time()
         self._calls[capability] = (answer.token, expires_at - 0.25 * life, expires_at)
         return answer.token
