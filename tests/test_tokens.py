@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import json
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -740,3 +741,28 @@ async def _poll(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def test_a_session_keeps_a_bounded_number_of_call_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One call token per capability called: a caller that names ever new capabilities
+    (or a typo in a loop) does not grow the session without bound."""
+    from reach.security import session as session_module
+    from reach.security.credentials import CredentialsFile
+    from reach.security.issuer import TokenReply
+    from reach.security.session import TokenSession
+
+    monkeypatch.setattr(session_module, "MAX_CALL_TOKENS", 3)
+    session = TokenSession(None, CredentialsFile("nats://x", "c", "s"))  # type: ignore[arg-type]
+    session._token, session._expires_at = "fabric", time.time() + 3600
+
+    async def issued(request: Any) -> TokenReply:
+        return TokenReply(token=f"call-{request.audience}", expires_at=time.time() + 600, level=1)
+
+    monkeypatch.setattr(session, "_ask", issued)
+    for name in ("a", "b", "c", "d", "e"):
+        assert await session.fetch_call_token(name) == f"call-{name}"
+    assert list(session._calls) == ["c", "d", "e"]
+    assert session.call_token("e") == "call-e"
+    assert session.call_token("a") is None

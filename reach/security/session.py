@@ -30,6 +30,9 @@ __all__ = ["TokenSession"]
 
 log = logging.getLogger("reach.session")
 
+#: call tokens a session keeps, one per capability called (the oldest go beyond this)
+MAX_CALL_TOKENS = 4096
+
 
 class TokenSession:
     def __init__(self, conn: Connection, creds: CredentialsFile, *, clock: Clock = system_clock):
@@ -156,7 +159,11 @@ class TokenSession:
         # never later than the fabric token it was exchanged for, on this clock
         expires_at = min(self._local_expiry(answer), self._expires_at)
         life = expires_at - self._clock.time()
-        self._calls[capability] = (answer.token, expires_at - 0.25 * life, expires_at)
+        calls = self._calls
+        calls.pop(capability, None)  # (re)inserted last: the oldest come first
+        calls[capability] = (answer.token, expires_at - 0.25 * life, expires_at)
+        if len(calls) > MAX_CALL_TOKENS:  # names called once (or never served) go first
+            del calls[next(iter(calls))]
         return answer.token
 
     async def refresh(self) -> None:
