@@ -505,9 +505,7 @@ class ReachClient:
                 fetched = await asyncio.wait_for(
                     self._security.fetch_call_token(capability), remaining
                 )
-            except TimeoutError as exc:
-                if isinstance(exc, ReachError):
-                    raise
+            except TimeoutError:  # (the fetch raises no timeout of its own: Unavailable)
                 late = True
         if late:
             raise ReachTimeout(f"{capability}: no call token from the issuer before the deadline")

@@ -46,6 +46,19 @@ async def _until(condition: Callable[[], bool], what: str, timeout: float = SETT
         await asyncio.sleep(0.02)
 
 
+def _held(answer: Any) -> tuple[Callable[[Any], Any], asyncio.Event, asyncio.Event]:
+    """A handler that says it ``entered``, then waits for ``release`` to answer."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(req: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return answer
+
+    return hold, entered, release
+
+
 def _prefer(client: ReachClient, first: str, second: str) -> None:
     """Make ``client`` route to ``first`` before ``second`` (far better measured latency)."""
     client.peers.observe(first, 1)
@@ -422,14 +435,7 @@ async def test_a_backup_fallback_gets_only_what_is_left_of_the_calls_timeout(
 async def test_a_call_in_flight_when_the_client_closes_fails_at_once_as_disconnected(
     nats_server: NatsServer, registrar: Registrar
 ) -> None:
-    entered = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold(req: Any) -> Any:
-        entered.set()
-        await release.wait()
-        return {"late": True}
-
+    hold, entered, release = _held({"late": True})
     agent, _ = make_agent(nats_server.url, "a-1", capability(sla_ms=20000), handler=hold)
     async with agent, ReachClient(servers=nats_server.url) as client:
         try:
@@ -524,14 +530,7 @@ async def test_a_call_that_ends_after_its_instance_left_brings_none_of_it_back(
     from reach.registry.store import RegistryStore
     from reach.transport import connect
 
-    release = asyncio.Event()
-    entered = asyncio.Event()
-
-    async def held(req: Any) -> Any:
-        entered.set()
-        await release.wait()
-        return {"ok": True}
-
+    held, entered, release = _held({"ok": True})
     # no heartbeat or probe during the test would bring the record back
     slow = {"interval_sec": 30, "timeout_sec": 3, "failures_before_unhealthy": 2}
     agent, _ = make_agent(nats_server.url, "late-1", handler=held, health=slow)
