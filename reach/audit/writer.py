@@ -45,13 +45,16 @@ log = logging.getLogger("reach.audit")
 class WriterConfig:
     #: events held while the stream cannot be written (then new ones are dropped, counted)
     max_buffer: int = 100_000
-    #: events per stream message at most: every message costs each reader (the registrar's
-    #: alert watcher, `reach audit tail`) and the server a fixed price, so fewer is cheaper
-    batch_max: int = 2048
-    #: bytes per stream message at most (and never over half the server's max_payload)
-    batch_max_bytes: int = 256 * 1024
+    #: events per stream message at most: every message costs the writer, the server and
+    #: each reader (the registrar's alert watcher, `reach audit tail`) a fixed price, so
+    #: fewer is cheaper (measured at 128 calls in flight: the registrar's share of auditing
+    #: went from 0.11 to 0.04 µs a call with batches of ~5,000 instead of 2,048)
+    batch_max: int = 8192
+    #: bytes per stream message at most (and never over half the server's max_payload:
+    #: with nats-server's default of 1 MiB, this is what ends a batch at full load)
+    batch_max_bytes: int = 512 * 1024
     #: how long an event may wait for company before its batch is written
-    flush_interval: float = 0.1
+    flush_interval: float = 0.25
     #: wait for a stream ack
     ack_timeout: float = 2.0
     #: back-off between failed writes: doubles from ``retry_min`` up to ``retry_max``
