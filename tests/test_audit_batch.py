@@ -2,11 +2,13 @@
 
 The oracle is the row layout of batch version 1, which every reader still reads: a batch
 made by ``encode_batch`` (columns where it can) must decode to the very events that the
-same rows, written as plain rows, decode to.
+same rows, written as plain rows, decode to. Every test runs with the columns in Python
+and with the columns in C (where ``make build`` built them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -14,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reach.audit import columns
 from reach.audit.alerts import AlertEngine
 from reach.audit.events import (
     ATTEMPT_FIELDS,
@@ -36,6 +39,19 @@ TRACE = st.one_of(
     st.sampled_from(["", "not-a-trace", "0123456789abcdef0123456789abcdé"]),
 )
 FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+KINDS = [columns.Columns, *([columns.NATIVE_COLUMNS] if columns.NATIVE_COLUMNS else [])]
+
+
+@pytest.fixture(autouse=True, scope="module", params=KINDS, ids=lambda kind: kind.__module__)
+def columns_kind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """New batches keep their plain calls in this kind of columns."""
+    before = columns.columns_type
+    columns.columns_type = request.param
+    try:
+        yield
+    finally:
+        columns.columns_type = before
 
 
 def rows_v1(events: list[EventRow]) -> bytes:
@@ -213,6 +229,19 @@ def test_a_name_that_cannot_be_packed_costs_only_its_own_event() -> None:
     assert sorted(e.call_id for e in events) == sorted([plain(1)[3], "r", plain(3)[3]])
     assert summary.calls == {"query": 3}
     assert decode_batch(data) == decode_batch(rows_v1([retried, plain(1), plain(3)]))
+
+
+@pytest.mark.parametrize("field", ["call_id", "trace_id"])
+def test_an_id_that_cannot_be_packed_costs_only_its_own_event(field: str) -> None:
+    builder = BatchBuilder("query")
+    bad = list(plain(2))
+    bad[EVENT_FIELDS.index(field)] = "x\udcff"
+    for row in (plain(1), tuple(bad), plain(3)):
+        builder.add_row(row)
+    data, summary, lost = builder.encode()
+    assert lost == 1
+    assert [e.call_id for e in decode_batch(data)[0]] == [plain(1)[3], plain(3)[3]]
+    assert summary.calls == {"query": 2}
 
 
 def test_field_names_that_are_not_names_make_a_bad_batch_not_a_crash() -> None:

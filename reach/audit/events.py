@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeGuard
 
 import msgpack
 
-from reach.audit.columns import Columns, expand_plain
+from reach.audit.columns import PlainColumns, expand_plain, new_columns, plain_events
 from reach.codec import packb
 from reach.errors import (
     AuthError,
@@ -262,7 +262,7 @@ def _plain_names(value: Any) -> tuple[str, ...] | None:
     return names if all(type(name) is str for name in names) else None
 
 
-def _add_if_plain(columns: Columns, row: EventRow) -> bool:
+def _add_if_plain(columns: PlainColumns, row: EventRow) -> bool:
     """Add ``row`` to ``columns`` if it is a plain call (answered at the first attempt by
     the instance it went to, nothing skipped, no fallback); False if it is not."""
     (side, ts, _cap, call_id, trace_id, caller, caller_agent, callee, outcome, error, code,
@@ -319,7 +319,7 @@ class BatchBuilder:
 
     def __init__(self, capability: str) -> None:
         self.capability = capability
-        self.columns = Columns()
+        self.columns = new_columns()
         #: rows packed by ``pack_row``, one after another, and where each one falls
         self.rows = bytearray()
         self.positions: list[int] = []
@@ -412,9 +412,9 @@ class BatchBuilder:
         return b"".join(parts), summary, lost
 
 
-def _plain_rows(columns: Columns, capability: str) -> list[EventRow]:
+def _plain_rows(columns: PlainColumns, capability: str) -> list[EventRow]:
     """The plain calls of ``columns`` as event rows."""
-    return [make_event(**event) for event in columns.events(capability)]
+    return [make_event(**event) for event in plain_events(columns, capability)]
 
 
 #: the constant entries of every batch (without their map's header)
