@@ -540,6 +540,7 @@ sets_list(Columns *self)
     return out;
 }
 
+/* map[key] = value, taking over the reference to value (NULL: an error before) */
 static int
 set_item(PyObject *map, const char *key, PyObject *value)
 {
@@ -566,10 +567,8 @@ Columns_encode(Columns *self, PyObject *capability)
     PyObject *map = PyDict_New();
     if (map == NULL)
         return NULL;
-    Py_INCREF(capability);
-    Py_INCREF(self->values);
     if (set_item(map, "n", PyLong_FromSsize_t(n)) < 0 ||
-        set_item(map, "capability", capability) < 0 ||
+        PyDict_SetItemString(map, "capability", capability) < 0 ||
         set_item(map, "ts", pack_doubles(self->ts, n)) < 0 ||
         set_item(map, "call_id", texts_list(self, 0)) < 0 ||
         set_item(map, "trace_id", self->trace_hex ? raw_traces(self) : texts_list(self, 1)) < 0 ||
@@ -580,7 +579,7 @@ Columns_encode(Columns *self, PyObject *capability)
         set_item(map, "candidates", pack_indexes(self->candidates, n)) < 0 ||
         set_item(map, "score", pack_doubles(self->score, n)) < 0 ||
         set_item(map, "attempt_latency_ms", pack_doubles(self->attempt, n)) < 0 ||
-        set_item(map, "values", self->values) < 0 ||
+        PyDict_SetItemString(map, "values", self->values) < 0 ||
         set_item(map, "candidate_sets", sets_list(self)) < 0) {
         Py_DECREF(map);
         return NULL;
