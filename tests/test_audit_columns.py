@@ -37,7 +37,7 @@ call_args = st.tuples(
     NAMES,
     NUMBER,
     CANDIDATES,
-    st.integers(0, 2**70),
+    st.integers(0, 2**32 - 1),
     st.one_of(st.none(), NUMBER),
     NUMBER,
 )
@@ -117,6 +117,8 @@ GOOD: tuple[Any, ...] = (1.0, "id", "t", "me", None, "echo-1", 2.0, ("echo-1",),
         (7, ["echo-1"], "candidates must be a tuple of str"),
         (7, ("echo-1", 2), "a candidate must be a str"),
         (8, "1", "n_candidates must be an int"),
+        (8, True, "n_candidates must be an int"),
+        (3, type("Name", (str,), {})("me"), "caller must be a str"),  # not a subclass
         (9, "high", "must be real number"),
     ],
 )
@@ -134,6 +136,27 @@ def test_a_wrong_argument_is_a_type_error_and_records_nothing(
     with pytest.raises(TypeError, match="takes 11 arguments"):
         c.add(*GOOD[:10])
     assert [e["call_id"] for e in plain_events(c, "q")] == ["id"]
+
+
+@pytest.mark.parametrize("count", [-1, 2**32, 2**70])
+def test_a_count_no_reader_takes_is_refused(count: int) -> None:
+    c = native()
+    with pytest.raises(ValueError, match="n_candidates must be in"):
+        c.add(*GOOD[:8], count, *GOOD[9:])
+    assert len(c) == 0
+
+
+def test_full_columns_refuse_another_call() -> None:
+    """Indexes are two bytes: past 65,532 names a call is refused, not cut short."""
+    c = native()
+    n = 0
+    while not c.full:
+        c.add(1.0, "id", "t", f"caller-{n}", None, "echo-1", 1.0, (), 0, None, 1.0)
+        n += 1
+    with pytest.raises(ValueError, match="full"):
+        c.add(*GOOD)
+    assert len(c) == n
+    assert plain_events(c, "q")[-1]["caller"] == f"caller-{n - 1}"
 
 
 def test_c_columns_keep_no_reference_to_a_calls_ids_or_numbers() -> None:

@@ -177,6 +177,25 @@ async def test_an_unpackable_plain_call_is_dropped_and_counted_and_the_writer_go
     assert sorted(e.call_id for e in await count_events(conn)) == ["c-0", "c-2", "c-3"]
 
 
+async def test_a_call_recorded_with_a_wrong_argument_is_counted_and_never_raises(
+    conn: Connection,
+) -> None:
+    """``record_call`` never raises into the call it records: a wrong argument (a bug in
+    who called; the C columns refuse it at once, the Python ones when packing) costs that
+    event alone, counted in ``dropped``."""
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    for n, count in enumerate([3, -1, 3]):  # a count no reader takes
+        writer.record_call(
+            "echo", 1000.5 + n, f"c-{n}", "t", "tester", None, "echo-1", 1.25,
+            ("echo-1",), count, 0.75, 1.0,
+        )  # fmt: skip
+    await writer.stop()
+    assert (writer.written, writer.dropped, writer.pending) == (2, 1, 0)
+    assert sorted(e.call_id for e in await count_events(conn)) == ["c-0", "c-2"]
+
+
 async def test_events_recorded_together_keep_to_batch_max_and_an_unpackable_one_is_counted(
     conn: Connection,
 ) -> None:

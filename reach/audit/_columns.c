@@ -16,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -170,7 +171,8 @@ put_text(Columns *self, PyObject *text, Py_ssize_t slot)
             return -1;
         self->text_cap = cap;
     }
-    memcpy(self->text + self->text_len, utf8, (size_t)len);
+    if (len)
+        memcpy(self->text + self->text_len, utf8, (size_t)len);
     self->text_len += len;
     return 1;
 }
@@ -257,10 +259,11 @@ set_at(Columns *self, PyObject *names, PyObject *count)
     return at;
 }
 
+/* exactly a str (a subclass could run code, or refer back to the columns) */
 static int
 check_text(PyObject *value, const char *name, int or_none)
 {
-    if (PyUnicode_Check(value) || (or_none && value == Py_None))
+    if (PyUnicode_CheckExact(value) || (or_none && value == Py_None))
         return 0;
     PyErr_Format(PyExc_TypeError, "Columns.add: %s must be a str%s, not %.100s", name,
                  or_none ? " or None" : "", Py_TYPE(value)->tp_name);
@@ -285,13 +288,20 @@ PyDoc_STRVAR(add_doc,
 "add(ts, call_id, trace_id, caller, caller_agent, callee, latency_ms, candidates,\n"
 "    n_candidates, score, attempt_latency_ms)\n--\n\n"
 "One plain event: answered by ``callee`` at the first attempt, scored ``score``.\n"
-"Raises TypeError for an argument of the wrong type, recording nothing.");
+"Raises TypeError for an argument of the wrong type, ValueError for a count out of\n"
+"range or when the columns are ``full``, recording nothing.");
 
 static PyObject *
 Columns_add(Columns *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 11) {
         PyErr_Format(PyExc_TypeError, "Columns.add takes 11 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (PyList_GET_SIZE(self->values) > MAX_VALUES - 3 ||
+        PyList_GET_SIZE(self->sets) >= MAX_VALUES) {
+        /* a name more would not fit its two-byte index: the batch must be sealed first */
+        PyErr_SetString(PyExc_ValueError, "Columns.add: the columns are full");
         return NULL;
     }
     PyObject *call_id = args[1], *trace_id = args[2], *caller = args[3];
@@ -316,7 +326,7 @@ Columns_add(Columns *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(candidates); i++)
         if (check_text(PyTuple_GET_ITEM(candidates, i), "a candidate", 0) < 0)
             return NULL;
-    if (!PyLong_Check(n_candidates)) {
+    if (!PyLong_CheckExact(n_candidates)) {
         PyErr_SetString(PyExc_TypeError, "Columns.add: n_candidates must be an int");
         return NULL;
     }
@@ -324,8 +334,10 @@ Columns_add(Columns *self, PyObject *const *args, Py_ssize_t nargs)
     long long count = PyLong_AsLongLongAndOverflow(n_candidates, &overflow);
     if (count == -1 && PyErr_Occurred())
         return NULL;
-    if (overflow)
-        count = -1; /* never the last count: looked up by value */
+    if (overflow || count < 0 || count > 0xFFFFFFFFLL) { /* as a batch's reader takes it */
+        PyErr_SetString(PyExc_ValueError, "Columns.add: n_candidates must be in [0, 2**32)");
+        return NULL;
+    }
 
     /* names first (a name added to a table without its call does no harm), then room,
        then the texts (undone if the second fails), then the row */
@@ -347,7 +359,7 @@ Columns_add(Columns *self, PyObject *const *args, Py_ssize_t nargs)
         self->last_callee_at = callee_at;
     }
     Py_ssize_t set = self->last_set;
-    if (candidates != self->last_names || count < 0 || count != self->last_count) {
+    if (candidates != self->last_names || count != self->last_count) {
         if ((set = set_at(self, candidates, n_candidates)) < 0)
             return NULL;
         keep(&self->last_names, candidates);
@@ -421,12 +433,16 @@ pack_indexes(const uint16_t *values, Py_ssize_t n)
     return out;
 }
 
+/* The column at ``offset`` in Columns (a double * or uint16_t *) as a list of n numbers.
+   Read only once the list exists: allocating a list may collect garbage, and a finalizer
+   may then add to these very columns, which moves their arrays. */
 static PyObject *
-doubles_list(const double *values, Py_ssize_t n)
+doubles_list(Columns *self, size_t offset, Py_ssize_t n)
 {
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
+    const double *values = *(double **)((char *)self + offset);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyFloat_FromDouble(values[i]);
         if (item == NULL) {
@@ -439,11 +455,12 @@ doubles_list(const double *values, Py_ssize_t n)
 }
 
 static PyObject *
-indexes_list(const uint16_t *values, Py_ssize_t n)
+indexes_list(Columns *self, size_t offset, Py_ssize_t n)
 {
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
+    const uint16_t *values = *(uint16_t **)((char *)self + offset);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyLong_FromLong(values[i]);
         if (item == NULL) {
@@ -455,14 +472,14 @@ indexes_list(const uint16_t *values, Py_ssize_t n)
     return out;
 }
 
-/* the call ids (which = 0) or trace ids (which = 1) as a list of str */
+/* the first n call ids (which = 0) or trace ids (which = 1) as a list of str */
 static PyObject *
-texts_list(Columns *self, int which)
+texts_list(Columns *self, int which, Py_ssize_t n)
 {
-    PyObject *out = PyList_New(self->n);
+    PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < self->n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = NULL;
         if (self->odd != NULL) {
             PyObject *key = PyLong_FromSsize_t(2 * i + which);
@@ -481,7 +498,8 @@ texts_list(Columns *self, int which)
         if (item == NULL) {
             Py_ssize_t start = which ? self->call_end[i] : (i ? self->trace_end[i - 1] : 0);
             Py_ssize_t end = which ? self->trace_end[i] : self->call_end[i];
-            item = PyUnicode_DecodeUTF8(self->text + start, end - start, NULL);
+            item = end > start ? PyUnicode_DecodeUTF8(self->text + start, end - start, NULL)
+                               : PyUnicode_New(0, 0);
             if (item == NULL) {
                 Py_DECREF(out);
                 return NULL;
@@ -500,13 +518,13 @@ hex_digit(char c)
 
 /* every trace id as 16 raw bytes, one after the other (only when trace_hex) */
 static PyObject *
-raw_traces(Columns *self)
+raw_traces(Columns *self, Py_ssize_t n)
 {
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 16 * self->n);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 16 * n);
     if (out == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < self->n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         const char *hex = self->text + self->call_end[i];
         for (int j = 0; j < 16; j++)
             *p++ = (unsigned char)(hex_digit(hex[2 * j]) << 4 | hex_digit(hex[2 * j + 1]));
@@ -563,15 +581,16 @@ Columns_encode(Columns *self, PyObject *capability)
         PyErr_SetString(PyExc_ValueError, "a call id or trace id that is not UTF-8");
         return NULL;
     }
-    Py_ssize_t n = self->n;
+    Py_ssize_t n = self->n; /* (the maps and lists made here may collect garbage: the
+                               arrays are read after each, up to this n) */
     PyObject *map = PyDict_New();
     if (map == NULL)
         return NULL;
     if (set_item(map, "n", PyLong_FromSsize_t(n)) < 0 ||
         PyDict_SetItemString(map, "capability", capability) < 0 ||
         set_item(map, "ts", pack_doubles(self->ts, n)) < 0 ||
-        set_item(map, "call_id", texts_list(self, 0)) < 0 ||
-        set_item(map, "trace_id", self->trace_hex ? raw_traces(self) : texts_list(self, 1)) < 0 ||
+        set_item(map, "call_id", texts_list(self, 0, n)) < 0 ||
+        set_item(map, "trace_id", self->trace_hex ? raw_traces(self, n) : texts_list(self, 1, n)) < 0 ||
         set_item(map, "caller", pack_indexes(self->caller, n)) < 0 ||
         set_item(map, "caller_agent", pack_indexes(self->caller_agent, n)) < 0 ||
         set_item(map, "callee", pack_indexes(self->callee, n)) < 0 ||
@@ -579,7 +598,7 @@ Columns_encode(Columns *self, PyObject *capability)
         set_item(map, "candidates", pack_indexes(self->candidates, n)) < 0 ||
         set_item(map, "score", pack_doubles(self->score, n)) < 0 ||
         set_item(map, "attempt_latency_ms", pack_doubles(self->attempt, n)) < 0 ||
-        PyDict_SetItemString(map, "values", self->values) < 0 ||
+        set_item(map, "values", PyList_GetSlice(self->values, 0, PyList_GET_SIZE(self->values))) < 0 ||
         set_item(map, "candidate_sets", sets_list(self)) < 0) {
         Py_DECREF(map);
         return NULL;
@@ -597,36 +616,31 @@ static PyObject *
 Columns_columns(Columns *self, PyObject *Py_UNUSED(ignored))
 {
     Py_ssize_t n = self->n;
-    PyObject *parts[12] = {
-        doubles_list(self->ts, n),
-        texts_list(self, 0),
-        texts_list(self, 1),
-        indexes_list(self->caller, n),
-        indexes_list(self->caller_agent, n),
-        indexes_list(self->callee, n),
-        doubles_list(self->latency, n),
-        indexes_list(self->candidates, n),
-        doubles_list(self->score, n),
-        doubles_list(self->attempt, n),
-        PyList_GetSlice(self->values, 0, PyList_GET_SIZE(self->values)),
-        PyList_GetSlice(self->sets, 0, PyList_GET_SIZE(self->sets)),
-    };
-    int failed = 0;
-    for (int i = 0; i < 12; i++)
-        failed |= parts[i] == NULL;
-    if (failed) {
-        for (int i = 0; i < 12; i++)
-            Py_XDECREF(parts[i]);
-        return NULL;
-    }
     PyObject *out = PyTuple_New(12);
-    if (out == NULL) {
-        for (int i = 0; i < 12; i++)
-            Py_DECREF(parts[i]);
+    if (out == NULL)
         return NULL;
+    for (int i = 0; i < 12; i++) {
+        PyObject *part;
+        switch (i) {
+        case 0: part = doubles_list(self, offsetof(Columns, ts), n); break;
+        case 1: part = texts_list(self, 0, n); break;
+        case 2: part = texts_list(self, 1, n); break;
+        case 3: part = indexes_list(self, offsetof(Columns, caller), n); break;
+        case 4: part = indexes_list(self, offsetof(Columns, caller_agent), n); break;
+        case 5: part = indexes_list(self, offsetof(Columns, callee), n); break;
+        case 6: part = doubles_list(self, offsetof(Columns, latency), n); break;
+        case 7: part = indexes_list(self, offsetof(Columns, candidates), n); break;
+        case 8: part = doubles_list(self, offsetof(Columns, score), n); break;
+        case 9: part = doubles_list(self, offsetof(Columns, attempt), n); break;
+        case 10: part = PyList_GetSlice(self->values, 0, PyList_GET_SIZE(self->values)); break;
+        default: part = PyList_GetSlice(self->sets, 0, PyList_GET_SIZE(self->sets)); break;
+        }
+        if (part == NULL) { /* nothing more is made once something failed */
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, part);
     }
-    for (int i = 0; i < 12; i++)
-        PyTuple_SET_ITEM(out, i, parts[i]);
     return out;
 }
 

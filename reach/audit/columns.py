@@ -171,7 +171,10 @@ class Columns:
         score: float | None,
         attempt_latency_ms: float,
     ) -> None:
-        """One plain event: answered by ``callee`` at the first attempt, scored ``score``."""
+        """One plain event: answered by ``callee`` at the first attempt, scored ``score``.
+        ValueError for a count a batch's reader would refuse, recording nothing."""
+        if not 0 <= n_candidates <= 0xFFFFFFFF:
+            raise ValueError("Columns.add: n_candidates must be in [0, 2**32)")
         self.ts.append(ts)
         self.call_id.append(call_id)
         self.trace_id.append(trace_id)

@@ -142,19 +142,27 @@ class AuditWriter:
         if at is None:
             at = self._start(capability)
         batch = at.batch
-        batch.columns.add(
-            ts,
-            call_id,
-            trace_id,
-            caller,
-            caller_agent,
-            callee,
-            latency_ms,
-            candidates,
-            n_candidates,
-            score,
-            attempt_latency_ms,
-        )
+        try:
+            batch.columns.add(
+                ts,
+                call_id,
+                trace_id,
+                caller,
+                caller_agent,
+                callee,
+                latency_ms,
+                candidates,
+                n_candidates,
+                score,
+                attempt_latency_ms,
+            )
+        except (TypeError, ValueError, OverflowError) as exc:  # a bug in who called
+            self.dropped += 1
+            log.error("audit: a call to %s could not be recorded: %s", capability, exc)
+            if batch.full:  # (only after an add that failed part way)
+                self._seal(capability)
+                self._wake.set()
+            return
         batch.count += 1
         self._added(capability, batch)
 
