@@ -1,15 +1,31 @@
 """A benchmark variant (reach-noaudit) runs on its base's processes and client, with the
-feature off only while its own blocks run: against a real nats-server and responder."""
+feature off only while its own blocks run: against a real nats-server and responder. And
+the order of the blocks gives no stack a fixed neighbour."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
+from itertools import pairwise
 
 import pytest
 
-from bench.callpath import check_variants, launch
+from bench.callpath import balanced_orders, check_variants, launch
 from bench.payload import PAYLOAD
 from bench.stacks import _CLIENTS, STACKS
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_every_stack_follows_every_other_equally_often(n: int) -> None:
+    orders = balanced_orders(n)
+    assert len(orders) == (n if n % 2 == 0 else 2 * n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    firsts = Counter(order[0] for order in orders)
+    follows = Counter(pair for order in orders for pair in pairwise(order))
+    assert set(firsts.values()) == {len(orders) // n}
+    if n > 1:
+        assert len(follows) == n * (n - 1)  # every ordered pair of two stacks...
+        assert len(set(follows.values())) == 1  # ...as often as any other
 
 
 def test_a_variant_must_come_after_its_base() -> None:
