@@ -1,0 +1,190 @@
+"""A fabric started by `reach up`, and the attacker's tools: plain nats-py, no SDK helpers.
+
+Each module gets its own `reach up` (own free port, own store); a test that changes the
+fabric for good (revokes the admin, rotates keys) should start its own with ``up_fabric``.
+Attack code talks to NATS with nats-py directly, as an outsider holding a credential
+would, so a refusal proven here does not depend on the SDK behaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from reach.embedded import free_port
+
+from ..cli_helpers import REACH, run_reach
+
+#: seconds a `reach up` may take to print its first line
+READY = 60.0
+
+
+@dataclass
+class UpFabric:
+    """A running `reach up`: its URL, its store, and the credentials files made for a test."""
+
+    url: str
+    store: Path
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+    creds: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def admin(self) -> Path:
+        return self.store / "admin.creds"
+
+    async def add_client(
+        self,
+        client_id: str | None = None,
+        *,
+        level: int = 1,
+        agent_id: str | None = None,
+        caps: tuple[str, ...] = (),
+        roles: tuple[str, ...] = (),
+    ) -> tuple[str, Path]:
+        """A new credential made with `reach creds add` by the admin; (client id, file)."""
+        client_id = client_id or f"c-{uuid.uuid4().hex[:10]}"
+        out = self.workdir / f"{client_id}.creds"
+        args = ["creds", "add", client_id, "--level", str(level), "--out", str(out)]
+        if agent_id is not None:
+            args += ["--agent-id", agent_id]
+        for cap in caps:
+            args += ["--cap", cap]
+        for role in roles:
+            args += ["--role", role]
+        code, stdout, stderr = await run_reach(
+            *args, "--servers", self.url, "--creds", str(self.admin)
+        )
+        assert code == 0, stdout + stderr
+        self.creds[client_id] = out
+        return client_id, out
+
+    def secret_of(self, path: Path) -> tuple[str, str]:
+        data = json.loads(path.read_text())
+        return str(data["client_id"]), str(data["secret"])
+
+
+def start_up(workdir: Path, *extra: str) -> UpFabric:
+    """Start `reach up` on a free port with its store under ``workdir``; wait until ready."""
+    port = free_port()
+    store = workdir / "store"
+    proc = subprocess.Popen(
+        [REACH, "up", "--port", str(port), "--store", str(store), *extra],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], READY)
+    line = proc.stdout.readline() if ready else b""
+    if not line.startswith(b"Agent-Reach up"):
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"reach up did not start: {line!r}")
+    return UpFabric(url=f"nats://127.0.0.1:{port}", store=store, proc=proc, workdir=workdir)
+
+
+def stop_up(fabric: UpFabric) -> None:
+    fabric.proc.send_signal(signal.SIGTERM)
+    try:
+        fabric.proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        fabric.proc.kill()
+        fabric.proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def up_fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpFabric]:
+    """One `reach up` for the module."""
+    fabric = start_up(tmp_path_factory.mktemp("up"))
+    try:
+        yield fabric
+    finally:
+        stop_up(fabric)
+
+
+async def attacker(
+    fabric: UpFabric, creds: Path | None, *, inbox: str | None = None, **kwargs: Any
+) -> NatsClient:
+    """A nats-py connection logged in with ``creds`` (None: anonymous), the way any NATS
+    client would: user = client id, password = secret, inbox under ``_INBOX.<client_id>``
+    unless ``inbox`` says otherwise. No reconnects: a refusal must show at once."""
+    options: dict[str, Any] = {
+        "servers": [fabric.url],
+        "allow_reconnect": False,
+        "connect_timeout": 5,
+        "max_reconnect_attempts": 0,
+        **kwargs,
+    }
+    if creds is not None:
+        client_id, secret = fabric.secret_of(creds)
+        options |= {"user": client_id, "password": secret}
+        options["inbox_prefix"] = inbox or f"_INBOX.{client_id}"
+    return await nats.connect(**options)
+
+
+class Refusals:
+    """The permission violations the server reported to one attacker connection."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.seen = asyncio.Event()
+
+    async def on_error(self, exc: Exception) -> None:
+        """nats-py error callback (error_cb=refusals.on_error)."""
+        self.errors.append(str(exc))
+        self.seen.set()
+
+    def about(self, subject: str) -> bool:
+        return any(subject in error for error in self.errors)
+
+    async def wait_for(self, subject: str, timeout: float = 5.0) -> None:
+        async def until() -> None:
+            while not self.about(subject):
+                self.seen.clear()
+                await self.seen.wait()
+
+        await asyncio.wait_for(until(), timeout)
+
+
+@pytest.fixture
+def refusals() -> Refusals:
+    return Refusals()
+
+
+async def fabric_state(fabric: UpFabric) -> dict[str, Any]:
+    """What an attack must leave as it was, read with the admin's credentials: every key
+    (and its revision) of the credential and key buckets, and the audit stream's size."""
+    admin = await attacker(fabric, fabric.admin)
+    try:
+        js = admin.jetstream()
+        state: dict[str, Any] = {}
+        for bucket in ("REACH_CREDENTIALS", "REACH_KEYS"):
+            kv = await js.key_value(bucket)
+            keys: dict[str, int] = {}
+            try:
+                for key in await kv.keys():
+                    entry = await kv.get(key)
+                    keys[key] = entry.revision or 0
+            except nats.js.errors.NoKeysError:
+                pass
+            state[bucket] = keys
+        info = await js.stream_info("REACH_AUDIT")
+        state["REACH_AUDIT"] = (info.config.subjects, info.config.deny_delete)
+        return state
+    finally:
+        await admin.close()
