@@ -21,7 +21,7 @@ from pathlib import Path
 
 from reach.errors import ConfigurationError, Disconnected
 
-__all__ = ["EmbeddedServer", "find_nats_server", "free_port"]
+__all__ = ["EmbeddedServer", "find_nats_server", "free_port", "private_dir"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -74,6 +74,14 @@ def die_with_parent(parent_pid: int) -> Callable[[], None]:
         os.setpgrp()  # Ctrl-C in the terminal goes to the parent, which stops the child in order
 
     return _in_child
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) for the owner only (0700); an existing directory
+    made with a wider mode is narrowed to 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
 
 
 class EmbeddedServer:
@@ -136,8 +144,13 @@ class EmbeddedServer:
         """Start the process unless it runs already; True if it was started now."""
         if self._proc is not None and self._proc.poll() is None:
             return False
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_file, "ab")  # noqa: SIM115 - the child owns it from here
+        # the store and the log are the owner's alone: the log names the users of failed
+        # logins, the store holds every stream (credentials' hashes, audit events)
+        private_dir(self.store_dir)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a log from before keeps no wider mode
+        log = os.fdopen(fd, "ab")
         try:
             self._proc = subprocess.Popen(
                 self.command(),
@@ -145,6 +158,7 @@ class EmbeddedServer:
                 stdout=log,
                 stderr=log,
                 preexec_fn=die_with_parent(os.getpid()),
+                umask=0o077,  # what nats-server creates in the store: 0700 and 0600
             )
         finally:
             log.close()

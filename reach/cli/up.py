@@ -27,7 +27,7 @@ from click.core import ParameterSource
 from reach.audit.reader import parse_duration
 from reach.audit.streams import StreamSettings
 from reach.cli.common import Target, connection_options, fail, run, store_option
-from reach.embedded import EmbeddedServer, free_port
+from reach.embedded import EmbeddedServer, free_port, private_dir
 from reach.errors import ConfigurationError, Disconnected, ReachError
 from reach.registry import Registrar, RegistrarConfig
 from reach.runtime import tune_gc
@@ -186,6 +186,8 @@ async def _up(options: UpOptions) -> str | None:
     gates: list[LoginGate] = []
     setup: natsconf.SecureSetup | None = None
     try:
+        # the store holds secrets, the JetStream data and the server logs: owner only
+        private_dir(options.store)
         if options.servers is None:
             if _port_in_use(_HOST, options.port):
                 return (
