@@ -25,6 +25,11 @@ KEY_ROTATE = f"{PREFIX}.auth.rotate"
 #: every registrar answers here (not a queue group): liveness for tools and for itself
 REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 
+#: where an agent may publish its replies on a secured fabric: the call-reply subjects of a
+#: client's inbox, ``_INBOX.<client_id>.r.<base>.<token>`` (see ``reach.wire``), and no
+#: other subject of anyone's inbox
+CALL_REPLIES = "_INBOX.*.r.*.*"
+
 #: registry keys: instances under ``agent.``, live registrars under ``registrar.``
 AGENT_KEY_PREFIX = "agent."
 REGISTRAR_KEY_PREFIX = "registrar."

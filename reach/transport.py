@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 import random
 import time
 from collections import deque
@@ -255,13 +256,15 @@ def _permission_error(exc: BaseException) -> bool:
 class Connection:
     """A connected NATS client, narrowed to what Agent-Reach uses."""
 
-    def __init__(self, nc: _NatsClient, denials: Denials | None = None) -> None:
+    def __init__(
+        self, nc: _NatsClient, denials: Denials | None = None, inbox_prefix: str = "_INBOX"
+    ) -> None:
         self._nc = nc
         #: refusals the server reported on this connection (see ``Denials``)
         self.denials = denials or Denials()
         self._js = nc.jetstream()
         self._writer = Writer(nc)
-        self._mux = ReplyMux(nc, self._writer)
+        self._mux = ReplyMux(nc, self._writer, inbox_prefix)
         self._reconnect_listeners: list[Callable[[], None]] = []
         #: times the connection came back after a disconnect (a request that spans one
         #: may have been lost with the old socket: not its target's fault)
@@ -628,6 +631,9 @@ async def connect(
         if on_disconnect is not None:
             await on_disconnect()
 
+    # every connection's inbox is a prefix of its own (``_INBOX.<client_id>`` on a secured
+    # fabric, a random token otherwise): call replies go to ``<prefix>.r.…`` (reach.wire)
+    inbox_prefix = inbox_prefix or f"_INBOX.{os.urandom(8).hex()}"
     nc = _NatsClient()
     try:
         await _until_refused(
@@ -647,7 +653,7 @@ async def connect(
                 allow_reconnect=True,
                 user=user,
                 password=password,
-                inbox_prefix=inbox_prefix or "_INBOX",
+                inbox_prefix=inbox_prefix,
             ),
         )
     except Exception as exc:
@@ -664,7 +670,7 @@ async def connect(
             ) from exc
         raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
-    made.append(Connection(nc, denials))
+    made.append(Connection(nc, denials, inbox_prefix))
     return made[0]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -98,6 +99,43 @@ _finishing: set[asyncio.Task[None]] = set()
 #: where replies may go: clients' inboxes (nats-py's ``_INBOX``, ``_INBOX.<client_id>`` on
 #: a secured fabric) and nats-server's own (an auth callout request's)
 REPLY_PREFIXES = ("_INBOX.", "$SYS._INBOX.")
+
+
+#: the token after a client's inbox prefix that marks the reply subjects of its requests:
+#: ``<inbox prefix>.r.<base>.<token>``. On a secured fabric agents may publish only there
+#: (``subjects.CALL_REPLIES``), never to the rest of anyone's inbox, where nats-py's own
+#: requests (JetStream API answers, KV watches) are delivered under guessable names
+CALL_REPLY_MARK = "r"
+#: random bytes in a request's reply token: an agent that learns one reply subject of a
+#: client (it answers that client's calls) cannot guess the next, so it cannot answer a
+#: call made to another agent
+_TOKEN_BYTES = 8
+_TOKEN_POOL = 512
+
+
+def call_reply_base(inbox_prefix: str) -> str:
+    """A fresh reply subject base for requests of a client with ``inbox_prefix``."""
+    return f"{inbox_prefix}.{CALL_REPLY_MARK}.{os.urandom(12).hex()}"
+
+
+class ReplyTokens:
+    """Unguessable reply tokens (hex of random bytes), drawn from a pool of random bytes
+    refilled a few hundred tokens at a time: a system call per request would cost more
+    than the rest of the token's bookkeeping."""
+
+    __slots__ = ("_pool", "_pos")
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._pos = 0
+
+    def next(self) -> str:
+        pos = self._pos
+        if pos >= len(self._pool):
+            self._pool = os.urandom(_TOKEN_BYTES * _TOKEN_POOL)
+            pos = 0
+        self._pos = pos + _TOKEN_BYTES
+        return self._pool[pos : pos + _TOKEN_BYTES].hex()
 
 
 def _run_now(coro: Coroutine[Any, Any, Any]) -> None:
@@ -240,11 +278,12 @@ class ReplyMux:
     is never held back: it goes to the socket at once (``Writer``).
     """
 
-    def __init__(self, nc: _NatsClient, writer: Writer) -> None:
+    def __init__(self, nc: _NatsClient, writer: Writer, inbox_prefix: str = "_INBOX") -> None:
         self._nc = nc
         self._writer = writer
+        self._inbox_prefix = inbox_prefix
         self._base = ""
-        self._seq = 0
+        self._tokens = ReplyTokens()
         self._pending: dict[str, asyncio.Future[bytes]] = {}
         #: reply token of a batch ("z…", never a request's hex token) → its subject and its
         #: requests (token, data), kept until its first reply in case it must go again
@@ -266,7 +305,7 @@ class ReplyMux:
         async with self._ready:
             if self._base:
                 return
-            base = str(self._nc.new_inbox())  # under the client's own inbox prefix
+            base = call_reply_base(self._inbox_prefix)
             await subscribe_inline(self._nc, base + ".*", self._on_reply)
             await barrier(self._nc)
             self._base = base + "."
@@ -390,8 +429,7 @@ class ReplyMux:
         the "batch" feature)."""
         if not self._base:
             await self._start()
-        self._seq += 1
-        token = f"{self._seq:x}"
+        token = self._tokens.next()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
         pending = self._pending
@@ -441,8 +479,7 @@ class ReplyMux:
             token, data = items[0]
             reply = self._base + token
         else:
-            self._seq += 1
-            batch = f"z{self._seq:x}"
+            batch = "z" + self._tokens.next()
             self._batches[batch] = (subject, items)
             self._expire_at(loop, box.until, batch)  # forgotten at the latest then
             data = envelope.pack_batch(items)

@@ -108,13 +108,16 @@ async def fabric(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Fabri
     await issuer.start()
     assert issuer.credentials is not None
     creds = {}
-    for client_id, level, agent_id in (
-        ("vault", 3, "vault-1"),
-        ("analyst", 2, None),
-        ("auditor", 3, None),
-        ("intruder", 1, "intruder-1"),
+    # agent credentials serve exactly the capabilities they list
+    for client_id, level, agent_id, caps in (
+        ("vault", 3, "vault-1", ("customer_orders",)),
+        ("analyst", 2, None, ()),
+        ("auditor", 3, None, ()),
+        ("intruder", 1, "intruder-1", ("weather", "step_b")),
     ):
-        _, secret = await issuer.credentials.add(client_id, level, agent_id=agent_id)
+        _, secret = await issuer.credentials.add(
+            client_id, level, agent_id=agent_id, capabilities=caps
+        )
         path = tmp_path / f"{client_id}.creds"
         CredentialsFile(nats_server.url, client_id, secret).write(path)
         creds[client_id] = path

@@ -257,9 +257,14 @@ def test_permissions_policy() -> None:
         s.startswith("reach.v1.hb.") and s != "reach.v1.hb.a1" for s in agent.publish_allow
     )
     assert "reach.v1.cap.echo echo" in agent.subscribe_allow  # queue group only
-    assert "reach.v1.cap.*.a1" in agent.subscribe_allow
+    assert "reach.v1.cap.echo.a1" in agent.subscribe_allow  # its own capabilities only
+    assert not any(s.startswith("reach.v1.cap.*") for s in agent.subscribe_allow)
     assert "_INBOX.c1.>" in agent.subscribe_allow
-    assert agent.allow_responses
+    # replies through a publish permission on call-reply subjects, never NATS responses
+    assert not agent.allow_responses
+    assert "_INBOX.*.r.*.*" in agent.publish_allow
+    unbound = perms_for("agent", agent_id="a2", capabilities=[], inbox_prefix="_INBOX.c3")
+    assert not any(s.startswith("reach.v1.cap.") for s in unbound.subscribe_allow)
     assert not any("$KV" in s for s in agent.publish_allow)
     caller = perms_for("caller", agent_id=None, capabilities=[], inbox_prefix="_INBOX.c2")
     assert {"reach.v1.audit.*", "reach.v1.audited.*"} <= set(caller.publish_allow)
@@ -334,16 +339,23 @@ async def test_valid_client_connects_and_calls_an_agent(
     app = await login("app")
 
     async def echo(msg: Msg) -> None:
-        await msg.respond(b"echo:" + msg.data)  # allowed by the response permission
+        await msg.respond(b"echo:" + msg.data)  # to a call-reply subject: a publish permission
 
     await agent.nc.subscribe("reach.v1.cap.echo", queue="echo", cb=echo)
     await settle(agent.nc)
-    reply = await app.nc.request("reach.v1.cap.echo", b"hi", timeout=3)
-    assert reply.data == b"echo:hi"
-    assert reply.subject.startswith("_INBOX.app.")  # the caller's own inbox prefix
+    replies: asyncio.Queue[Msg] = asyncio.Queue()
+    await app.nc.subscribe("_INBOX.app.r.b1.*", cb=replies.put)  # the caller's own inbox
+    await settle(app.nc)
+    await app.nc.publish("reach.v1.cap.echo", b"hi", reply="_INBOX.app.r.b1.t1")
+    reply = await asyncio.wait_for(replies.get(), 3)
+    assert (reply.subject, reply.data) == ("_INBOX.app.r.b1.t1", b"echo:hi")
     assert callout.accepted == 2
     assert not agent.errors
     assert not app.errors
+    # the rest of the caller's inbox (where nats-py's own requests are answered) is not
+    # the agent's to publish to: no response permission stretches it there
+    await app.nc.publish("reach.v1.cap.echo", b"hi", reply=app.nc.new_inbox())
+    await agent.violation("_inbox.app.")
 
 
 async def test_user_jwt_expiry_ends_the_connection(

@@ -394,8 +394,11 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
     await issuer.start()
     assert issuer.credentials is not None
     creds = {}
-    for client_id, agent_id in (("vault", "vault-1"), ("auditor", None)):
-        _, secret = await issuer.credentials.add(client_id, 3, agent_id=agent_id)
+    for client_id, agent_id, caps in (
+        ("vault", "vault-1", ("customer_orders",)),
+        ("auditor", None, ()),
+    ):
+        _, secret = await issuer.credentials.add(client_id, 3, agent_id=agent_id, capabilities=caps)
         creds[client_id] = tmp_path / f"{client_id}.creds"
         CredentialsFile(nats_server.url, client_id, secret).write(creds[client_id])
     registrar = Registrar(conn)

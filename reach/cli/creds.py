@@ -11,7 +11,7 @@ from rich.table import Table
 
 from reach import envelope, subjects
 from reach.cli.common import Target, connection_options, console, fail, run
-from reach.security.credentials import KNOWN_ROLES, CredentialsFile, CredentialStore
+from reach.security.credentials import KNOWN_ROLES, ROLE_ADMIN, CredentialsFile, CredentialStore
 from reach.security.fabric import FabricSecurity, connect_as
 
 
@@ -52,7 +52,16 @@ def add(
     capabilities: tuple[str, ...],
     out: Path | None,
 ) -> None:
-    """Create a client with a random secret (shown once)."""
+    """Create a client with a random secret (shown once).
+
+    An agent credential (--agent-id) serves exactly the capabilities given with --cap:
+    the registrar refuses to announce, and NATS to deliver, any other."""
+    if agent_id is not None and not capabilities and ROLE_ADMIN not in roles:
+        raise click.UsageError(
+            "an agent credential (--agent-id) needs --cap NAME for each capability it serves"
+        )
+    if capabilities and agent_id is None:
+        raise click.UsageError("--cap names what an agent serves: give --agent-id too")
 
     async def go() -> None:
         conn, _ = await connect_as(

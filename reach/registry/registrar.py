@@ -306,23 +306,22 @@ class Registrar:
         return decode_model(cls, body, self._limits), claims
 
     async def _check_mandate(self, claims: Claims | None, manifest: Manifest) -> None:
-        """_Denied unless the client may serve what ``manifest`` offers: a credential that
-        lists capabilities (``reach creds add --cap``) serves those and no others. (NATS
-        lets an agent subscribe to every capability's subject for its own agent_id, so
-        only this check keeps it from announcing, and being routed, another's.)"""
+        """_Denied unless the client may serve what ``manifest`` offers: an agent
+        credential serves the capabilities it lists (``reach creds add --cap``) and no
+        others; one that lists none serves none. Only admins (and the registrar) may
+        announce anything. NATS permissions hold the same line on the subscription side."""
         if claims is None or claims.has_role(ROLE_REGISTRAR) or claims.has_role(ROLE_ADMIN):
             return
         if self._credentials is None:
             self._credentials = await CredentialStore.open(self._conn, create=False)
         record = await self._credentials.get(claims.client_id)
-        if record is None or not record.capabilities:
-            return
-        extra = sorted({c.name for c in manifest.capabilities} - set(record.capabilities))
+        allowed = set(record.capabilities) if record is not None and not record.revoked else set()
+        extra = sorted({c.name for c in manifest.capabilities} - allowed)
         if extra:
+            may = ", ".join(sorted(allowed)) or "no capability (reach creds add --cap NAME)"
             raise _Denied(
                 "capability_not_allowed",
-                f"client {claims.client_id} may serve {', '.join(record.capabilities)};"
-                f" not {', '.join(extra)}",
+                f"client {claims.client_id} may serve {may}; not {', '.join(extra)}",
                 client_id=claims.client_id,
             )
 

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from reach import subjects
-from reach.envelope import MAX_BATCH_ITEMS
 from reach.errors import ReachError
 from reach.security import natsconf
 from reach.transport import Connection, Message, Subscription
@@ -218,18 +217,17 @@ def permissions_for(
             f"$KV.{subjects.JOBS_BUCKET}.job.>",  # write job records (a KV put is a publish)
             *_js_read(subjects.JOBS_BUCKET),  # open the bucket; wait for jobs it called
         ]
-    sub += [
-        subjects.capability_instance("*", agent_id),  # calls addressed to this instance
-        *(f"{subjects.capability(cap)} {cap}" for cap in caps),  # its share of the queue group
-        subjects.probe(agent_id),  # the registrar's health probes
-    ]
-    # the replies to one batch of calls may go back in as many messages as it has calls
-    return Permissions(
-        publish_allow=tuple(pub),
-        subscribe_allow=tuple(sub),
-        allow_responses=True,
-        response_max=MAX_BATCH_ITEMS,
-    )
+    # calls to the capabilities its credential lists, and no others (none listed: none)
+    sub += [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
+    sub += [f"{subjects.capability(cap)} {cap}" for cap in caps]  # its share of the queue
+    sub.append(subjects.probe(agent_id))  # the registrar's health probes
+    # Replies go to callers' call-reply subjects only, through a publish permission: never
+    # NATS's response permission, which lets a client publish to the reply subject of any
+    # message it receives, past every allow and deny list; an agent that sends itself a
+    # message with reply "$KV.REACH_CREDENTIALS.…" would then write there with the
+    # fabric account's rights
+    pub.append(subjects.CALL_REPLIES)
+    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
 
 
 def _check_inbox(prefix: str) -> None:

@@ -150,7 +150,8 @@ class Refusals:
         self.seen.set()
 
     def about(self, subject: str) -> bool:
-        return any(subject in error for error in self.errors)
+        # nats-py reports the server's error in lower case
+        return any(subject.lower() in error.lower() for error in self.errors)
 
     async def wait_for(self, subject: str, timeout: float = 5.0) -> None:
         async def until() -> None:
@@ -158,7 +159,10 @@ class Refusals:
                 self.seen.clear()
                 await self.seen.wait()
 
-        await asyncio.wait_for(until(), timeout)
+        try:
+            await asyncio.wait_for(until(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"{subject} was not refused; refusals: {self.errors}") from None
 
 
 @pytest.fixture
