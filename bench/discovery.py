@@ -571,19 +571,38 @@ class _Control:
         self.security = security
         self.tokens: dict[str, str] = {}
 
-    def sign_tokens(self, key_file: Path, agent_ids: Sequence[str]) -> None:
-        """A token for each of ``agent_ids``, bound to it, signed with the registrar's key
-        (what each would get at login with a credential from ``reach creds add --agent``)."""
+    async def sign_tokens(self, key_file: Path, agent_ids: Sequence[str]) -> None:
+        """A credential record and a token for each of ``agent_ids``, bound to it and to
+        the simulated capability, signed with the registrar's key (what each would get at
+        login with a credential from ``reach creds add ID --agent-id ID --cap bench-sim``;
+        the registrar refuses an announce its credential does not allow)."""
+        from reach import subjects
+        from reach.messages import encode_model
         from reach.security.credentials import ClientRecord
         from reach.security.tokens import KeyRing, TokenIssuer
 
         issuer = TokenIssuer(KeyRing.load_or_generate(key_file))
+        bucket = await self.conn.key_value(subjects.CREDENTIALS_BUCKET, create=False)
         now = time.time()
+        records = []
         for agent_id in agent_ids:
             record = ClientRecord(
-                client_id=agent_id, level=1, agent_id=agent_id, secret_hash="-", created_at=now
+                client_id=agent_id,
+                level=1,
+                agent_id=agent_id,
+                capabilities=("bench-sim",),
+                secret_hash="-",
+                created_at=now,
             )
+            records.append(record)
             self.tokens[agent_id] = issuer.issue(record)
+        for start in range(0, len(records), 256):
+            await asyncio.gather(
+                *(
+                    bucket.put(f"client.{r.client_id}", encode_model(r))
+                    for r in records[start : start + 256]
+                )
+            )
 
     def request(self, agent_id: str, model: Any) -> bytes:
         from reach import envelope
@@ -1055,7 +1074,7 @@ async def _child_hbsim(
     control = await _Control.open(url, creds, "bench-hbsim")
     sim = _Simulator(control, prefix, count, interval, secrets.token_hex(4))
     if signing_key is not None:
-        control.sign_tokens(signing_key, sim.ids)
+        await control.sign_tokens(signing_key, sim.ids)
     await sim.start()
     beating = asyncio.create_task(sim.heartbeat_loop())
     print("READY", flush=True)

@@ -89,7 +89,7 @@ class JobStore:
         retention_sec: float = JOB_RETENTION_SEC,
     ) -> JobStore:
         bucket = await conn.key_value(
-            subjects.JOBS_BUCKET, create=create, replicas=replicas, ttl=retention_sec
+            subjects.JOBS_BUCKET, create=create, replicas=replicas, ttl=retention_sec, public=True
         )
         return cls(bucket)
 

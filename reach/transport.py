@@ -31,10 +31,13 @@ from nats.js.api import (
     DeliverPolicy,
     DiscardPolicy,
     KeyValueConfig,
+    RePublish,
     StorageType,
     StreamConfig,
 )
+from nats.js.kv import KeyValue
 
+from reach import kvfollow
 from reach.errors import (
     AuthenticationFailed,
     ConfigurationError,
@@ -45,6 +48,7 @@ from reach.errors import (
     ReachTimeout,
     TransportError,
 )
+from reach.kvfollow import KVEntry, republish_prefix
 from reach.wire import ReplyBatch, ReplyMux, Writer, barrier, batch_bytes, subscribe_inline
 
 __all__ = [
@@ -93,14 +97,6 @@ class KVConflict(ReachError):
     """A compare-and-set write lost: the key changed (or exists) since it was read."""
 
     layer = "discovery"
-
-
-@dataclass(frozen=True, slots=True)
-class KVEntry:
-    key: str
-    value: bytes
-    revision: int
-    deleted: bool = False
 
 
 class Subscription:
@@ -383,38 +379,68 @@ class Connection:
         replicas: int = 1,
         history: int = 1,
         ttl: float | None = None,
+        public: bool = False,
     ) -> KVBucket:
+        """Open the KV ``bucket``, creating it with ``create`` if it does not exist.
+
+        ``public``: a bucket callers read (registry, keys, jobs). It republishes every
+        change to ``reach.v1.kv.<bucket>.<key>`` and allows direct gets, so that readers
+        follow it without a JetStream consumer (``reach.kvfollow``); a bucket opened with
+        ``create`` that lacks this is updated. Never for a bucket of secrets: anyone who
+        may subscribe there sees every value."""
         started = time.monotonic()
+        stream = f"KV_{bucket}"
         try:
-            kv = await self.denials.guard(
-                self._js.key_value(bucket),
+            info = await self.denials.guard(
+                self._js.stream_info(stream),
                 f"open KV bucket {bucket}",
-                _api_refusal_of("STREAM.INFO", f"KV_{bucket}"),
+                _api_refusal_of("STREAM.INFO", stream),
             )
         except PermissionDenied:
             raise
-        except nats.js.errors.BucketNotFoundError:
+        except nats.js.errors.NotFoundError:
             if not create:
                 raise ConfigurationError(f"KV bucket {bucket} does not exist") from None
             try:
-                kv = await self._js.create_key_value(
+                await self._js.create_key_value(
                     KeyValueConfig(
                         bucket=bucket,
                         history=history,
                         replicas=replicas,
                         ttl=ttl,
                         storage=StorageType.FILE,
-                        # no direct gets: a get is answered by the stream leader, so a read
-                        # never sees a replica that is still catching up (a rejoining node
-                        # would report registered agents as missing)
-                        direct=False,
+                        direct=public,
+                        republish=_republish(bucket) if public else None,
                     )
                 )
             except Exception as exc:
                 raise self.denials.explain(exc, f"create KV bucket {bucket}", started) from exc
+            follow = public
         except Exception as exc:
             raise self.denials.explain(exc, f"open KV bucket {bucket}", started) from exc
-        return KVBucket(bucket, kv, self.denials)
+        else:
+            follow = _is_public(info.config, bucket)
+            if public and create and not follow:
+                await self._make_public(info.config, bucket, started)
+                follow = True
+        # gets go to the stream leader, never to direct gets answered by any replica: a
+        # replica still catching up would report records as missing
+        kv = KeyValue(bucket, stream, f"$KV.{bucket}.", self._js, False)
+        return KVBucket(bucket, kv, self.denials, self if follow else None)
+
+    async def _make_public(self, config: StreamConfig, bucket: str, started: float) -> None:
+        config.allow_direct = True
+        config.republish = _republish(bucket)
+        try:
+            await self._js.update_stream(config)
+        except Exception as exc:
+            raise self.denials.explain(exc, f"update KV bucket {bucket}", started) from exc
+
+    def _reconnect_event(self) -> tuple[asyncio.Event, Callable[[], None]]:
+        """An event set on every reconnect, and the function that stops setting it."""
+        event = asyncio.Event()
+        self._reconnect_listeners.append(event.set)
+        return event, lambda: self._reconnect_listeners.remove(event.set)
 
     async def stream(
         self,
@@ -489,6 +515,21 @@ class Connection:
                 await self._nc.drain()
 
 
+def _republish(bucket: str) -> RePublish:
+    return RePublish(src=f"$KV.{bucket}.>", dest=f"{republish_prefix(bucket)}.>")
+
+
+def _is_public(config: StreamConfig, bucket: str) -> bool:
+    republish = config.republish
+    return bool(
+        config.allow_direct
+        and republish is not None
+        and republish.dest == f"{republish_prefix(bucket)}.>"
+        and republish.src in (None, f"$KV.{bucket}.>")
+        and not republish.headers_only
+    )
+
+
 def _is_conflict(exc: BaseException) -> bool:
     if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError):
         return True
@@ -498,10 +539,19 @@ def _is_conflict(exc: BaseException) -> bool:
 class KVBucket:
     """JetStream KV operations with compare-and-set, translated to Agent-Reach errors."""
 
-    def __init__(self, name: str, kv: Any, denials: Denials | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        kv: Any,
+        denials: Denials | None = None,
+        follower: Connection | None = None,
+    ) -> None:
         self._denials = denials or Denials()
         self.name = name
         self._kv = kv
+        #: the connection that follows this public bucket without a consumer (None: it
+        #: is watched with an ordered consumer, as a bucket of secrets is by admins)
+        self._follower = follower
 
     async def get(self, key: str) -> KVEntry | None:
         started = time.monotonic()
@@ -562,6 +612,10 @@ class KVBucket:
 
     async def watch(self, keys: str) -> AsyncIterator[KVEntry | None]:
         """Current values, then ``None`` once caught up, then every change (deletes flagged)."""
+        if self._follower is not None:
+            async for change in self._follow(self._follower, keys):
+                yield change
+            return
         started = time.monotonic()
         try:
             watcher = await self._kv.watch(keys)
@@ -579,6 +633,19 @@ class KVBucket:
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
+
+    async def _follow(self, conn: Connection, keys: str) -> AsyncIterator[KVEntry | None]:
+        started = time.monotonic()
+        reconnected, forget = conn._reconnect_event()
+        try:
+            async for change in kvfollow.follow(conn._nc, self.name, keys, reconnected):
+                yield change
+        except (kvfollow.ScanError, TimeoutError, nats.errors.Error) as exc:
+            raise self._denials.explain(
+                exc, started=started, what=f"KV watch {self.name}/{keys}"
+            ) from exc
+        finally:
+            forget()
 
 
 async def connect(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import stat
 import time
@@ -11,11 +12,13 @@ from pathlib import Path
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import KeyValueConfig
+from nats.js.api import KeyValueConfig, RePublish
 
+from reach import kvfollow
 from reach.security import natsconf
 from reach.security.callout import AuthCallout, Permissions, decode_jwt, encode_jwt
 from reach.security.callout import permissions_for as perms_for
@@ -268,7 +271,12 @@ def test_permissions_policy() -> None:
     assert not any("$KV" in s for s in agent.publish_allow)
     caller = perms_for("caller", agent_id=None, capabilities=[], inbox_prefix="_INBOX.c2")
     assert {"reach.v1.audit.*", "reach.v1.audited.*"} <= set(caller.publish_allow)
-    assert caller.subscribe_allow == ("_INBOX.c2.>",)
+    assert caller.subscribe_allow == (
+        "_INBOX.c2.>",
+        "reach.v1.kv.REACH_REGISTRY.>",  # the registry's and the keys' changes, read-only
+        "reach.v1.kv.REACH_KEYS.>",
+    )
+    assert not any("CONSUMER" in s for s in caller.publish_allow + agent.publish_allow)
     assert not caller.allow_responses
     assert perms_for(
         "registrar", agent_id=None, capabilities=[], inbox_prefix=""
@@ -491,23 +499,35 @@ async def test_registrar_creates_buckets(
 async def test_caller_reads_the_registry_but_cannot_write_it(
     login: Callable[..., Awaitable[Peer]], registrar: Client
 ) -> None:
-    kv = await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_REGISTRY"))
+    public = KeyValueConfig(
+        bucket="REACH_REGISTRY",
+        direct=True,
+        republish=RePublish(src="$KV.REACH_REGISTRY.>", dest="reach.v1.kv.REACH_REGISTRY.>"),
+    )
+    with contextlib.suppress(nats.js.errors.NotFoundError):  # another test's, not public
+        await registrar.jetstream().delete_key_value("REACH_REGISTRY")
+    kv = await registrar.jetstream().create_key_value(public)
     await kv.put("agent.agent-a", b"v1")
     await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_CREDENTIALS"))
     app = await login("app")
     js = app.nc.jetstream()
     view = await js.key_value("REACH_REGISTRY")
     assert (await view.get("agent.agent-a")).value == b"v1"
-    watcher = await view.watch(">")
-    first = await watcher.updates(timeout=3)
+    # followed by a scan and the republished changes, no consumer (reach.kvfollow)
+    follow = kvfollow.follow(app.nc, "REACH_REGISTRY", ">", asyncio.Event())
+    first = await anext(follow)
     assert first is not None
-    assert first.key == "agent.agent-a"
-    assert await watcher.updates(timeout=3) is None  # caught up
+    assert (first.key, first.value) == ("agent.agent-a", b"v1")
+    assert await anext(follow) is None  # caught up
     await kv.put("agent.agent-b", b"v2")
-    change = await watcher.updates(timeout=3)
+    change = await asyncio.wait_for(anext(follow), 3)
     assert change is not None
     assert change.key == "agent.agent-b"
-    await watcher.stop()
+    await follow.aclose()
+    # and may create none: a consumer is server state its creator points anywhere
+    with pytest.raises(nats.errors.TimeoutError):
+        await app.nc.request("$JS.API.CONSUMER.CREATE.KV_REACH_REGISTRY", b"{}", timeout=0.5)
+    await app.violation('publish to "$js.api.consumer.create.kv_reach_registry"')
 
     quick = app.nc.jetstream(timeout=0.5)  # a denied request gets no answer: time out fast
     with pytest.raises(nats.errors.TimeoutError):

@@ -88,7 +88,9 @@ class RegistryStore:
     async def open(
         cls, conn: Connection, *, create: bool = True, replicas: int = 1
     ) -> RegistryStore:
-        bucket = await conn.key_value(subjects.REGISTRY_BUCKET, create=create, replicas=replicas)
+        bucket = await conn.key_value(
+            subjects.REGISTRY_BUCKET, create=create, replicas=replicas, public=True
+        )
         return cls(bucket)
 
     async def get(self, agent_id: str) -> tuple[Instance, int] | None:

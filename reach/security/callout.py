@@ -40,6 +40,7 @@ from typing import Any
 
 from reach import subjects
 from reach.errors import ReachError
+from reach.kvfollow import republish_prefix
 from reach.security import natsconf
 from reach.transport import Connection, Message, Subscription
 
@@ -151,18 +152,21 @@ ROLES = ("agent", "caller", "registrar", "admin")
 
 
 def _js_read(bucket: str) -> list[str]:
-    """What nats-py needs for ``js.key_value(b)``, ``kv.get`` and ``kv.watch`` on bucket b."""
+    """What a reader of the public bucket b publishes: open it, get a key, scan it. No
+    JetStream consumer: changes arrive as the server republishes them (``_kv_follow``),
+    so a reader leaves no state on the server and points nothing anywhere."""
     stream = f"KV_{bucket}"
     return [
-        f"$JS.API.STREAM.INFO.{stream}",  # js.key_value(): read the bucket's config
-        f"$JS.API.DIRECT.GET.{stream}",  # kv.get(revision) on a bucket with allow_direct
-        f"$JS.API.DIRECT.GET.{stream}.>",  # kv.get(key) on a bucket with allow_direct
-        f"$JS.API.STREAM.MSG.GET.{stream}",  # kv.get() otherwise (nats-py's default bucket)
-        f"$JS.API.CONSUMER.CREATE.{stream}",  # kv.watch(): ephemeral ordered push consumer
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",  # the same, named/filtered form
-        f"$JS.API.CONSUMER.INFO.{stream}.*",  # kv.watch(): pending count for the initial marker
-        f"$JS.FC.{stream}.>",  # kv.watch(): flow-control replies of the ordered consumer
+        f"$JS.API.STREAM.INFO.{stream}",  # open the bucket: read its config
+        f"$JS.API.STREAM.MSG.GET.{stream}",  # get a key (answered by the stream leader)
+        f"$JS.API.DIRECT.GET.{stream}",  # scan the bucket (batched direct gets)
+        f"$JS.API.DIRECT.GET.{stream}.>",  # a key's last value (nats clients' kv get)
     ]
+
+
+def _kv_follow(bucket: str) -> str:
+    """Where a reader of the public bucket b hears of its changes (reach.kvfollow)."""
+    return f"{republish_prefix(bucket)}.>"
 
 
 def permissions_for(
@@ -196,10 +200,15 @@ def permissions_for(
         *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
         *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
     ]
-    sub = [f"{inbox_prefix}.>"]  # replies, JS API answers and push-consumer deliveries
+    sub = [
+        f"{inbox_prefix}.>",  # replies and JetStream API answers
+        _kv_follow(subjects.REGISTRY_BUCKET),  # route cache: the registry's changes
+        _kv_follow(subjects.KEYS_BUCKET),  # token verification keys
+    ]
+    if async_jobs:
+        pub += _js_read(subjects.JOBS_BUCKET)  # open the bucket; wait for a job's record
+        sub.append(_kv_follow(subjects.JOBS_BUCKET))
     if role == "caller":
-        if async_jobs:
-            pub += _js_read(subjects.JOBS_BUCKET)  # wait for a job: get/watch its record
         return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
     if agent_id is None or not subjects.is_token(agent_id):
         raise ValueError("an agent needs an agent_id that is one subject token")
@@ -213,10 +222,7 @@ def permissions_for(
         subjects.bye(agent_id),  # deregister only itself
     ]
     if async_jobs:
-        pub += [
-            f"$KV.{subjects.JOBS_BUCKET}.job.>",  # write job records (a KV put is a publish)
-            *_js_read(subjects.JOBS_BUCKET),  # open the bucket; wait for jobs it called
-        ]
+        pub.append(f"$KV.{subjects.JOBS_BUCKET}.job.>")  # write job records (a KV put)
     # calls to the capabilities its credential lists, and no others (none listed: none)
     sub += [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
     sub += [f"{subjects.capability(cap)} {cap}" for cap in caps]  # its share of the queue

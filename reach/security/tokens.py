@@ -669,7 +669,9 @@ class KeyStore:
         replicas: int = 1,
         clock: Clock = system_clock,
     ) -> KeyStore:
-        bucket = await conn.key_value(subjects.KEYS_BUCKET, create=create, replicas=replicas)
+        bucket = await conn.key_value(
+            subjects.KEYS_BUCKET, create=create, replicas=replicas, public=True
+        )
         return cls(bucket, clock=clock)
 
     async def publish(self, pub: PublicKey) -> None:
