@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import os
@@ -59,6 +60,7 @@ from reach.models import (
 )
 from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
+from reach.security.tokens import call_audience
 from reach.serving import REPLY_FRAMING, CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait, run_eagerly
@@ -272,13 +274,16 @@ class Agent:
         # Probe and call subscriptions only once accepted: a refused duplicate never
         # answers for the live instance.
         for name, endpoint in self._endpoints.items():
-            handler = self._call_handler(endpoint)
+            # each subject takes the tokens made for it: on its own subject this
+            # instance's, on the queue group's the capability's (see call_audience)
+            queue = self._call_handler(dataclasses.replace(endpoint, audience=call_audience(name)))
             self._cap_subs.append(
-                await self._conn.subscribe_inline(subjects.capability(name), handler, queue=name)
+                await self._conn.subscribe_inline(subjects.capability(name), queue, queue=name)
             )
+            own = dataclasses.replace(endpoint, audience=call_audience(name, self.agent_id))
             self._cap_subs.append(
                 await self._conn.subscribe_inline(
-                    subjects.capability_instance(name, self.agent_id), handler
+                    subjects.capability_instance(name, self.agent_id), self._call_handler(own)
                 )
             )
         self._probe_sub = await self._conn.subscribe(subjects.probe(self.agent_id), self._on_probe)

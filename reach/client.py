@@ -63,6 +63,7 @@ from reach.resilience import (
 from reach.routing import Peer, Peers, RouteEntry, choose
 from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
+from reach.security.replay import MAX_AHEAD_SEC
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Span, Telemetry, end_span, new_traceparent, trace_id_of, traceparent_of
 from reach.transport import Connection, RawRequest
@@ -76,7 +77,8 @@ DEFAULT_SLA_MS = 1000.0
 #: bytes of a request's envelope beside its payload, at most (token, trace context, ids)
 REQUEST_FRAMING = 4096
 #: a call's timeout at most (a day; NaN and infinities are refused with it)
-MAX_TIMEOUT_SEC = 24 * 3600.0
+#: a call's deadline lies at most this far ahead: callees refuse one further
+MAX_TIMEOUT_SEC = MAX_AHEAD_SEC
 
 
 #: CallResult's fields, in the constructor's order
@@ -187,6 +189,7 @@ class _Attempt:
         "capability",
         "deadline",
         "failed",
+        "issuer_silent",
         "last_target",
         "retry_timeouts",
         "route",
@@ -218,6 +221,8 @@ class _Attempt:
         self.last_target = ""
         #: a timed-out attempt may be retried: the capability is idempotent or keyed
         self.retry_timeouts = False
+        #: the token issuer did not answer for an attempt's instance: no retry waits for it
+        self.issuer_silent = False
         #: routing score of the instance chosen last (None: the only candidate, not ranked)
         self.score: float | None = None
         #: per attempt: (agent id, score, "ok" or error class, latency ms) — for the audit
@@ -441,9 +446,6 @@ class ReachClient:
             state, meta, body = self._prepare(
                 capability, payload, timeout, tuple(tags), idempotency_key
             )
-            if meta.token is None and self._security.session is not None:
-                # the first call to this capability: its token from the issuer, once
-                meta.token = await self._call_token(capability, state.deadline)
             first: ReachError | None = None
             try:
                 # the first attempt needs no retry machinery: the common case stays cheap
@@ -494,16 +496,17 @@ class ReachClient:
             route=route,
         )
 
-    async def _call_token(self, capability: str, deadline: float) -> str | None:
-        """A token for calls to ``capability`` from the issuer, within the call's deadline
-        (ReachTimeout after it; Unavailable if the issuer does not answer)."""
+    async def _call_token(self, capability: str, instance: str, deadline: float) -> str | None:
+        """A token for calls to ``capability`` at ``instance`` (none: its queue group) from
+        the issuer, within the call's deadline (ReachTimeout after it; Unavailable if the
+        issuer does not answer)."""
         remaining = deadline - self._clock.time()
         fetched: str | None = None
         late = remaining <= 0
         if not late:
             try:
                 fetched = await asyncio.wait_for(
-                    self._security.fetch_call_token(capability), remaining
+                    self._security.fetch_call_token(capability, instance), remaining
                 )
             except TimeoutError:  # (the fetch raises no timeout of its own: Unavailable)
                 late = True
@@ -700,8 +703,9 @@ class ReachClient:
         )
         meta = envelope.RequestMeta(
             call_id=self._next_call_id(),
-            # the token for this capability: the fabric's own never goes to a callee
-            token=self._security.call_token(capability),
+            # the token of the instance each attempt goes to (``_attempt``): the
+            # fabric's own never goes to a callee
+            token=None,
             deadline_ms=int(deadline * 1000),
             idempotency_key=idempotency_key,
             caller=parent.agent_id if parent is not None else None,
@@ -800,7 +804,7 @@ class ReachClient:
     def _should_retry(self, exc: ReachError, state: _Attempt) -> bool:
         """Whether ``exc`` may be retried (the retry budget is asked only once a retry will
         be made, so that retries never made cost nothing)."""
-        if not exc.retryable or self._closing:
+        if not exc.retryable or self._closing or state.issuer_silent:
             return False
         if isinstance(exc, ReachTimeout) and not state.retry_timeouts:
             return False
@@ -847,6 +851,25 @@ class ReachClient:
             peer = chosen.peer
         state.last_target = target
         breaker = self.breakers.get(target) if target else None
+        if self._security.session is not None:
+            token = self._security.call_token(state.capability, target)
+            if token is None:
+                # the first call to this instance: its token from the issuer, once
+                try:
+                    token = await self._call_token(state.capability, target, state.deadline)
+                except BaseException as exc:
+                    # not the instance's fault: its breaker only gives its slot back; the
+                    # issuer away fails the call at once (a fallback applies), as an
+                    # instance away would
+                    state.issuer_silent = isinstance(exc, Unavailable)
+                    state.failed.add(target)
+                    if breaker is not None:
+                        breaker.release()
+                    raise
+                now = self._clock.time()
+                remaining = min(state.deadline - now, state.attempt_timeout)
+                meta.deadline_ms = int((now + remaining) * 1000)
+            meta.token = token
         peer.outstanding += 1
         conn = self._conn
         reconnects = conn.reconnects if conn is not None else 0

@@ -42,6 +42,7 @@ from reach.errors import (
 )
 from reach.jobs import JobRecord, JobStore
 from reach.models import Capability, format_validation_error
+from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
 from reach.security.tokens import TokenVerifier, call_audience
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
 from reach.telemetry import Telemetry, end_span, traceparent_of
@@ -222,8 +223,9 @@ class CallServer:
         #: the largest reply the server carries (the agent sets it from the connection's
         #: max_payload): a larger output is answered with a contract error, not dropped
         self.max_reply_bytes: int | None = None
-        # (call id, attempt) pairs seen: a byte-for-byte replay is refused, a retry is not
-        self._attempts_seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # (call id, attempt) pairs served, until their deadlines: a byte-for-byte replay
+        # is refused, a retry (the next attempt) is not
+        self._recent = RecentCalls(clock=clock)
 
     def _error(self, kind: str, code: str, description: str) -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id)
@@ -363,8 +365,22 @@ class CallServer:
                 f" client {claims.client_id} holds {claims.level}",
                 claims.client_id,
             ), ""
-        attempt = (meta.call_id, meta.attempt)
-        if attempt in self._attempts_seen:
+        # every call has a deadline not too far ahead (none: the callee's own), and is
+        # served once while it lives: a copy is refused here, and late once it passed
+        now = self._clock.time()
+        if meta.deadline_ms is None:
+            sla_sec = endpoint.capability.latency_sla_ms / 1000.0
+            meta.deadline_ms = int((now + 1.5 * sla_sec) * 1000)
+        elif meta.deadline_ms > (now + MAX_AHEAD_SEC) * 1000:
+            denied = self._deny(
+                endpoint,
+                meta,
+                "deadline_too_far",
+                f"call {meta.call_id}: its deadline lies more than {MAX_AHEAD_SEC:g} s ahead",
+                claims.client_id,
+            )
+            return denied, ""
+        if not self._recent.first_time(meta.call_id, meta.attempt, meta.deadline_ms / 1000.0):
             denied = self._deny(
                 endpoint,
                 meta,
@@ -373,9 +389,6 @@ class CallServer:
                 claims.client_id,
             )
             return denied, ""
-        self._attempts_seen[attempt] = None
-        if len(self._attempts_seen) > 100_000:
-            self._attempts_seen.popitem(last=False)
         return None, claims.client_id
 
     def _deny(

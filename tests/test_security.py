@@ -142,7 +142,7 @@ async def test_a_replayed_call_is_refused(fabric: Fabric) -> None:
         ReachClient(servers=fabric.url, credentials=fabric.creds["auditor"]) as auditor,
     ):
         await wait_routable(auditor, "customer_orders", 1)
-        token = await auditor._security.fetch_call_token("customer_orders")
+        token = await auditor._security.fetch_call_token("customer_orders", "vault-1")
         request = envelope.pack_request(envelope.RequestMeta(call_id="once", token=token), b"\x80")
         subject = subjects.capability_instance("customer_orders", "vault-1")
         first = envelope.unpack_reply(await fabric.conn.request(subject, request, 2))
@@ -192,7 +192,7 @@ async def test_a_callee_cannot_use_the_tokens_its_callers_send_it_anywhere_else(
             token = kept[0]
             assert token != auditor._security.token()
             claims = jwt.decode(token, options={"verify_signature": False})
-            assert claims["aud"] == call_audience("weather")
+            assert claims["aud"] == call_audience("weather", "intruder-1")
             assert claims["lvl"] == 3  # the auditor's clearance, worth stealing
 
             # replayed to the vault (level 3, which the intruder's own token cannot reach)
@@ -282,8 +282,8 @@ async def test_a_failed_call_token_renewal_is_tried_again_after_a_while_not_on_e
             assert session is not None
             assert fabric.issuer.credentials is not None
             await fabric.issuer.credentials.revoke("auditor")  # renewals now fail
-            token, _, expires_at = session._calls["customer_orders"]
-            session._calls["customer_orders"] = (token, time.time() - 1, expires_at)  # due
+            token, _, expires_at = session._calls["customer_orders.vault-1"]
+            session._calls["customer_orders.vault-1"] = (token, time.time() - 1, expires_at)
             before = asked
             for _ in range(50):
                 await auditor.call("customer_orders", {})  # the token in hand still works

@@ -61,16 +61,19 @@ class FabricSecurity:
         fabric). Never sent to a callee: calls carry ``call_token``."""
         return self.session.token if self.session is not None else None
 
-    def call_token(self, capability: str) -> str | None:
-        """The token for a call to ``capability`` if one is at hand; None on an open
-        fabric, or when ``fetch_call_token`` must get it."""
-        return self.session.call_token(capability) if self.session is not None else None
+    def call_token(self, capability: str, instance: str = "") -> str | None:
+        """The token for a call to ``capability`` at ``instance`` (none: its queue group)
+        if one is at hand; None on an open fabric, or when ``fetch_call_token`` must get
+        it."""
+        session = self.session
+        return session.call_token(capability, instance) if session is not None else None
 
-    async def fetch_call_token(self, capability: str) -> str | None:
-        """A token for calls to ``capability`` from the issuer (None on an open fabric)."""
+    async def fetch_call_token(self, capability: str, instance: str = "") -> str | None:
+        """A token for calls to ``capability`` at ``instance`` from the issuer (None on an
+        open fabric)."""
         if self.session is None:
             return None
-        return await self.session.fetch_call_token(capability)
+        return await self.session.fetch_call_token(capability, instance)
 
     @classmethod
     async def join(

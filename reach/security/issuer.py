@@ -48,7 +48,9 @@ _CONCURRENT_CHECKS = 4
 
 class TokenRequest(BaseModel):
     """A login (``secret``: a fabric token) or an exchange (``token``, the client's valid
-    fabric token, and ``audience``, a capability: a token for calls to it)."""
+    fabric token, ``audience``, a capability, and ``instance``, the agent id of one of
+    its instances: a token for calls to that instance; without ``instance``, for calls
+    to the capability's queue group)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,6 +58,7 @@ class TokenRequest(BaseModel):
     secret: str | None = Field(None, min_length=1, max_length=512)
     token: str | None = Field(None, min_length=1, max_length=MAX_TOKEN_CHARS)
     audience: SubjectToken | None = None
+    instance: SubjectToken | None = None
 
     @model_validator(mode="after")
     def _one_proof(self) -> TokenRequest:
@@ -63,6 +66,8 @@ class TokenRequest(BaseModel):
             raise ValueError("give either secret or token")
         if self.token is not None and self.audience is None:
             raise ValueError("an exchange of a token names its audience (a capability)")
+        if self.instance is not None and self.audience is None:
+            raise ValueError("an instance is one of a capability's: name the audience too")
         return self
 
 
@@ -213,7 +218,7 @@ class TokenService:
         if record is None:
             raise AuthenticationFailed(f"client {shown.client_id} is unknown")
         return self.issuer.issue_with_claims(
-            record, audience=call_audience(req.audience), not_after=shown.exp
+            record, audience=call_audience(req.audience, req.instance or ""), not_after=shown.exp
         )
 
 

@@ -95,29 +95,32 @@ class TokenSession:
             self._task = None
         await cancel_and_wait(tasks)
 
-    def call_token(self, capability: str) -> str | None:
-        """The token for calls to ``capability``, None if there is none valid (then
-        ``fetch_call_token``). Past ~75 % of its life a new one is asked for in the
-        background while this one is still used (after a failure, again with back-off)."""
-        held = self._calls.get(capability)
+    def call_token(self, capability: str, instance: str = "") -> str | None:
+        """The token for calls to ``capability`` at ``instance`` (an agent id; none: the
+        queue group), None if there is none valid (then ``fetch_call_token``). Past ~75 %
+        of its life a new one is asked for in the background while this one is still
+        used (after a failure, again with back-off)."""
+        target = f"{capability}.{instance}" if instance else capability
+        held = self._calls.get(target)
         if held is None:
             return None
         token, renew_at, expires_at = held
         now = self._clock.time()
         if now >= expires_at:
             return None
-        if now >= renew_at and capability not in self._fetching and not self._closed:
-            self._exchange(capability, background=True)
+        if now >= renew_at and target not in self._fetching and not self._closed:
+            self._exchange(target, background=True)
         return token
 
-    async def fetch_call_token(self, capability: str) -> str:
-        """A token for calls to ``capability``, asked of the issuer in exchange for the
-        fabric token (one request however many calls wait); AuthenticationFailed if there
-        is no valid fabric token or the issuer refuses, Unavailable if it does not answer,
-        Disconnected once the session stopped."""
+    async def fetch_call_token(self, capability: str, instance: str = "") -> str:
+        """A token for calls to ``capability`` at ``instance``, asked of the issuer in
+        exchange for the fabric token (one request however many calls wait);
+        AuthenticationFailed if there is no valid fabric token or the issuer refuses,
+        Unavailable if it does not answer, Disconnected once the session stopped."""
         if self._closed:
             raise Disconnected("the token session is closed")
-        task = self._fetching.get(capability) or self._exchange(capability)
+        target = f"{capability}.{instance}" if instance else capability
+        task = self._fetching.get(target) or self._exchange(target)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -127,30 +130,38 @@ class TokenSession:
                 raise Disconnected("the token session closed while a token was asked for") from None
             raise
 
-    def _exchange(self, capability: str, *, background: bool = False) -> asyncio.Task[str]:
-        task = asyncio.ensure_future(self._fetch(capability))
-        self._fetching[capability] = task
+    def _exchange(self, target: str, *, background: bool = False) -> asyncio.Task[str]:
+        """Ask for the token of ``target``: ``<capability>`` or ``<capability>.<agent id>``
+        (a dot is in neither)."""
+        task = asyncio.ensure_future(self._fetch(target))
+        self._fetching[target] = task
 
         def settled(done: asyncio.Task[str]) -> None:
-            self._fetching.pop(capability, None)
+            self._fetching.pop(target, None)
             # whoever waited (or nobody: a renewal in the background) saw it or not:
             # retrieved here either way; the token in use stays until it expires
             if done.cancelled() or (exc := done.exception()) is None:
                 return
-            held = self._calls.get(capability)
+            held = self._calls.get(target)
             if background and held is not None:
                 # the next try after a back-off, not on the next call (and one warning)
                 token, _, expires_at = held
                 now = self._clock.time()
                 retry_at = now + min(30.0, max(1.0, 0.05 * (expires_at - now)))
-                self._calls[capability] = (token, retry_at, expires_at)
-                log.warning("call token renewal for %s failed: %s", capability, exc)
+                self._calls[target] = (token, retry_at, expires_at)
+                log.warning("call token renewal for %s failed: %s", target, exc)
 
         task.add_done_callback(settled)
         return task
 
-    async def _fetch(self, capability: str) -> str:
-        request = TokenRequest(client_id=self.client_id, token=self.token, audience=capability)
+    async def _fetch(self, target: str) -> str:
+        capability, _, instance = target.partition(".")
+        request = TokenRequest(
+            client_id=self.client_id,
+            token=self.token,
+            audience=capability,
+            instance=instance or None,
+        )
         try:
             answer = await self._ask(request)
         except _IssuerSilent as exc:
@@ -160,8 +171,8 @@ class TokenSession:
         expires_at = min(self._local_expiry(answer), self._expires_at)
         life = expires_at - self._clock.time()
         calls = self._calls
-        calls.pop(capability, None)  # (re)inserted last: the oldest come first
-        calls[capability] = (answer.token, expires_at - 0.25 * life, expires_at)
+        calls.pop(target, None)  # (re)inserted last: the oldest come first
+        calls[target] = (answer.token, expires_at - 0.25 * life, expires_at)
         if len(calls) > MAX_CALL_TOKENS:  # names called once (or never served) go first
             del calls[next(iter(calls))]
         return answer.token

@@ -319,13 +319,16 @@ class Claims:
         return role in self.roles
 
 
-def call_audience(capability: str) -> str:
-    """The audience of a token for calls to ``capability``: what a callee accepts. A
-    caller's fabric token (DEFAULT_AUDIENCE) never travels to callees, and a call token
-    is refused by the registrar, the issuer and every other capability's callees: a
-    callee that keeps what it was sent can replay it only to instances of its own
-    capability, never to the control services or elsewhere."""
-    return f"call:{capability}"
+def call_audience(capability: str, instance: str = "") -> str:
+    """The audience of a token for calls to ``capability`` at one ``instance`` (its
+    agent id): what that instance accepts on its own subject. A caller's fabric token
+    (DEFAULT_AUDIENCE) never travels to callees, and a call token is refused by the
+    registrar, the issuer, every other capability's callees and every other instance of
+    its own: a callee that keeps what it was sent can present it nowhere but to itself.
+
+    Without ``instance``: a token for the capability's queue group (any instance), used
+    only when a caller knows no instance, and accepted only on the queue subject."""
+    return f"call:{capability}:{instance}" if instance else f"call:{capability}"
 
 
 class TokenIssuer:

@@ -1,0 +1,110 @@
+"""A call's bytes, sent again, are never served twice: not by the instance that received
+them, not by another instance of the capability, and not past their deadline.
+
+The attacker runs an instance of the capability (its credential lists it): it sees the
+calls routed to it, token included, and sends copies of them with plain nats-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import Any
+
+import msgpack
+
+from reach import subjects
+from reach.client import ReachClient
+
+from ..calls_helpers import capability, make_agent, wait_routable
+from .conftest import UpFabric, attacker
+
+
+async def send(nc: Any, subject: str, data: bytes) -> dict[str, Any]:
+    """A request on the caller's call-reply subjects, as the protocol says."""
+    inbox = f"{nc._inbox_prefix.decode()}.r.{secrets.token_hex(8)}"
+    sub = await nc.subscribe(inbox + ".*", max_msgs=1)
+    await nc.publish(subject, data, reply=inbox + ".1")
+    msg = await sub.next_msg(timeout=5)
+    reply: dict[str, Any] = msgpack.unpackb(msg.data)
+    return reply
+
+
+def code(reply: dict[str, Any]) -> str:
+    return str(reply.get("err", {}).get("code", "ok" if reply.get("ok") else "?"))
+
+
+async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpFabric) -> None:
+    _, victim = await up_fabric.add_client(level=3)
+    _, honest_creds = await up_fabric.add_client(agent_id="honest-1", caps=("weather",))
+    _, rogue_creds = await up_fabric.add_client(agent_id="rogue-1", caps=("weather",))
+    honest, served = make_agent(up_fabric.url, "honest-1", capability("weather", level=3))
+    honest.credentials = honest_creds
+    rogue, _ = make_agent(up_fabric.url, "rogue-1", capability("weather", level=3))
+    rogue.credentials = rogue_creds
+    spy = await attacker(up_fabric, rogue_creds)
+    captured: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        captured.put_nowait(msg.data)
+
+    await spy.subscribe(subjects.capability_instance("weather", "rogue-1"), cb=keep)
+    await spy.flush()
+    try:
+        async with rogue, ReachClient(servers=up_fabric.url, credentials=victim) as client:
+            await wait_routable(client, "weather", 1)
+            await client.call("weather", {"city": "x"})
+            stolen = await asyncio.wait_for(captured.get(), 5)
+            async with honest:
+                await wait_routable(client, "weather", 2)
+                # the copy, to the other instance: its token is for rogue-1 alone
+                other = await send(spy, subjects.capability_instance("weather", "honest-1"), stolen)
+                assert code(other) == "authentication_failed", other
+                assert "audience" in other["err"]["desc"]
+                # the copy, to the instance that served it: seen already
+                again = await send(spy, subjects.capability_instance("weather", "rogue-1"), stolen)
+                assert code(again) == "replayed", again
+                # and the token alone, in a call of its own making, to the other instance
+                env = msgpack.unpackb(stolen)
+                forged = {**env, "id": secrets.token_hex(8), "dl": int(time.time() * 1000) + 5000}
+                made = await send(
+                    spy,
+                    subjects.capability_instance("weather", "honest-1"),
+                    msgpack.packb(forged),
+                )
+                assert code(made) == "authentication_failed", made
+        assert served.calls == 0
+    finally:
+        await spy.close()
+
+
+async def test_every_call_has_a_deadline_and_none_lies_too_far_ahead(up_fabric: UpFabric) -> None:
+    _, caller = await up_fabric.add_client(level=1)
+    _, agent_creds = await up_fabric.add_client(agent_id="sun-1", caps=("sun",))
+    agent, served = make_agent(up_fabric.url, "sun-1", capability("sun", level=1))
+    agent.credentials = agent_creds
+    spy = await attacker(up_fabric, agent_creds)
+    captured: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        captured.put_nowait(msg.data)
+
+    await spy.subscribe(subjects.capability_instance("sun", "sun-1"), cb=keep)
+    await spy.flush()
+    try:
+        async with agent, ReachClient(servers=up_fabric.url, credentials=caller) as client:
+            await wait_routable(client, "sun", 1)
+            await client.call("sun", {"i": 0})
+            env = msgpack.unpackb(await asyncio.wait_for(captured.get(), 5))
+            target = subjects.capability_instance("sun", "sun-1")
+            # no deadline: served once, under the callee's own deadline
+            bare = {k: v for k, v in env.items() if k != "dl"} | {"id": secrets.token_hex(8)}
+            assert code(await send(spy, target, msgpack.packb(bare))) == "ok"
+            assert code(await send(spy, target, msgpack.packb(bare))) == "replayed"
+            # a deadline a day and more ahead: refused before anything runs
+            far = {**env, "id": secrets.token_hex(8), "dl": int((time.time() + 90_000) * 1000)}
+            assert code(await send(spy, target, msgpack.packb(far))) == "deadline_too_far"
+        assert served.calls == 2
+    finally:
+        await spy.close()
