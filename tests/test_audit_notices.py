@@ -133,14 +133,14 @@ async def test_the_watcher_counts_plain_notices_and_reads_only_notable_batches(
     conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await ensure_streams(conn)
-    fetch = Stream.get
+    fetch = Stream.get_message
     fetched: list[int] = []
 
-    async def counted_get(self: Stream, seq: int) -> bytes:
+    async def counted_get(self: Stream, seq: int) -> tuple[str, bytes]:
         fetched.append(seq)
         return await fetch(self, seq)
 
-    monkeypatch.setattr(Stream, "get", counted_get)
+    monkeypatch.setattr(Stream, "get_message", counted_get)
     watcher = AlertWatcher(conn)
     await watcher.start()
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))

@@ -369,16 +369,16 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
     from reach.transport import Stream
 
     await ensure_streams(conn)
-    fetch = Stream.get
+    fetch = Stream.get_message
     failed = asyncio.Event()
 
-    async def first_fetch_fails(self: Stream, seq: int) -> bytes:
+    async def first_fetch_fails(self: Stream, seq: int) -> tuple[str, bytes]:
         if not failed.is_set():
             failed.set()
             raise ReachTimeout(f"no reply for message {seq} in time")
         return await fetch(self, seq)
 
-    monkeypatch.setattr(Stream, "get", first_fetch_fails)
+    monkeypatch.setattr(Stream, "get_message", first_fetch_fails)
     watcher = AlertWatcher(conn)
     await watcher.start()
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))

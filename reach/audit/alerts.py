@@ -10,7 +10,7 @@ Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
 * ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe.
 
 The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the audit
-writers' notices (``reach.v1.audited.<capability>``: a batch is stored, its summary, and
+writers' notices (``reach.v1.audited.<capability>.<writer>``: a batch is stored, its summary, and
 the batch itself from REACH_AUDIT when some rows need a look) and the registry watch,
 and publishes what it returns. Alerts carry a message id derived from
 the rule, its subject and the time bucket, so several watchers (one per registrar) store
