@@ -70,14 +70,41 @@ def capability_instance(name: str, agent_id: str) -> str:
     return f"{PREFIX}.cap.{name}.{agent_id}"
 
 
-def audit(capability_name: str) -> str:
-    return f"{PREFIX}.audit.{capability_name}"
+#: the writer token of audit subjects on an open fabric (no credentials: nobody to name);
+#: never a client id (``reach creds add`` refuses it), so no caller can write as it
+ANONYMOUS = "anonymous"
+#: every audit batch, of any capability and writer (REACH_AUDIT's subjects)
+AUDIT_ALL = f"{PREFIX}.audit.>"
 
 
-def audited(capability_name: str) -> str:
+def audit(capability_name: str, writer: str) -> str:
+    """Where ``writer`` (its NATS user: client id, ``reach-registrar`` or ``ANONYMOUS``)
+    stores a batch of the capability's events. The server lets each client publish only
+    under its own id, so readers take the writer from here, never from the batch."""
+    return f"{PREFIX}.audit.{capability_name}.{writer}"
+
+
+def audited(capability_name: str, writer: str) -> str:
     """Core NATS, not stored: "REACH_AUDIT now holds a batch of this capability", with
-    the batch's stream sequence and summary (what the registrars' alert rules read)."""
-    return f"{PREFIX}.audited.{capability_name}"
+    the batch's stream sequence and summary (what the registrars' alert rules read),
+    under the same writer token as the batch."""
+    return f"{PREFIX}.audited.{capability_name}.{writer}"
+
+
+def writer_of(subject: str) -> str:
+    """The writer token of an audit or notice subject; "" for a subject without one (a
+    batch stored before subjects named their writer) or not of that shape."""
+    tokens = subject.split(".")
+    if len(tokens) != 5 or f"{tokens[0]}.{tokens[1]}" != PREFIX:
+        return ""
+    if tokens[2] not in ("audit", "audited"):
+        return ""
+    return tokens[4] if is_token(tokens[4]) else ""
+
+
+def writer_token(user: str | None) -> str:
+    """The writer token for a connection logged in as ``user`` (None: an open fabric)."""
+    return user if user is not None and is_token(user) else ANONYMOUS
 
 
 def alert(rule: str) -> str:

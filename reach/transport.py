@@ -37,7 +37,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from reach import kvfollow
+from reach import kvfollow, subjects
 from reach.errors import (
     AuthenticationFailed,
     ConfigurationError,
@@ -253,9 +253,17 @@ class Connection:
     """A connected NATS client, narrowed to what Agent-Reach uses."""
 
     def __init__(
-        self, nc: _NatsClient, denials: Denials | None = None, inbox_prefix: str = "_INBOX"
+        self,
+        nc: _NatsClient,
+        denials: Denials | None = None,
+        user: str | None = None,
+        inbox_prefix: str = "_INBOX",
     ) -> None:
         self._nc = nc
+        #: the token this connection writes audit batches under: the NATS user the server
+        #: logged it in as (a client id, the registrar's service user), on an open fabric
+        #: ``subjects.ANONYMOUS``; the server's permissions hold each client to its own
+        self.writer = subjects.writer_token(user)
         #: refusals the server reported on this connection (see ``Denials``)
         self.denials = denials or Denials()
         self._js = nc.jetstream()
@@ -737,7 +745,7 @@ async def connect(
             ) from exc
         raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
     nc.options["max_reconnect_attempts"] = -1
-    made.append(Connection(nc, denials, inbox_prefix))
+    made.append(Connection(nc, denials, user, inbox_prefix))
     return made[0]
 
 
@@ -880,9 +888,13 @@ class Stream:
 
     async def get(self, seq: int) -> bytes:
         """The data of the message stored as ``seq``."""
+        return (await self.get_message(seq))[1]
+
+    async def get_message(self, seq: int) -> tuple[str, bytes]:
+        """The subject and data of the message stored as ``seq``."""
         started = time.monotonic()
         try:
             msg = await self._js.get_msg(self.name, seq)
         except Exception as exc:
             raise self._denials.explain(exc, f"get message {seq} of {self.name}", started) from exc
-        return bytes(msg.data or b"")
+        return str(msg.subject or ""), bytes(msg.data or b"")

@@ -65,7 +65,7 @@ async def test_each_stored_batch_is_announced_with_its_sequence_and_summary(
 ) -> None:
     audit, _ = await ensure_streams(conn)
     notices = Notices()
-    sub = await conn.subscribe(subjects.audited("*"), notices.handle)
+    sub = await conn.subscribe(subjects.audited("*", "*"), notices.handle)
     await conn.flush()
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.02))
     await writer.start()
@@ -78,10 +78,13 @@ async def test_each_stored_batch_is_announced_with_its_sequence_and_summary(
         await writer.stop()
         await sub.unsubscribe()
     by_subject = dict(notices.seen)
-    assert set(by_subject) == {subjects.audited("echo"), subjects.audited("report")}
-    echo = by_subject[subjects.audited("echo")]
+    assert set(by_subject) == {
+        subjects.audited("echo", subjects.ANONYMOUS),
+        subjects.audited("report", subjects.ANONYMOUS),
+    }
+    echo = by_subject[subjects.audited("echo", subjects.ANONYMOUS)]
     assert (echo.calls, echo.notable) == ({"echo": 6}, 1)
-    report = by_subject[subjects.audited("report")]
+    report = by_subject[subjects.audited("report", subjects.ANONYMOUS)]
     assert (report.calls, report.notable) == ({"report": 3}, 0)
     # the sequence is the stream's: the batch is there
     events, bad = decode_batch(await audit.get(echo.seq))
@@ -109,7 +112,7 @@ async def test_a_batch_resent_after_a_lost_ack_is_announced_once_at_its_first_pl
 
     monkeypatch.setattr(Stream, "publish", ack_lost_once)
     notices = Notices()
-    sub = await conn.subscribe(subjects.audited("*"), notices.handle)
+    sub = await conn.subscribe(subjects.audited("*", "*"), notices.handle)
     await conn.flush()
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01, retry_min=0.01))
     await writer.start()
@@ -130,20 +133,20 @@ async def test_the_watcher_counts_plain_notices_and_reads_only_notable_batches(
     conn: Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await ensure_streams(conn)
-    fetch = Stream.get
+    fetch = Stream.get_message
     fetched: list[int] = []
 
-    async def counted_get(self: Stream, seq: int) -> bytes:
+    async def counted_get(self: Stream, seq: int) -> tuple[str, bytes]:
         fetched.append(seq)
         return await fetch(self, seq)
 
-    monkeypatch.setattr(Stream, "get", counted_get)
+    monkeypatch.setattr(Stream, "get_message", counted_get)
     watcher = AlertWatcher(conn)
     await watcher.start()
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
     notices = Notices()
-    sub = await conn.subscribe(subjects.audited("*"), notices.handle)
+    sub = await conn.subscribe(subjects.audited("*", "*"), notices.handle)
     await conn.flush()
     try:
         writer.record_all([event(n) for n in range(40)])
@@ -177,7 +180,7 @@ async def test_a_malformed_notice_is_skipped_and_the_watcher_goes_on(conn: Conne
             b'{"seq":1,"calls":{"echo":-5},"notable":0}',
             b'{"seq":999999,"calls":{"echo":1},"notable":1}',  # no such batch
         ):
-            await conn.publish(subjects.audited("echo"), junk)
+            await conn.publish(subjects.audited("echo", subjects.ANONYMOUS), junk)
         await conn.flush()
         writer.record_all([event(n, attempts=RETRIED) for n in range(11)])
         await until_fired(watcher)

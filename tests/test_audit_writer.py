@@ -25,7 +25,7 @@ async def count_events(conn: Connection, flt: AuditFilter | None = None) -> list
 
 async def test_streams_are_file_backed_and_refuse_delete_and_purge(conn: Connection) -> None:
     audit, _ = await ensure_streams(conn)
-    await audit.publish(subjects.audit("echo"), b"\x90", msg_id="m1", timeout=2)
+    await audit.publish(subjects.audit("echo", subjects.ANONYMOUS), b"\x90", msg_id="m1", timeout=2)
     # the JetStream API answers both with an error: a record is never edited
     for api in (f"$JS.API.STREAM.PURGE.{subjects.AUDIT_STREAM}",):
         reply = await conn.request(api, b"", timeout=2)
@@ -42,8 +42,12 @@ async def test_streams_are_file_backed_and_refuse_delete_and_purge(conn: Connect
 
 async def test_a_resent_batch_is_stored_once(conn: Connection) -> None:
     audit, _ = await ensure_streams(conn)
-    first = await audit.publish(subjects.audit("echo"), b"\x90", msg_id="same", timeout=2)
-    again = await audit.publish(subjects.audit("echo"), b"\x90", msg_id="same", timeout=2)
+    first = await audit.publish(
+        subjects.audit("echo", subjects.ANONYMOUS), b"\x90", msg_id="same", timeout=2
+    )
+    again = await audit.publish(
+        subjects.audit("echo", subjects.ANONYMOUS), b"\x90", msg_id="same", timeout=2
+    )
     assert first == again
     assert len([m async for m in audit.read()]) == 1
 
@@ -227,7 +231,7 @@ async def test_a_full_batch_goes_at_once_and_a_young_one_waits_for_company(
             await asyncio.sleep(0.01)
     assert writer.pending == 2  # the report batch is not due for 30 s: no tiny message
     stream = await conn.stream(subjects.AUDIT_STREAM)
-    assert [m.subject async for m in stream.read()] == [subjects.audit("echo")]
+    assert [m.subject async for m in stream.read()] == [subjects.audit("echo", subjects.ANONYMOUS)]
     await writer.stop()  # stopping writes it
     assert writer.written == 7
     assert writer.pending == 0
@@ -285,8 +289,14 @@ async def test_a_batch_carries_its_summary_in_headers_for_headers_only_readers(
     await writer.stop()
     stream = await conn.stream(subjects.AUDIT_STREAM)
     light = {m.subject: m async for m in stream.read(headers_only=True)}
-    assert set(light) == {subjects.audit("echo"), subjects.audit("report")}
-    plain, notable = light[subjects.audit("echo")], light[subjects.audit("report")]
+    assert set(light) == {
+        subjects.audit("echo", subjects.ANONYMOUS),
+        subjects.audit("report", subjects.ANONYMOUS),
+    }
+    plain, notable = (
+        light[subjects.audit("echo", subjects.ANONYMOUS)],
+        light[subjects.audit("report", subjects.ANONYMOUS)],
+    )
     assert plain.data == notable.data == b""  # the server sent headers alone
     assert read_header_counts(plain.headers) == {"echo": 5}
     assert read_header_counts(notable.headers) is None  # a retried call: read its rows
@@ -359,16 +369,16 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
     from reach.transport import Stream
 
     await ensure_streams(conn)
-    fetch = Stream.get
+    fetch = Stream.get_message
     failed = asyncio.Event()
 
-    async def first_fetch_fails(self: Stream, seq: int) -> bytes:
+    async def first_fetch_fails(self: Stream, seq: int) -> tuple[str, bytes]:
         if not failed.is_set():
             failed.set()
             raise ReachTimeout(f"no reply for message {seq} in time")
         return await fetch(self, seq)
 
-    monkeypatch.setattr(Stream, "get", first_fetch_fails)
+    monkeypatch.setattr(Stream, "get_message", first_fetch_fails)
     watcher = AlertWatcher(conn)
     await watcher.start()
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))

@@ -270,7 +270,10 @@ def test_permissions_policy() -> None:
     assert not any(s.startswith("reach.v1.cap.") for s in unbound.subscribe_allow)
     assert not any("$KV" in s for s in agent.publish_allow)
     caller = perms_for("caller", agent_id=None, capabilities=[], inbox_prefix="_INBOX.c2")
-    assert {"reach.v1.audit.*", "reach.v1.audited.*"} <= set(caller.publish_allow)
+    # audit batches and notices under its own client id only: readers trust the subject
+    assert {"reach.v1.audit.*.c2", "reach.v1.audited.*.c2"} <= set(caller.publish_allow)
+    assert not any(s.startswith("reach.v1.audit") and s.endswith("*") for s in caller.publish_allow)
+    assert "reach.v1.audit.*.c1" in agent.publish_allow
     assert caller.subscribe_allow == (
         "_INBOX.c2.>",
         "reach.v1.kv.REACH_REGISTRY.>",  # the registry's and the keys' changes, read-only
@@ -454,14 +457,22 @@ async def test_a_caller_writes_audit_batches_and_their_notices_and_nothing_besid
     seen, cb = _counter()
     await registrar.subscribe("reach.v1.>", cb=cb)
     await settle(registrar)
-    await app.nc.publish("reach.v1.audit.echo", b"batch")
-    await app.nc.publish("reach.v1.audited.echo", b"notice")
+    await app.nc.publish("reach.v1.audit.echo.app", b"batch")
+    await app.nc.publish("reach.v1.audited.echo.app", b"notice")
+    # under another client's name, or none: readers would take it for theirs
+    await app.nc.publish("reach.v1.audit.echo.other", b"forged")
+    await app.nc.publish("reach.v1.audited.echo", b"forged")
     await app.nc.publish("reach.v1.alert.retry_storm", b"forged")
     await settle(app.nc)
     await app.violation('publish to "reach.v1.alert.retry_storm"')
+    await app.violation('publish to "reach.v1.audit.echo.other"')
+    await app.violation('publish to "reach.v1.audited.echo"')
     await asyncio.sleep(0.2)
-    assert sorted(m.subject for m in seen) == ["reach.v1.audit.echo", "reach.v1.audited.echo"]
-    assert not any("audit" in e for e in app.errors)
+    assert sorted(m.subject for m in seen) == [
+        "reach.v1.audit.echo.app",
+        "reach.v1.audited.echo.app",
+    ]
+    assert not any(".app" in e for e in app.errors)
 
 
 async def test_caller_gets_replies_only_on_its_own_inbox(

@@ -411,7 +411,7 @@ async def test_forged_notices_with_many_names_keep_the_registrars_alert_state_bo
     watcher = registrar._alerts
     assert watcher is not None
     engine = watcher.engine
-    subject = subjects.audited("x")
+    subject = subjects.audited("x", subjects.ANONYMOUS)
 
     def notice(calls: dict[str, int]) -> bytes:
         return json.dumps({"seq": 1, "calls": calls, "notable": 0}).encode()

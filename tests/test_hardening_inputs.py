@@ -66,7 +66,7 @@ async def test_a_capability_name_that_is_no_subject_token_is_refused_and_the_cli
         assert (audit.written, audit.dropped, audit.pending) == (written + 2, dropped, 0)
     stream = await client.connection.stream(subjects.AUDIT_STREAM)
     names: list[str] = []
-    async for msg in stream.read(subjects.audit("_")):
+    async for msg in stream.read(subjects.audit("_", "*")):
         events, _ = decode_batch(msg.data)
         names += [event.capability for event in events]
     assert names == [BAD_NAMES[case]]

@@ -10,7 +10,7 @@ Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
 * ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe.
 
 The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the audit
-writers' notices (``reach.v1.audited.<capability>``: a batch is stored, its summary, and
+writers' notices (``reach.v1.audited.<capability>.<writer>``: a batch is stored, its summary, and
 the batch itself from REACH_AUDIT when some rows need a look) and the registry watch,
 and publishes what it returns. Alerts carry a message id derived from
 the rule, its subject and the time bucket, so several watchers (one per registrar) store
@@ -179,13 +179,17 @@ class AlertEngine:
         self._last_fired[(rule, key)] = now
         return Alert(rule=rule, key=key, ts=now, **fields)
 
-    def observe(self, event: dict[str, Any]) -> list[Alert]:
-        """Alerts one audit event (a map, see ``AuditEvent``) raises; usually none."""
+    def observe(self, event: dict[str, Any], writer: str | None = None) -> list[Alert]:
+        """Alerts one audit event (a map, see ``AuditEvent``) raises; usually none.
+        ``writer``: the writer token of its subject (None: not read from the stream)."""
         if event.get("side", "caller") != "caller":
             return []
         capability = event.get("capability")
         if not isinstance(capability, str) or not capability:
             return []  # not an event any writer of ours makes
+        caller = _caller_of(event, writer)
+        if caller is None:
+            return []  # written by someone else than the caller it names: nobody's call
         self._count_calls(capability, 1)
         attempts = event.get("attempts")
         tried = [
@@ -193,13 +197,13 @@ class AlertEngine:
             for a in (attempts if isinstance(attempts, list) else ())
             if isinstance(a, dict)
         ]
-        caller = event.get("caller_agent") or event.get("caller") or "anonymous"
         error = "breaker" if event.get("skipped") else event.get("error")
-        return self._observe_call(capability, str(caller), tried, error)
+        return self._observe_call(capability, caller, tried, error)
 
-    def observe_batch(self, data: bytes) -> list[Alert]:
+    def observe_batch(self, data: bytes, writer: str | None = None) -> list[Alert]:
         """Alerts one stream message (a batch of events) raises. Only rows with retries
-        or breaker rejections need a closer look; the rest are only counted."""
+        or breaker rejections need a closer look; the rest are only counted. ``writer``:
+        the writer token of its subject; rows of calls by another caller are skipped."""
         counts = read_counts(data)
         if counts is not None:  # nothing to look at: count without unpacking the events
             self.count_calls(counts)
@@ -210,6 +214,10 @@ class AlertEngine:
             capability = event.get("capability")
             if event.get("side") != "caller" or not isinstance(capability, str) or not capability:
                 continue
+            caller = _caller_of(event, writer)
+            if caller is None:
+                continue
+            event["caller"] = caller  # what the rules below key retries by
             counted[capability] = counted.get(capability, 0) + 1
             attempts = event.get("attempts")
             retried = isinstance(attempts, list) and len(attempts) > 1
@@ -224,7 +232,7 @@ class AlertEngine:
                 if isinstance(attempts, list)
                 else []
             )
-            caller = str(event.get("caller_agent") or event.get("caller") or "anonymous")
+            caller = str(event["caller"])
             # a call that passed an open breaker over was refused by it there, even if
             # another instance then served it (the success rate still looks fine)
             error = "breaker" if event.get("skipped") else event.get("error")
@@ -374,6 +382,17 @@ class AlertEngine:
         self._status.pop(agent_id, None)
 
 
+def _caller_of(event: Mapping[str, Any], writer: str | None) -> str | None:
+    """Who the rules count a caller-side event against; None when its writer is not the
+    caller it names (a forgery: counted for nobody). A named writer is the key itself:
+    an agent id the event claims (``caller_agent``) is not the writer's to choose. On an
+    open fabric (anonymous writer) or off the stream there is nothing to check."""
+    caller = event.get("caller")
+    if writer is None or writer in ("", subjects.ANONYMOUS):
+        return str(event.get("caller_agent") or caller or subjects.ANONYMOUS)
+    return writer if caller == writer else None
+
+
 class AlertWatcher:
     """Runs the engine on live audit events and registry changes; publishes alerts.
 
@@ -399,7 +418,7 @@ class AlertWatcher:
         # the writers' notices, not a consumer on the stream: the server delivers nothing
         # per batch but a few bytes, and only notable batches are read (measured: a
         # headers-only consumer took twice the nats-server and registrar CPU per call)
-        self._sub = await self._conn.subscribe(subjects.audited("*"), self._on_notice)
+        self._sub = await self._conn.subscribe(subjects.audited("*", "*"), self._on_notice)
         await self._conn.flush()  # in place at the server before start() returns
 
     async def stop(self) -> None:
@@ -437,6 +456,11 @@ class AlertWatcher:
     async def _on_notice(self, msg: Message) -> None:
         """One batch stored in REACH_AUDIT (a writer's notice): its calls are counted; its
         rows are fetched from the stream only when the notice says some need a look."""
+        # the writer is who the server let publish here, never what the notice says
+        writer = subjects.writer_of(msg.subject)
+        if not writer:
+            log.warning("alerts: a notice on %s names no writer: ignored", msg.subject)
+            return
         try:
             notice = decode_notice(msg.data)
         except ValueError as exc:  # not one of ours, or damaged: never the watcher's end
@@ -447,12 +471,22 @@ class AlertWatcher:
             return
         assert self._audit is not None
         try:
-            data = await self._audit.get(notice.seq)
+            subject, data = await self._audit.get_message(notice.seq)
         except ReachError as exc:  # gone (retention) or no answer: skip this one
             log.warning("alerts: audit batch %d not read: %s", notice.seq, exc)
             return
+        if subjects.writer_of(subject) != writer:
+            # a notice of someone else's batch: its rows are not this writer's calls, and
+            # their own writer's notice has counted them already
+            log.warning(
+                "alerts: a notice on %s names batch %d of %s: ignored",
+                msg.subject,
+                notice.seq,
+                subject,
+            )
+            return
         try:
-            alerts = self.engine.observe_batch(data)
+            alerts = self.engine.observe_batch(data, writer)
         except Exception:  # a batch nobody of ours wrote: never the watcher's end
             log.exception("alerts: audit batch %d not understood", notice.seq)
             return

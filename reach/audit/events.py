@@ -449,7 +449,7 @@ def summary_headers(summary: RowSummary) -> dict[str, str]:
 
 
 def encode_notice(seq: int, summary: RowSummary) -> bytes:
-    """The notice on ``reach.v1.audited.<capability>`` that the stream holds a batch at
+    """The notice on ``reach.v1.audited.<capability>.<writer>`` that the stream holds a batch at
     ``seq``, with its summary (``AuditNotice`` in ``reach.audit.records``)."""
     notice = {"seq": seq, "calls": summary.calls, "notable": summary.notable}
     return json.dumps(notice, separators=(",", ":")).encode()

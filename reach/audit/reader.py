@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from reach import subjects
+from reach.audit.provenance import Verdict, verdict
 from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ConfigurationError
 from reach.transport import Connection
 
-__all__ = ["AuditFilter", "format_event", "parse_duration", "parse_since", "read_events"]
+__all__ = [
+    "AuditFilter",
+    "AuditRecord",
+    "format_event",
+    "parse_duration",
+    "parse_since",
+    "read_events",
+    "read_records",
+]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -53,7 +62,9 @@ class AuditFilter:
     kind: str = ""
 
     def subject(self) -> str:
-        return subjects.audit(self.capability or "*")
+        # batches stored before subjects named their writer (``reach.v1.audit.<cap>``)
+        # are read by the unfiltered form only
+        return subjects.audit(self.capability, "*") if self.capability else subjects.AUDIT_ALL
 
     def matches(self, event: AuditEvent) -> bool:
         if self.capability and event.capability != self.capability:
@@ -74,6 +85,46 @@ class AuditFilter:
         return not self.kind or self.kind in (event.outcome, event.error)
 
 
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """An event as stored: what it says, who wrote it (its subject's writer token) and
+    whether that writer is who the event says recorded it (``reach.audit.provenance``)."""
+
+    event: AuditEvent
+    writer: str
+    verdict: Verdict
+
+    @property
+    def verified(self) -> bool:
+        return self.verdict == "verified"
+
+
+async def read_records(
+    conn: Connection,
+    flt: AuditFilter | None = None,
+    *,
+    since: float | None = None,
+    follow: bool = False,
+    new_only: bool = False,
+    agents: Mapping[str, str | None] | None = None,
+) -> AsyncIterator[AuditRecord]:
+    """Events of calls started since ``since`` (all history when None); then, with
+    ``follow``, live ones, each with its writer and verdict, forged ones too. Events are in
+    call order per capability (a stream message holds a batch of one capability's
+    events). Malformed entries are skipped. ``agents`` (client id → bound agent id, from
+    REACH_CREDENTIALS) lets callee-side denials be verified."""
+    flt = flt or AuditFilter()
+    stream = await conn.stream(subjects.AUDIT_STREAM)
+    async for msg in stream.read(flt.subject(), since=since, follow=follow, new_only=new_only):
+        writer = subjects.writer_of(msg.subject)
+        events, _bad = decode_batch(msg.data)
+        for event in events:
+            # the stream's time bounds when an event was written; ``since`` is about the call
+            if flt.matches(event) and (since is None or event.ts >= since):
+                found = verdict(event.side, event.caller, event.callee, writer, agents)
+                yield AuditRecord(event, writer, found)
+
+
 async def read_events(
     conn: Connection,
     flt: AuditFilter | None = None,
@@ -82,24 +133,26 @@ async def read_events(
     follow: bool = False,
     new_only: bool = False,
 ) -> AsyncIterator[AuditEvent]:
-    """Events of calls started since ``since`` (all history when None); then, with
-    ``follow``, live ones. Events are in call order per capability (a stream message
-    holds a batch of one capability's events). Malformed entries are skipped."""
-    flt = flt or AuditFilter()
-    stream = await conn.stream(subjects.AUDIT_STREAM)
-    async for msg in stream.read(flt.subject(), since=since, follow=follow, new_only=new_only):
-        events, _bad = decode_batch(msg.data)
-        for event in events:
-            # the stream's time bounds when an event was written; ``since`` is about the call
-            if flt.matches(event) and (since is None or event.ts >= since):
-                yield event
+    """The events of ``read_records`` that are not forged: what statistics and the doctor
+    count (an event whose writer is not who it names is nobody's call)."""
+    async for record in read_records(conn, flt, since=since, follow=follow, new_only=new_only):
+        if record.verdict != "forged":
+            yield record.event
 
 
 _COLOURS = {"ok": "green", "fallback": "yellow", "error": "red", "denied": "magenta"}
 
 
-def format_event(event: AuditEvent, *, colour: bool = False) -> str:
-    """One line: time, outcome, caller → callee/capability, latency, route, error."""
+def format_event(
+    event: AuditEvent,
+    *,
+    colour: bool = False,
+    writer: str | None = None,
+    found: Verdict = "verified",
+) -> str:
+    """One line: time, outcome, caller → callee/capability, latency, route, error. With
+    ``writer``: a forged event is marked ``FORGED? writer=<id>`` before what it claims, an
+    unverified one (but an open fabric's) ``unverified writer=<id>`` at the end."""
     import click  # the CLI's styling; only readers format lines
 
     when = datetime.datetime.fromtimestamp(event.ts).strftime("%H:%M:%S.%f")[:-3]
@@ -109,7 +162,11 @@ def format_event(event: AuditEvent, *, colour: bool = False) -> str:
         label = click.style(label, fg=_COLOURS.get(event.outcome, "white"), bold=True)
     who = event.caller_agent or event.caller or "-"
     where = f"{event.capability}@{event.callee or '?'}"
-    parts = [when, label, f"{who} → {where}", f"{event.latency_ms:.1f}ms"]
+    parts = [when, label]
+    if writer is not None and found == "forged":
+        mark = f"FORGED? writer={writer or '?'}"
+        parts.append(click.style(mark, fg="red", bold=True) if colour else mark)
+    parts += [f"{who} → {where}", f"{event.latency_ms:.1f}ms"]
     if event.attempts:
         last = event.attempts[-1]
         score = f"score {last.score:.3f}, " if last.score is not None else ""
@@ -125,4 +182,6 @@ def format_event(event: AuditEvent, *, colour: bool = False) -> str:
     if event.fallback:
         parts.append(f"fallback={event.fallback}")
     parts.append(f"call {event.call_id}")
+    if writer is not None and found == "unverified" and writer != subjects.ANONYMOUS:
+        parts.append(f"unverified writer={writer or '?'}")
     return "  ".join(parts)

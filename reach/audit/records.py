@@ -38,7 +38,9 @@ class AuditAttempt(_Model):
 
 
 class AuditEvent(_Model):
-    """One audit record (stream REACH_AUDIT, subject ``reach.v1.audit.<capability>``)."""
+    """One audit record (stream REACH_AUDIT, subject
+    ``reach.v1.audit.<capability>.<writer>``: the writer is the subject's, see
+    ``reach.audit.provenance``)."""
 
     v: int = EVENT_VERSION
     side: Literal["caller", "callee", "registrar"] = Field(
@@ -101,7 +103,7 @@ class AuditPlain(_Model):
 
 
 class AuditBatch(_Model):
-    """One message on ``reach.v1.audit.<capability>``: the events of one capability.
+    """One message on ``reach.v1.audit.<capability>.<writer>``: the events of one capability.
     ``events`` holds rows: ``fields`` names the columns of each row (see ``AuditEvent``
     for their meaning) and ``attempt_fields`` the columns of each entry of a row's
     ``attempts``. From version 2, plain calls are columns in ``plain`` instead, and
@@ -126,7 +128,7 @@ class AuditBatch(_Model):
 
 
 class AuditNotice(_Model):
-    """One message on ``reach.v1.audited.<capability>`` (core NATS, not stored): the
+    """One message on ``reach.v1.audited.<capability>.<writer>`` (core NATS, not stored): the
     writer of a batch says, once REACH_AUDIT acked it, where it is and what it holds. The
     registrars' alert rules count calls from these and fetch a batch (by ``seq``) only
     when ``notable`` says some of its rows need a closer look: no consumer on the stream."""

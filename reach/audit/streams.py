@@ -36,7 +36,9 @@ async def ensure_streams(
     s = settings or StreamSettings()
     audit = await conn.stream(
         subjects.AUDIT_STREAM,
-        [subjects.audit("*")],
+        # every capability and writer; a store made when subjects had no writer token
+        # (``reach.v1.audit.*``) is widened to this on start, its old batches kept
+        [subjects.AUDIT_ALL],
         create=True,
         max_age=s.audit_max_age,
         max_bytes=s.audit_max_bytes,

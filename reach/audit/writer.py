@@ -328,7 +328,7 @@ class AuditWriter:
             batch = self._batches[0]
             try:
                 seq = await self._stream.publish(
-                    subjects.audit(batch.capability),
+                    subjects.audit(batch.capability, self._conn.writer),
                     batch.data,
                     msg_id=batch.msg_id,
                     timeout=self.config.ack_timeout,
@@ -355,7 +355,8 @@ class AuditWriter:
         lost the notice goes out once, with the first copy's sequence."""
         try:
             await self._conn.publish(
-                subjects.audited(batch.capability), encode_notice(seq, batch.summary)
+                subjects.audited(batch.capability, self._conn.writer),
+                encode_notice(seq, batch.summary),
             )
         except ReachError as exc:
             log.debug("audit: no notice of batch %d of %s: %s", seq, batch.capability, exc)

@@ -9,11 +9,24 @@ from typing import get_args
 import click
 
 from reach.audit.events import ErrorClass, Outcome
-from reach.audit.reader import AuditFilter, format_event, parse_since, read_events
+from reach.audit.reader import AuditFilter, format_event, parse_since, read_records
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
+from reach.errors import ReachError
+from reach.security.credentials import CredentialStore
+from reach.transport import Connection
 
 #: what --kind takes: an outcome, "retry", or an error class
 KINDS = tuple(dict.fromkeys([*get_args(Outcome), "retry", *get_args(ErrorClass)]))
+
+
+async def _agents_of(conn: Connection) -> dict[str, str | None] | None:
+    """Client id → the agent id its credential is bound to (what verifies a callee's
+    denial), when these credentials may read REACH_CREDENTIALS (an admin's); else None."""
+    try:
+        store = await CredentialStore.open(conn, create=False)
+        return {record.client_id: record.agent_id for record in await store.list()}
+    except ReachError:
+        return None
 
 
 async def _tail(
@@ -22,13 +35,20 @@ async def _tail(
     start = parse_since(since, time.time()) if since else None
     colour = colour_wanted() and not as_json
     async with connection(target, "reach-audit-tail") as conn:
+        agents = await _agents_of(conn)
         shown = 0
-        async for event in read_events(conn, flt, since=start, follow=follow):
+        async for record in read_records(conn, flt, since=start, follow=follow, agents=agents):
             shown += 1
             if as_json:
-                click.echo(json.dumps(event.model_dump(mode="json"), sort_keys=True))
+                body = record.event.model_dump(mode="json")
+                # who wrote it (the subject's writer token) beside what it claims
+                body |= {"writer": record.writer, "verified": record.verified}
+                click.echo(json.dumps(body, sort_keys=True))
             else:
-                click.echo(format_event(event, colour=colour))
+                line = format_event(
+                    record.event, colour=colour, writer=record.writer, found=record.verdict
+                )
+                click.echo(line)
         if not follow and not shown and not as_json:
             click.echo("no audit events" + (" matching the filter" if flt != AuditFilter() else ""))
 
@@ -69,6 +89,12 @@ def register(main: click.Group) -> None:
         since: str | None,
         as_json: bool,
     ) -> None:
-        """Print audit events (all history, or --since), then with -f new ones live."""
+        """Print audit events (all history, or --since), then with -f new ones live.
+
+        Who wrote an event is the writer named by its subject (the server lets a client
+        write only under its own id): an event whose writer is not who it says recorded
+        it is marked FORGED? writer=<id> (--json: "writer", "verified": false). A callee's
+        denial is verified only with credentials that may read REACH_CREDENTIALS (an
+        admin's); on an open fabric nothing is (writer "anonymous")."""
         flt = AuditFilter(caller=caller, callee=callee, capability=capability, kind=kind)
         run(_tail(target, flt, since, follow, as_json))

@@ -195,8 +195,10 @@ def permissions_for(
         subjects.TOKEN,  # exchange client id + secret for a token (request/reply)
         subjects.REGISTRAR_PING,  # registrar liveness (tools, clients)
         f"{subjects.PREFIX}.cap.>",  # call any capability: clearance is checked by the callee
-        subjects.audit("*"),  # audit events of its calls (and of the calls it denies)
-        subjects.audited("*"),  # and, once stored, where they are (for the alert rules)
+        # audit events of its calls (and of the calls it denies), under its own client
+        # id only: readers take the writer from the subject
+        subjects.audit("*", _client_of(inbox_prefix)),
+        subjects.audited("*", _client_of(inbox_prefix)),  # once stored: where (alert rules)
         *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
         *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
     ]
@@ -244,6 +246,12 @@ def _check_inbox(prefix: str) -> None:
         or not all(subjects.is_token(t) for t in tokens[1:])
     ):
         raise ValueError(f"inbox prefix {prefix!r} must be _INBOX.<token>[.<token>...]")
+
+
+def _client_of(inbox_prefix: str) -> str:
+    """The client id of a checked inbox prefix ``_INBOX.<client_id>``: the user the server
+    logged in, and so the only writer token its audit subjects may carry."""
+    return inbox_prefix.split(".", 1)[1]
 
 
 def _mapping(value: object) -> dict[str, Any]:

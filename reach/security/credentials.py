@@ -285,6 +285,10 @@ class CredentialStore:
         capabilities: Iterable[str] = (),
     ) -> tuple[ClientRecord, str]:
         """Create a client; returns its record and its secret (shown this once only)."""
+        if client_id == subjects.ANONYMOUS:
+            # the writer token of an open fabric's audit events: a client of that name
+            # could write events readers take for an open fabric's
+            raise ConfigurationError(f"client id {client_id!r} is reserved")
         secret = new_secret()
         try:
             record = ClientRecord(
