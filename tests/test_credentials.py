@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import pytest
 
 from reach.clock import ManualClock
 from reach.errors import AuthenticationFailed, ConfigurationError
+from reach.messages import encode_model
 from reach.security import (
     ClientRecord,
     CredentialsFile,
@@ -25,34 +27,61 @@ from reach.security import (
     new_secret,
     verify_secret,
 )
+from reach.security.verifiers import is_slow, scrypt_hash
 from reach.transport import Connection
 
-# -- hashing -----------------------------------------------------------------------------
+# -- verifiers ---------------------------------------------------------------------------
 
 
-def test_a_hash_verifies_its_secret_and_nothing_else() -> None:
-    encoded = hash_secret("correct horse")
-    assert verify_secret("correct horse", encoded)
-    assert not verify_secret("correct hors", encoded)
-    assert not verify_secret("correct horse ", encoded)
+def test_a_fast_verifier_verifies_its_secret_and_nothing_else() -> None:
+    secret = new_secret()
+    encoded = hash_secret(secret)
+    assert verify_secret(secret, encoded)
+    assert not verify_secret(secret[:-1], encoded)
+    assert not verify_secret(secret + " ", encoded)
     assert not verify_secret("", encoded)
-    assert not verify_secret("\ud800", encoded)  # a lone surrogate cannot even be encoded
+    assert not verify_secret("\ud800" * 40, encoded)  # a lone surrogate cannot be encoded
     assert not verify_secret("x" * 5000, encoded)
+    assert not is_slow(encoded)
 
 
-def test_hash_encoding_carries_its_parameters_and_a_fresh_salt() -> None:
-    first, second = hash_secret("s3cret"), hash_secret("s3cret")
+def test_a_fast_verifier_is_salted_and_names_its_scheme() -> None:
+    secret = new_secret()
+    first, second = hash_secret(secret), hash_secret(secret)
     assert first != second
-    scheme, n, r, p, salt, digest = first.split("$")
-    assert (scheme, n, r, p) == ("scrypt", "16384", "8", "1")
+    scheme, salt, digest = first.split("$")
+    assert scheme == "hs256"
     assert salt
     assert digest
-    assert verify_secret("s3cret", second)
+    assert secret not in first
+    assert verify_secret(secret, second)
 
 
-def test_an_empty_secret_cannot_be_hashed() -> None:
-    with pytest.raises(ConfigurationError):
-        hash_secret("")
+@pytest.mark.parametrize("secret", ["", "short", "correct horse battery staple"])
+def test_only_random_secrets_get_a_fast_verifier(secret: str) -> None:
+    with pytest.raises(ConfigurationError, match="new_secret"):
+        hash_secret(secret)
+
+
+def test_scrypt_hashes_of_older_records_still_verify() -> None:
+    encoded = scrypt_hash("correct horse")
+    assert encoded.split("$")[:4] == ["scrypt", "16384", "8", "1"]
+    assert is_slow(encoded)
+    assert verify_secret("correct horse", encoded)
+    assert not verify_secret("correct hors", encoded)
+    assert not verify_secret("\ud800", encoded)
+
+
+@functools.cache
+def _legacy() -> tuple[str, str]:
+    secret = new_secret()
+    return secret, scrypt_hash(secret)
+
+
+@functools.cache
+def _fast() -> tuple[str, str]:
+    secret = new_secret()
+    return secret, hash_secret(secret)
 
 
 @pytest.mark.parametrize(
@@ -71,10 +100,28 @@ def test_an_empty_secret_cannot_be_hashed() -> None:
         lambda e: e.rsplit("$", 1)[0] + "$AAAA",  # digest too short
     ],
 )
-def test_a_malformed_hash_never_verifies_and_never_raises(mangle: object) -> None:
-    encoded = hash_secret("s3cret")
+def test_a_malformed_scrypt_hash_never_verifies_and_never_raises(mangle: object) -> None:
+    secret, encoded = _legacy()
     assert callable(mangle)
-    assert verify_secret("s3cret", mangle(encoded)) is False
+    assert verify_secret(secret, mangle(encoded)) is False
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda e: e.replace("hs256$", "hs512$"),
+        lambda e: e + "$extra",
+        lambda e: e.split("$", 1)[0],
+        lambda e: "hs256$$" + e.rsplit("$", 1)[1],  # no salt
+        lambda e: e.rsplit("$", 1)[0] + "$!!notbase64!!",
+        lambda e: e.rsplit("$", 1)[0] + "$AAAA",  # digest too short
+        lambda e: e.rsplit("$", 1)[0] + "$" + "A" * 44,  # right length, wrong digest
+    ],
+)
+def test_a_malformed_fast_verifier_never_verifies_and_never_raises(mangle: object) -> None:
+    secret, encoded = _fast()
+    assert callable(mangle)
+    assert verify_secret(secret, mangle(encoded)) is False
 
 
 def test_new_secrets_are_long_and_unique() -> None:
@@ -228,7 +275,7 @@ async def test_secret_is_stored_only_as_a_hash(store: CredentialStore) -> None:
     entry = await store.bucket.get("client.caller")
     assert entry is not None
     assert secret.encode() not in entry.value
-    assert b"scrypt$" in entry.value
+    assert b"hs256$" in entry.value
 
 
 async def test_adding_an_existing_client_is_refused(store: CredentialStore) -> None:
@@ -292,19 +339,96 @@ async def test_list_returns_every_client_sorted(store: CredentialStore) -> None:
     assert [r.revoked for r in listed] == [False, True, False]
 
 
-async def test_a_wrong_secret_tried_many_times_is_refused_without_checking(
-    store: CredentialStore, clock: ManualClock
+async def _add_legacy(store: CredentialStore, client_id: str, level: int = 2) -> str:
+    """A client whose record holds an scrypt hash, as records written before the fast
+    verifier; returns its secret."""
+    record, secret = await store.add(client_id, level)
+    old = record.model_copy(update={"secret_hash": scrypt_hash(secret)})
+    await store.bucket.put(f"client.{client_id}", encode_model(old))
+    return secret
+
+
+async def test_the_right_secret_gets_in_however_many_wrong_ones_came(
+    store: CredentialStore,
 ) -> None:
     _, secret = await store.add("target", 2)
+    for _ in range(50):
+        with pytest.raises(CredentialsRejected, match="invalid client id or secret") as exc:
+            await store.authenticate("target", "guess")
+        assert exc.value.reason == "bad_secret"
+    assert (await store.authenticate("target", secret)).client_id == "target"
+    assert store.refusals["bad_secret"] == 50
+    assert len(store.limiter) == 0  # a fast verifier is never rate limited
+
+
+async def test_unknown_client_ids_cost_no_state(store: CredentialStore) -> None:
+    for i in range(200):
+        with pytest.raises(CredentialsRejected) as exc:
+            await store.authenticate(f"probe-{i}", "x")
+        assert exc.value.reason == "unknown_client"
+    with pytest.raises(CredentialsRejected) as exc:
+        await store.authenticate("no.such id" * 50, "x")
+    assert exc.value.client_id == "<invalid>"  # an attacker's string is not echoed
+    assert len(store.limiter) == 0
+    assert not store._checking
+    assert store.refusals["unknown_client"] == 201
+
+
+async def test_an_scrypt_record_becomes_fast_on_its_first_good_login(
+    store: CredentialStore,
+) -> None:
+    secret = await _add_legacy(store, "old-timer")
+    before = await store.bucket.get("client.old-timer")
+    assert before is not None
+    assert b"scrypt$" in before.value
+    record = await store.authenticate("old-timer", secret)
+    assert record.client_id == "old-timer"
+    after = await store.get("old-timer")
+    assert after is not None
+    assert after.secret_hash.startswith("hs256$")
+    assert after.model_dump(exclude={"secret_hash"}) == record.model_dump(exclude={"secret_hash"})
+    assert (await store.authenticate("old-timer", secret)).client_id == "old-timer"
+    with pytest.raises(CredentialsRejected):
+        await store.authenticate("old-timer", "guess")
+
+
+async def test_an_scrypt_record_changed_meanwhile_is_not_overwritten(
+    store: CredentialStore,
+) -> None:
+    secret = await _add_legacy(store, "racer")
+    record = await store.get("racer")
+    assert record is not None
+    await store.revoke("racer")  # lands between the check and the upgrade
+    await store._upgrade(record, secret)
+    after = await store.get("racer")
+    assert after is not None
+    assert after.revoked
+    assert after.secret_hash == record.secret_hash
+
+
+async def test_a_revoked_scrypt_record_stays_revoked_and_slow(store: CredentialStore) -> None:
+    secret = await _add_legacy(store, "leaver-2")
+    await store.revoke("leaver-2")
+    with pytest.raises(CredentialsRejected, match="revoked"):
+        await store.authenticate("leaver-2", secret)
+    after = await store.get("leaver-2")
+    assert after is not None
+    assert is_slow(after.secret_hash)
+
+
+async def test_a_wrong_secret_for_an_scrypt_record_is_refused_without_checking(
+    store: CredentialStore, clock: ManualClock
+) -> None:
+    """The limiter bounds the CPU an scrypt record costs; it stays in force only for
+    records no one has logged in to since the fast verifier."""
+    secret = await _add_legacy(store, "target")
     for _ in range(5):
         with pytest.raises(CredentialsRejected, match="invalid client id or secret"):
             await store.authenticate("target", "guess")
-    # now even the right secret is refused until the back-off passes
     with pytest.raises(TooManyAttempts) as exc:
         await store.authenticate("target", secret)
     assert exc.value.reason == "rate_limited"
     assert exc.value.retry_after == pytest.approx(1.0)
-    # another client id is not affected
     _, other_secret = await store.add("bystander", 1)
     assert (await store.authenticate("bystander", other_secret)).client_id == "bystander"
     clock.advance(1.0)
@@ -316,23 +440,6 @@ async def test_a_wrong_secret_tried_many_times_is_refused_without_checking(
     clock.advance(2.0)
     assert (await store.authenticate("target", secret)).client_id == "target"
     assert store.limiter.retry_after("target") == 0.0
-
-
-async def test_unknown_client_ids_are_rate_limited_too(
-    store: CredentialStore, clock: ManualClock
-) -> None:
-    for _ in range(5):
-        with pytest.raises(CredentialsRejected):
-            await store.authenticate("probe", "x")
-    with pytest.raises(TooManyAttempts):
-        await store.authenticate("probe", "x")
-    # ids that are not even valid share one bounded slot
-    for _ in range(5):
-        with pytest.raises(CredentialsRejected):
-            await store.authenticate("no.such id" * 50, "x")
-    with pytest.raises(TooManyAttempts):
-        await store.authenticate("other bad id", "x")
-    assert len(store.limiter) == 2
 
 
 # -- credentials files -------------------------------------------------------------------
@@ -413,9 +520,10 @@ def test_missing_credentials_file_is_explained(tmp_path: Path) -> None:
 
 
 async def test_guesses_sent_in_parallel_meet_the_failure_limit(store: CredentialStore) -> None:
-    """The limiter was asked before the slow hash: 40 wrong guesses sent at once all had
-    their secret checked (against a limit of 5). Checks of one client id take turns."""
-    _, secret = await store.add("target", 3)
+    """For an scrypt record the limiter was asked before the slow hash: 40 wrong guesses
+    sent at once all had their secret checked (against a limit of 5). Checks of one
+    client id take turns."""
+    secret = await _add_legacy(store, "target", 3)
     outcomes = await asyncio.gather(
         *(store.authenticate("target", f"guess-{i}") for i in range(40)), return_exceptions=True
     )

@@ -22,7 +22,7 @@ def register(main: click.Group) -> None:
 
 @click.group("creds")
 def creds() -> None:
-    """Client credentials: a client id and a secret, stored only as a slow (scrypt) hash."""
+    """Client credentials: a client id and a random secret, stored only as a verifier of it."""
 
 
 @creds.command("add")

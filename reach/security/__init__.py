@@ -17,6 +17,7 @@ Pure building blocks; the agent, client, registrar and CLI wire them together::
     claims = verifier.verify(token)                      # TokenRejected names the failed check
 """
 
+from reach.security.credcache import CredentialCache
 from reach.security.credentials import (
     KNOWN_ROLES,
     ROLE_ADMIN,
@@ -34,6 +35,7 @@ from reach.security.credentials import (
     write_private_file,
 )
 from reach.security.ratelimit import FailureLimiter
+from reach.security.refusals import RefusalLog
 from reach.security.tokens import (
     ALGORITHM,
     DEFAULT_AUDIENCE,
@@ -63,6 +65,7 @@ __all__ = [
     "ROLE_REGISTRAR",
     "Claims",
     "ClientRecord",
+    "CredentialCache",
     "CredentialStore",
     "CredentialsFile",
     "CredentialsRejected",
@@ -71,6 +74,7 @@ __all__ = [
     "KeyRing",
     "KeyStore",
     "PublicKey",
+    "RefusalLog",
     "SigningKey",
     "TokenIssuer",
     "TokenRejected",

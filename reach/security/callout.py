@@ -357,7 +357,8 @@ class AuthCallout:
                 perms = None
         if perms is None:
             self.refused += 1
-            log.info("auth callout: refused %r from %s", request.user, request.client_host)
+            # (debug: the authenticator logs refusals, rate-limited against floods)
+            log.debug("auth callout: refused %r from %s", request.user, request.client_host)
             await self._conn.respond(msg, self.response(request, error="authentication failed"))
             return
         self.accepted += 1

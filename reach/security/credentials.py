@@ -1,42 +1,46 @@
-"""Client credentials: slow secret hashes, the REACH_CREDENTIALS store, credentials files.
+"""Client credentials: the REACH_CREDENTIALS store, authentication, credentials files.
 
 A client (an agent, a caller, the registrar, an operator) holds a client id and a
-random secret. The store keeps only an scrypt hash of the secret, so reading the KV
-bucket does not reveal secrets. ``CredentialStore.authenticate`` says the same thing
-for an unknown client and a wrong secret (no enumeration of client ids), does the same
-work for both (no timing oracle), and slows down a client id that keeps failing.
+random secret. The store keeps only a verifier of the secret (see ``verifiers``), so
+reading the KV bucket does not reveal secrets. ``CredentialStore.authenticate`` says the
+same thing for an unknown client and a wrong secret (no enumeration of client ids) and
+does the same work for both. The right secret always gets in (unless revoked): wrong
+guesses at a 256-bit secret cost the guesser, not its owner. Only records still holding
+an scrypt hash are rate limited per client id, to bound the CPU the slow hash costs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import functools
-import hashlib
-import hmac
 import json
 import logging
 import os
 import re
-import secrets
 import stat
 import tempfile
+from collections import Counter
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Final, cast
+from typing import Annotated, Any, ClassVar, Final, Protocol, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from reach import subjects
 from reach.clock import Clock, system_clock
-from reach.errors import AuthenticationFailed, CodecError, ConfigurationError
+from reach.errors import AuthenticationFailed, CodecError, ConfigurationError, ReachError
 from reach.messages import decode_record, encode_model
 from reach.models import SubjectToken, format_validation_error
 from reach.security.ratelimit import FailureLimiter
+from reach.security.verifiers import (
+    dummy_verifier,
+    hash_secret,
+    is_slow,
+    new_secret,
+    verify_secret,
+)
 from reach.transport import Connection, KVBucket, KVConflict, KVEntry
 
 __all__ = [
@@ -48,6 +52,7 @@ __all__ = [
     "CredentialStore",
     "CredentialsFile",
     "CredentialsRejected",
+    "RecordCache",
     "TooManyAttempts",
     "hash_secret",
     "new_secret",
@@ -68,89 +73,9 @@ ROLE_REGISTRAR: Final = "registrar"
 ROLE_JOBS: Final = "jobs"
 KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS})
 
-# scrypt n=2**14, r=8, p=1: ~40 ms per hash on the development machine (measured), 16 MiB
-_SCRYPT_N: Final = 2**14
-_SCRYPT_R: Final = 8
-_SCRYPT_P: Final = 1
-_SALT_BYTES: Final = 16
-_HASH_BYTES: Final = 32
-# bounds on parameters read back from a stored hash, so a crafted record cannot pin a CPU
-_MAX_N: Final = 2**20
-_MAX_R: Final = 32
-_MAX_P: Final = 16
-_MAX_SECRET_CHARS: Final = 1024
-
 _CLIENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CLIENT_KEY_PREFIX: Final = "client."
 _GENERIC_REFUSAL: Final = "invalid client id or secret"
-
-
-# -- secrets and hashes ------------------------------------------------------------------
-
-
-def new_secret() -> str:
-    """A fresh random secret (256 bits, URL-safe text)."""
-    return secrets.token_urlsafe(32)
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _scrypt(secret: str, salt: bytes, n: int, r: int, p: int, dklen: int) -> bytes:
-    return hashlib.scrypt(
-        secret.encode("utf-8"),
-        salt=salt,
-        n=n,
-        r=r,
-        p=p,
-        dklen=dklen,
-        maxmem=128 * n * r * p + 1024 * 1024,
-    )
-
-
-def hash_secret(secret: str) -> str:
-    """Hash a secret for storage: ``scrypt$<n>$<r>$<p>$<salt b64>$<hash b64>``."""
-    if not secret:
-        raise ConfigurationError("a secret must not be empty")
-    salt = secrets.token_bytes(_SALT_BYTES)
-    try:
-        digest = _scrypt(secret, salt, _SCRYPT_N, _SCRYPT_R, _SCRYPT_P, _HASH_BYTES)
-    except UnicodeEncodeError:
-        raise ConfigurationError("a secret must be valid Unicode text") from None
-    return f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${_b64(salt)}${_b64(digest)}"
-
-
-def verify_secret(secret: str, encoded: str) -> bool:
-    """Whether ``secret`` matches ``encoded``; False (never an error) for a malformed hash."""
-    if not isinstance(secret, str) or not isinstance(encoded, str):
-        return False
-    if not secret or len(secret) > _MAX_SECRET_CHARS:
-        return False
-    parts = encoded.split("$")
-    if len(parts) != 6 or parts[0] != "scrypt":
-        return False
-    try:
-        n, r, p = (int(x) for x in parts[1:4])
-        salt = base64.b64decode(parts[4], validate=True)
-        expected = base64.b64decode(parts[5], validate=True)
-    except (ValueError, binascii.Error):
-        return False
-    if not (1 < n <= _MAX_N and n & (n - 1) == 0 and 1 <= r <= _MAX_R and 1 <= p <= _MAX_P):
-        return False
-    if not salt or not 16 <= len(expected) <= 64:
-        return False
-    try:
-        actual = _scrypt(secret, salt, n, r, p, len(expected))
-    except (ValueError, MemoryError):  # UnicodeEncodeError (lone surrogates) is a ValueError
-        return False
-    return hmac.compare_digest(actual, expected)
-
-
-@functools.cache
-def _dummy_hash() -> str:
-    # verified against for unknown client ids, so they cost as much as a wrong secret
-    return hash_secret(new_secret())
 
 
 # -- records -----------------------------------------------------------------------------
@@ -241,8 +166,31 @@ class TooManyAttempts(CredentialsRejected):
 # -- the store ---------------------------------------------------------------------------
 
 
+class RecordCache(Protocol):
+    """Records held in memory (``credcache.CredentialCache``): logins read them there."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the records are caught up with the bucket (else the bucket is read)."""
+        ...
+
+    def get(self, client_id: str) -> ClientRecord | None:
+        """The record held for ``client_id``, or None."""
+        ...
+
+    def may_read_miss(self) -> bool:
+        """Whether a miss may still be confirmed in the bucket (a record added an instant
+        ago); False once a budget of such reads is spent, so a flood of unknown ids is
+        answered from memory alone."""
+        ...
+
+
 class CredentialStore:
-    """Typed access to REACH_CREDENTIALS plus authentication with rate limiting."""
+    """Typed access to REACH_CREDENTIALS plus authentication.
+
+    ``cache``: when set and ready, ``authenticate`` reads records from it instead of the
+    bucket. ``refusals`` counts refused authentications by reason (for metrics).
+    """
 
     def __init__(
         self,
@@ -250,13 +198,17 @@ class CredentialStore:
         *,
         clock: Clock = system_clock,
         limiter: FailureLimiter | None = None,
+        cache: RecordCache | None = None,
     ) -> None:
         self.bucket = bucket
         self._clock = clock
+        #: wrong secrets per client id, for records still holding a slow (scrypt) hash
         self.limiter = limiter if limiter is not None else FailureLimiter(clock=clock)
-        #: per client id: the check of a secret under way, and how many wait for it. One
-        #: at a time per id, so guesses sent in parallel meet the failure limit too (all
-        #: of them would otherwise pass its check before the first wrong one counts)
+        self.cache = cache
+        self.refusals: Counter[str] = Counter()
+        #: per client id with an scrypt record: the check under way, and how many wait
+        #: for it. One at a time per id, so guesses sent in parallel meet the failure
+        #: limit too. Keys are ids of existing records only, so it stays small
         self._checking: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     @classmethod
@@ -289,7 +241,7 @@ class CredentialStore:
             # the writer token of an open fabric's audit events: a client of that name
             # could write events readers take for an open fabric's
             raise ConfigurationError(f"client id {client_id!r} is reserved")
-        secret = new_secret()
+        secret = new_secret()  # never one chosen by a person: see verifiers
         try:
             record = ClientRecord(
                 client_id=client_id,
@@ -297,7 +249,7 @@ class CredentialStore:
                 agent_id=agent_id,
                 roles=tuple(roles),
                 capabilities=tuple(capabilities),
-                secret_hash=await asyncio.to_thread(hash_secret, secret),
+                secret_hash=hash_secret(secret),
                 created_at=self._clock.time(),
             )
         except ValidationError as exc:
@@ -356,40 +308,89 @@ class CredentialStore:
             return revoked
         raise ConfigurationError(f"client {client_id} keeps changing; revoke again")
 
+    async def _lookup(self, client_id: str) -> ClientRecord | None:
+        if not _CLIENT_ID_RE.fullmatch(client_id):
+            return None
+        cache = self.cache
+        if cache is not None and cache.ready:
+            record = cache.get(client_id)
+            if record is not None or not cache.may_read_miss():
+                return record
+        return await self.get(client_id)
+
+    def _refuse(self, client_id: str, reason: str) -> CredentialsRejected:
+        self.refusals[reason] += 1
+        # bounded key: an attacker's strings are neither kept nor echoed at length
+        shown = client_id if _CLIENT_ID_RE.fullmatch(client_id) else "<invalid>"
+        # "revoked" is said only to who knows the secret
+        revoked = reason == "revoked"
+        message = f"client {shown} is revoked" if revoked else _GENERIC_REFUSAL
+        return CredentialsRejected(message, reason=reason, client_id=shown)
+
     async def authenticate(self, client_id: str, secret: str) -> ClientRecord:
-        """The client's record if the secret is right; CredentialsRejected otherwise."""
-        # bounded key: an attacker cannot fill the limiter with huge strings
-        limit_key = client_id if _CLIENT_ID_RE.fullmatch(client_id) else "<invalid>"
-        lock, waiting = self._checking.setdefault(limit_key, (asyncio.Lock(), [0]))
+        """The client's record if the secret is right; CredentialsRejected otherwise.
+
+        Never TooManyAttempts for a record with a fast verifier: its right secret always
+        gets in, however many wrong ones were tried."""
+        record = await self._lookup(client_id)
+        if record is None:
+            verify_secret(secret, dummy_verifier())  # the work a wrong secret costs
+            raise self._refuse(client_id, "unknown_client")
+        if is_slow(record.secret_hash):
+            ok = await self._check_slow(record, secret)
+        else:
+            ok = verify_secret(secret, record.secret_hash)
+        if not ok:
+            raise self._refuse(client_id, "bad_secret")
+        if record.revoked:
+            raise self._refuse(client_id, "revoked")
+        return record
+
+    async def _check_slow(self, record: ClientRecord, secret: str) -> bool:
+        """An scrypt record: one check at a time per id, refused beyond the failure
+        limit (CPU protection); a success replaces the hash with a fast verifier."""
+        client_id = record.client_id
+        lock, waiting = self._checking.setdefault(client_id, (asyncio.Lock(), [0]))
         waiting[0] += 1
         try:
             async with lock:
-                return await self._authenticate(client_id, limit_key, secret)
+                wait = self.limiter.retry_after(client_id)
+                if wait > 0:
+                    self.refusals["rate_limited"] += 1
+                    raise TooManyAttempts(client_id, wait)
+                ok = await asyncio.to_thread(verify_secret, secret, record.secret_hash)
+                if not ok:
+                    self.limiter.failure(client_id)
+                    return False
+                self.limiter.success(client_id)
         finally:
             waiting[0] -= 1
             if not waiting[0]:
-                del self._checking[limit_key]
+                del self._checking[client_id]
+        if not record.revoked:
+            await self._upgrade(record, secret)
+        return True
 
-    async def _authenticate(self, client_id: str, limit_key: str, secret: str) -> ClientRecord:
-        wait = self.limiter.retry_after(limit_key)
-        if wait > 0:
-            log.info("authentication of %r refused: rate_limited (%.1fs left)", client_id, wait)
-            raise TooManyAttempts(limit_key, wait)
-        record = await self.get(client_id)
-        encoded = record.secret_hash if record is not None else _dummy_hash()
-        ok = await asyncio.to_thread(verify_secret, secret, encoded)
-        if record is None or not ok:
-            reason = "unknown_client" if record is None else "bad_secret"
-            self.limiter.failure(limit_key)
-            log.info("authentication of %r refused: %s", client_id, reason)
-            raise CredentialsRejected(_GENERIC_REFUSAL, reason=reason, client_id=limit_key)
-        if record.revoked:
-            log.info("authentication of %r refused: revoked", client_id)
-            raise CredentialsRejected(
-                f"client {client_id} is revoked", reason="revoked", client_id=client_id
-            )
-        self.limiter.success(limit_key)
-        return record
+    async def _upgrade(self, record: ClientRecord, secret: str) -> None:
+        """Store a fast verifier in place of ``record``'s scrypt hash, if the record is
+        still the one checked (compare-and-set; a conflict leaves it for next time)."""
+        key = self._key(record.client_id)
+        try:
+            fast = hash_secret(secret)
+            entry = await self.bucket.get(key)
+            if entry is None or not entry.value:
+                return
+            current = _decode_record(entry.value)
+            if current.secret_hash != record.secret_hash or current.revoked:
+                return
+            upgraded = current.model_copy(update={"secret_hash": fast})
+            await self.bucket.update(key, encode_model(upgraded), entry.revision)
+        except KVConflict:
+            return
+        except ReachError as exc:  # a short secret (kept on scrypt), the bucket away
+            log.info("credential %s keeps its scrypt hash for now: %s", record.client_id, exc)
+            return
+        log.info("credential %s now has a fast verifier", record.client_id)
 
 
 # -- private files -----------------------------------------------------------------------

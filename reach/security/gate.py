@@ -2,17 +2,28 @@
 
 Every client logs in to NATS with its client id and secret (no anonymous access); the
 gate checks them against REACH_CREDENTIALS and hands the server that client's subject
-permissions (see ``callout.permissions_for``).
+permissions (see ``callout.permissions_for``). The records are read from the store's
+in-memory cache (``credcache``), so a login costs no bucket round trip; refusals are
+logged through ``RefusalLog`` (a few lines, then a summary per interval).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from reach.errors import AuthenticationFailed
 from reach.security import natsconf
 from reach.security.callout import AuthCallout, Permissions, permissions_for
-from reach.security.credentials import ROLE_ADMIN, ROLE_JOBS, ROLE_REGISTRAR, CredentialStore
+from reach.security.credentials import (
+    ROLE_ADMIN,
+    ROLE_JOBS,
+    ROLE_REGISTRAR,
+    CredentialsRejected,
+    CredentialStore,
+)
+from reach.security.refusals import RefusalLog
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection, connect
 
 __all__ = ["LoginGate"]
@@ -29,6 +40,8 @@ class LoginGate:
         self._credentials = credentials
         self._conn: Connection | None = None
         self._callout: AuthCallout | None = None
+        self.refusals = RefusalLog(log, "NATS logins")
+        self._roll: asyncio.Task[None] | None = None
 
     async def start(self, servers: list[str]) -> None:
         user = self._setup.callout_user
@@ -39,8 +52,13 @@ class LoginGate:
             self._conn, self._setup.issuer, self.permissions, user_ttl=USER_TTL_SEC
         )
         await self._callout.start()
+        self._roll = asyncio.create_task(self.refusals.run())
 
     async def stop(self) -> None:
+        if self._roll is not None:
+            await cancel_and_wait([self._roll])
+            self._roll = None
+            self.refusals.roll()
         if self._callout is not None:
             await self._callout.stop()
         if self._conn is not None:
@@ -51,7 +69,8 @@ class LoginGate:
         try:
             record = await self._credentials.authenticate(user, password)
         except AuthenticationFailed as exc:
-            log.warning("NATS login refused for %r: %s", user, exc)
+            reason = exc.reason if isinstance(exc, CredentialsRejected) else "refused"
+            self.refusals.refused(user, reason)
             return None
         if record.has_role(ROLE_ADMIN) or record.has_role(ROLE_REGISTRAR):
             role = "admin"

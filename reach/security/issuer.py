@@ -18,12 +18,15 @@ from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.messages import decode_model, encode_model
 from reach.models import SubjectToken
+from reach.security.credcache import CredentialCache
 from reach.security.credentials import (
     ROLE_ADMIN,
     CredentialsFile,
+    CredentialsRejected,
     CredentialStore,
     TooManyAttempts,
 )
+from reach.security.refusals import RefusalLog
 from reach.security.tokens import (
     DEFAULT_TTL_SEC,
     MAX_TOKEN_CHARS,
@@ -42,7 +45,7 @@ __all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentia
 
 log = logging.getLogger("reach.issuer")
 
-#: scrypt costs ~40 ms of CPU: at most this many checks at once
+#: at most this many secret checks at once (a legacy scrypt record's check is slow)
 _CONCURRENT_CHECKS = 4
 
 
@@ -103,6 +106,11 @@ class TokenService:
         self._verifier: TokenVerifier | None = None
         self._follow: asyncio.Task[None] | None = None
         self.credentials: CredentialStore | None = None
+        #: the credential records in memory, read by this service and the login gates
+        #: sharing ``credentials``; ``cache.on_change`` tells of revocations
+        self.cache: CredentialCache | None = None
+        self.refusals = RefusalLog(log, "tokens", clock=clock)
+        self._roll: asyncio.Task[None] | None = None
         self.keys: KeyStore | None = None
         self.ring: KeyRing | None = None
         self.issuer: TokenIssuer | None = None
@@ -111,6 +119,10 @@ class TokenService:
         self.credentials = await CredentialStore.open(
             self._conn, create=True, replicas=self._replicas, clock=self._clock
         )
+        self.cache = CredentialCache(self.credentials.bucket, clock=self._clock)
+        await self.cache.start()
+        self.credentials.cache = self.cache
+        self._roll = asyncio.create_task(self.refusals.run())
         self.keys = await KeyStore.open(self._conn, create=True, replicas=self._replicas)
         self.ring = KeyRing.load_or_generate(self._key_file, self._clock)
         self.issuer = TokenIssuer(self.ring, ttl_sec=self._ttl, clock=self._clock)
@@ -137,6 +149,14 @@ class TokenService:
         if self._follow is not None:
             await cancel_and_wait([self._follow])
             self._follow = None
+        if self._roll is not None:
+            await cancel_and_wait([self._roll])
+            self._roll = None
+            self.refusals.roll()
+        if self.cache is not None:
+            if self.credentials is not None:
+                self.credentials.cache = None
+            await self.cache.stop()
 
     async def rotate(self, settle_sec: float = 1.0) -> SigningKey:
         """A new signing key; tokens of the old one stay valid until they expire."""
@@ -182,11 +202,12 @@ class TokenService:
                     record = await self.credentials.authenticate(req.client_id, req.secret)
                 token, claims = self.issuer.issue_with_claims(record)
         except TooManyAttempts as exc:
-            log.warning("token refused for %r: too many wrong secrets", req.client_id)
+            self.refusals.refused(req.client_id, exc.reason)
             await self._conn.respond(msg, envelope.pack_error("denied", "rate_limited", str(exc)))
             return
         except AuthenticationFailed as exc:
-            log.warning("token refused for %r: %s", req.client_id, exc)
+            reason = exc.reason if isinstance(exc, CredentialsRejected) else str(exc)
+            self.refusals.refused(req.client_id, reason)
             await self._conn.respond(
                 msg, envelope.pack_error("denied", "authentication_failed", str(exc))
             )
@@ -234,6 +255,7 @@ async def ensure_first_credentials(service: TokenService, store: Path, url: str)
     for client_id, name in (("admin", "admin.creds"), ("dev", "dev.creds")):
         path = store / name
         if path.exists():
+            await _upgrade_from(service.credentials, path)
             continue
         if await service.credentials.get(client_id) is not None:
             log.warning("credential %s exists but %s is missing: not recreated", client_id, path)
@@ -242,3 +264,13 @@ async def ensure_first_credentials(service: TokenService, store: Path, url: str)
         CredentialsFile(url=url, client_id=client_id, secret=secret).write(path)
         created.append(path)
     return created
+
+
+async def _upgrade_from(credentials: CredentialStore, path: Path) -> None:
+    """Log in once with a credentials file of the store: a record still holding an
+    scrypt hash gets its fast verifier now, before anyone can flood its logins."""
+    try:
+        creds = CredentialsFile.read(path)
+        await credentials.authenticate(creds.client_id, creds.secret)
+    except ReachError as exc:  # a stale file, a revoked client: nothing to upgrade
+        log.info("credentials %s not checked at start: %s", path, exc)

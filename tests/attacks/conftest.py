@@ -43,6 +43,8 @@ class UpFabric:
     proc: subprocess.Popen[bytes]
     workdir: Path
     creds: dict[str, Path] = field(default_factory=dict)
+    #: where `reach up`'s stderr (its log) goes, to be read by tests that bound it
+    stderr: Path | None = None
 
     @property
     def admin(self) -> Path:
@@ -83,19 +85,24 @@ def start_up(workdir: Path, *extra: str) -> UpFabric:
     """Start `reach up` on a free port with its store under ``workdir``; wait until ready."""
     port = free_port()
     store = workdir / "store"
-    proc = subprocess.Popen(
-        [REACH, "up", "--port", str(port), "--store", str(store), *extra],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    stderr = workdir / "up.stderr"
+    with stderr.open("ab") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [REACH, "up", "--port", str(port), "--store", str(store), *extra],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], READY)
     line = proc.stdout.readline() if ready else b""
     if not line.startswith(b"Agent-Reach up"):
         proc.kill()
         proc.wait()
-        raise AssertionError(f"reach up did not start: {line!r}")
-    return UpFabric(url=f"nats://127.0.0.1:{port}", store=store, proc=proc, workdir=workdir)
+        raise AssertionError(f"reach up did not start: {line!r} {stderr.read_text()[-2000:]}")
+    return UpFabric(
+        url=f"nats://127.0.0.1:{port}", store=store, proc=proc, workdir=workdir, stderr=stderr
+    )
 
 
 def stop_up(fabric: UpFabric) -> None:
