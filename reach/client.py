@@ -953,6 +953,13 @@ class ReachClient:
         if isinstance(err, ReachTimeout) and (
             not conn.is_connected or conn.reconnects != reconnects
         ):
+            if conn.login_refused is not None:
+                # a revoked credential: the server closed the connection and refuses to let
+                # it back in; no retry helps
+                return AuthenticationFailed(
+                    f"NATS refuses this client's login ({conn.login_refused}): its"
+                    f" credentials were revoked or changed; the call to {subject} failed"
+                )
             return Disconnected(f"connection to NATS lost during the call to {subject}")
         return err
 

@@ -273,6 +273,9 @@ class Connection:
         #: times the connection came back after a disconnect (a request that spans one
         #: may have been lost with the old socket: not its target's fault)
         self.reconnects = 0
+        #: why the server refused our login while reconnecting (a revoked credential), until
+        #: a reconnect succeeds: nats-py keeps trying, requests would only time out
+        self.login_refused: str | None = None
 
     def on_reconnect(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` each time the connection is back after a disconnect."""
@@ -280,6 +283,7 @@ class Connection:
 
     def _reconnected(self) -> None:
         self.reconnects += 1
+        self.login_refused = None
         for listener in self._reconnect_listeners:
             try:
                 listener()
@@ -684,6 +688,16 @@ async def connect(
         if len(seen) < 8:
             seen.append(exc)
         log.debug("nats: %s: %s", type(exc).__name__, exc)
+        if made and _is_refusal(exc):
+            if made[0].login_refused is None:  # once per outage, not per attempt
+                log.warning(
+                    "%s: NATS refused the login of %s on reconnecting: %s (revoked"
+                    " credentials?); still trying",
+                    name,
+                    f"user {user!r}" if user else "an anonymous client",
+                    exc,
+                )
+            made[0].login_refused = str(exc) or type(exc).__name__
         if not refused.is_set() and _is_refusal(exc):
             refusals += 1
             # nats-py gives up on a server after its attempts, but a cluster's other nodes

@@ -11,8 +11,11 @@ from rich.table import Table
 
 from reach import envelope, subjects
 from reach.cli.common import Target, connection_options, console, fail, run
+from reach.errors import ConfigurationError
 from reach.security.credentials import KNOWN_ROLES, ROLE_ADMIN, CredentialsFile, CredentialStore
 from reach.security.fabric import FabricSecurity, connect_as
+from reach.security.revocation import publish_revocation
+from reach.security.tokens import KeyStore
 
 
 def register(main: click.Group) -> None:
@@ -125,7 +128,12 @@ def list_(target: Target, as_json: bool) -> None:
 @click.argument("client_id")
 @connection_options
 def revoke(target: Target, client_id: str) -> None:
-    """Refuse new tokens to a client (tokens already issued expire within their 2 h)."""
+    """Refuse the client: no new logins or tokens, its tokens void, its connections closed.
+
+    The login gate of `reach up` closes the client's open NATS connections within seconds;
+    every verifier refuses the tokens it was issued up to now (revoked.<client_id> in
+    REACH_KEYS). Revoking again publishes the revocation again (for clients revoked before
+    revocations voided tokens)."""
 
     async def go() -> None:
         conn, _ = await connect_as(
@@ -133,7 +141,14 @@ def revoke(target: Target, client_id: str) -> None:
         )
         try:
             store = await CredentialStore.open(conn, create=False)
-            await store.revoke(client_id)
+            record = await store.revoke(client_id)
+            assert record.revoked_at is not None
+            try:
+                keys = await KeyStore.open(conn, create=False)
+            except ConfigurationError:
+                keys = None  # a fabric without REACH_KEYS issues no tokens to void
+            if keys is not None:
+                await publish_revocation(keys.bucket, record.client_id, record.revoked_at)
         finally:
             await conn.close()
         click.echo(f"revoked {client_id}")

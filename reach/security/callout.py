@@ -50,6 +50,7 @@ __all__ = [
     "AuthCallout",
     "Authenticator",
     "CalloutRequest",
+    "LoginListener",
     "Permissions",
     "decode_jwt",
     "encode_jwt",
@@ -273,6 +274,13 @@ class CalloutRequest:
     password: str
     client_name: str
     client_host: str
+    #: the server's id of the connection (``nats.client_info.id``): with ``server_id``,
+    #: what a kick names (0 if the request did not say)
+    connection_id: int = 0
+
+
+#: told of every login the callout admits, before the server hears the answer
+LoginListener = Callable[[CalloutRequest], None]
 
 
 class AuthCallout:
@@ -296,6 +304,7 @@ class AuthCallout:
         user_ttl: float | None = None,
         queue: str = "reach-auth",
         concurrency: int = 64,
+        on_admitted: LoginListener | None = None,
     ) -> None:
         if issuer.prefix != natsconf.PREFIX_ACCOUNT:
             raise ValueError("the callout issuer must be an account nkey")
@@ -306,6 +315,7 @@ class AuthCallout:
         self._server_ids = frozenset(server_ids) if server_ids is not None else None
         self._user_ttl = user_ttl
         self._queue = queue
+        self._on_admitted = on_admitted
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
@@ -362,6 +372,11 @@ class AuthCallout:
             await self._conn.respond(msg, self.response(request, error="authentication failed"))
             return
         self.accepted += 1
+        if self._on_admitted is not None:
+            try:
+                self._on_admitted(request)
+            except Exception:  # a listener's fault must not cost the client its login
+                log.exception("auth callout: the login listener failed for %r", request.user)
         await self._conn.respond(msg, self.response(request, permissions=perms))
 
     async def _check(self, request: CalloutRequest) -> Permissions | None:
@@ -394,6 +409,7 @@ class AuthCallout:
             raise ValueError("request without a valid user nkey")
         opts = _mapping(nats.get("connect_opts"))
         info = _mapping(nats.get("client_info"))
+        cid = info.get("id")
         return CalloutRequest(
             server_id=issuer,
             user_nkey=user_nkey,
@@ -401,6 +417,7 @@ class AuthCallout:
             password=str(opts.get("pass") or ""),
             client_name=str(opts.get("name") or ""),
             client_host=str(info.get("host") or ""),
+            connection_id=cid if isinstance(cid, int) and not isinstance(cid, bool) else 0,
         )
 
     def response(

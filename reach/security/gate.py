@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from reach.errors import AuthenticationFailed
+from reach.errors import AuthenticationFailed, ReachError
 from reach.security import natsconf
-from reach.security.callout import AuthCallout, Permissions, permissions_for
+from reach.security.callout import AuthCallout, CalloutRequest, Permissions, permissions_for
 from reach.security.credentials import (
     ROLE_ADMIN,
     ROLE_JOBS,
@@ -23,6 +23,7 @@ from reach.security.credentials import (
     CredentialStore,
 )
 from reach.security.refusals import RefusalLog
+from reach.security.revocation import RevocationGuard
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, connect
 
@@ -42,14 +43,21 @@ class LoginGate:
         self._callout: AuthCallout | None = None
         self.refusals = RefusalLog(log, "NATS logins")
         self._roll: asyncio.Task[None] | None = None
+        self._system: Connection | None = None
+        self.revocations: RevocationGuard | None = None
 
     async def start(self, servers: list[str]) -> None:
         user = self._setup.callout_user
         self._conn = await connect(
             servers, name="reach-login-gate", user=user.name, password=user.password
         )
+        await self._start_revocations(servers)
         self._callout = AuthCallout(
-            self._conn, self._setup.issuer, self.permissions, user_ttl=USER_TTL_SEC
+            self._conn,
+            self._setup.issuer,
+            self.permissions,
+            user_ttl=USER_TTL_SEC,
+            on_admitted=self._admitted,
         )
         await self._callout.start()
         self._roll = asyncio.create_task(self.refusals.run())
@@ -61,8 +69,32 @@ class LoginGate:
             self.refusals.roll()
         if self._callout is not None:
             await self._callout.stop()
-        if self._conn is not None:
-            await self._conn.close()
+        if self.revocations is not None:
+            await self.revocations.stop()
+        for conn in (self._system, self._conn):
+            if conn is not None:
+                await conn.close()
+
+    async def _start_revocations(self, servers: list[str]) -> None:
+        """Follow revocations, to close the connections of revoked clients (through the
+        system account; without its user they stay open until their login expires)."""
+        sys_user = self._setup.system_user
+        if sys_user is not None:
+            try:
+                self._system = await connect(
+                    servers,
+                    name="reach-revocations",
+                    user=sys_user.name,
+                    password=sys_user.password,
+                )
+            except ReachError as exc:
+                log.warning("revocations cannot close open connections: %s", exc)
+        self.revocations = RevocationGuard(self._credentials.bucket, self._system)
+        await self.revocations.start()
+
+    def _admitted(self, request: CalloutRequest) -> None:
+        if self.revocations is not None and request.connection_id:
+            self.revocations.admitted(request.user, request.server_id, request.connection_id)
 
     async def permissions(self, user: str, password: str) -> Permissions | None:
         """The permissions of a client that logs in with its id and secret; None refuses."""

@@ -9,7 +9,9 @@ returns a user JWT with its subject permissions, placed in the account ``REACH``
 * ``REACH`` account (JetStream on): every application client, and the registrar/issuer user,
   which connects with a password and bypasses the callout (it is in ``auth_users``) so that
   the registry and the credential store work before any credential exists.
-* ``SYS``: the system account, no users.
+* ``SYS``: the system account, with one service user for the login gate: it asks the
+  server to close the connections of a revoked client (``$SYS.REQ.SERVER.<id>.KICK``) and
+  hears of disconnects (``reach.security.revocation``).
 
 The issuer is an account nkey (ed25519) whose seed stays under the store directory (0600):
 the server accepts a callout answer only if it is signed by it. Nkeys are encoded here with
@@ -39,6 +41,7 @@ __all__ = [
     "REGISTRAR_USER",
     "ROUTE_USER",
     "SYSTEM_ACCOUNT",
+    "SYSTEM_USER",
     "ClusterNode",
     "ClusterPeers",
     "NKey",
@@ -63,6 +66,8 @@ APP_ACCOUNT = "REACH"
 SYSTEM_ACCOUNT = "SYS"
 CALLOUT_USER = "reach-auth"
 REGISTRAR_USER = "reach-registrar"
+#: the login gate's system-account user (closes the connections of revoked clients)
+SYSTEM_USER = "reach-system"
 #: the user nodes of a ``reach up --cluster`` log in to each other's route port with
 ROUTE_USER = "reach-route"
 CLUSTER_NAME = "reach"
@@ -209,28 +214,38 @@ class ServiceUser:
 
 @dataclass(frozen=True, slots=True)
 class SecureSetup:
-    """What the secure server needs: the callout issuer and the two service users."""
+    """What the secure server needs: the callout issuer and the service users."""
 
     issuer: NKey
     callout_user: ServiceUser
     registrar_user: ServiceUser
     #: seconds the server waits for a client's CONNECT, and so for the callout's answer
     auth_timeout: float = 5.0
+    #: the gate's system-account user; None for servers configured before it existed
+    #: (a revocation then voids tokens but leaves open connections to their login's end)
+    system_user: ServiceUser | None = None
 
 
 _SECRETS = ("issuer.nk", "callout.pass", "registrar.pass")
+_SYSTEM_SECRET = "system.pass"
 
 
 def prepare(store_dir: str | os.PathLike[str], *, create: bool = True) -> SecureSetup:
     """Create (once) or load the issuer seed and service passwords under ``<store>/auth``.
 
     ``create=False``: load only; ``FileNotFoundError`` names the first one missing (the
-    servers were configured from another store, or not by ``reach nats-auth`` at all)."""
+    servers were configured from another store, or not by ``reach nats-auth`` at all). The
+    system user's password may be missing then (a config written before it existed): no
+    system user."""
     auth = Path(store_dir) / "auth"
     if not create:
         for name in _SECRETS:
             if not (auth / name).is_file():
                 raise FileNotFoundError(f"{auth / name} does not exist")
+    system_user = None
+    if create or (auth / _SYSTEM_SECRET).is_file():
+        password = load_or_create_password(auth / _SYSTEM_SECRET)
+        system_user = ServiceUser(SYSTEM_USER, password, SYSTEM_ACCOUNT)
     return SecureSetup(
         issuer=load_or_create_seed(auth / "issuer.nk", PREFIX_ACCOUNT),
         callout_user=ServiceUser(
@@ -239,6 +254,7 @@ def prepare(store_dir: str | os.PathLike[str], *, create: bool = True) -> Secure
         registrar_user=ServiceUser(
             REGISTRAR_USER, load_or_create_password(auth / "registrar.pass"), APP_ACCOUNT
         ),
+        system_user=system_user,
     )
 
 
@@ -368,7 +384,9 @@ def render_auth(setup: SecureSetup) -> str:
     """The accounts and the auth callout: the part of the config that shuts out anonymous
     clients. ``render_config`` embeds it; a server ``reach up`` did not start includes it
     (``reach nats-auth``) and ``reach up --servers URL --auth-callout`` answers its logins."""
-    call, reg = setup.callout_user, setup.registrar_user
+    call, reg, sys_user = setup.callout_user, setup.registrar_user, setup.system_user
+    system = f"{{\n    users: [ {_user(sys_user)} ]\n  }}" if sys_user else "{}"
+    service_users = [call.name, reg.name, *([sys_user.name] if sys_user else [])]
     return f"""accounts {{
   {AUTH_ACCOUNT}: {{
     users: [ {_user(call)} ]
@@ -377,7 +395,7 @@ def render_auth(setup: SecureSetup) -> str:
     jetstream: enabled
     users: [ {_user(reg)} ]
   }}
-  {SYSTEM_ACCOUNT}: {{}}
+  {SYSTEM_ACCOUNT}: {system}
 }}
 system_account: {SYSTEM_ACCOUNT}
 authorization {{
@@ -385,7 +403,7 @@ authorization {{
   auth_callout {{
     issuer: {_q(setup.issuer.public_key)}
     account: {AUTH_ACCOUNT}
-    auth_users: [ {_q(call.name)}, {_q(reg.name)} ]
+    auth_users: [ {", ".join(_q(name) for name in service_users)} ]
   }}
 }}
 """

@@ -41,7 +41,8 @@ from reach import codec, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError
 from reach.security.credentials import ClientRecord, read_private_file, write_private_file
-from reach.transport import Connection, KVBucket
+from reach.security.revocation import REVOKED_PREFIX, decode_revocation
+from reach.transport import Connection, KVBucket, KVEntry
 
 __all__ = [
     "ALGORITHM",
@@ -88,7 +89,8 @@ class TokenRejected(AuthenticationFailed):
 
     Reasons: ``bad_format``, ``alg_not_allowed``, ``missing_kid``, ``unknown_kid``,
     ``bad_signature``, ``wrong_issuer``, ``wrong_audience``, ``expired``,
-    ``not_yet_valid``, ``missing_claim``, ``bad_claim``, ``bad_level``, ``key_retired``.
+    ``not_yet_valid``, ``missing_claim``, ``bad_claim``, ``bad_level``, ``key_retired``,
+    ``revoked``.
     """
 
     def __init__(self, message: str, *, reason: str) -> None:
@@ -462,6 +464,9 @@ class TokenVerifier:
         self._cache_size = max(0, cache_size)
         # token text → (claims, valid from, valid until), least recently used first
         self._cache: OrderedDict[str, tuple[Claims, float, float]] = OrderedDict()
+        # client id → revoked_at: its tokens issued until then are refused (as many as
+        # the operators revoked; checked only on the uncached path, see ``revoke``)
+        self._revoked: dict[str, float] = {}
 
     @property
     def kids(self) -> frozenset[str]:
@@ -487,6 +492,26 @@ class TokenVerifier:
 
     def clear_cache(self) -> None:
         self._cache.clear()
+
+    def revoke(self, client_id: str, revoked_at: float) -> None:
+        """Refuse the tokens of ``client_id`` issued at or before ``revoked_at``, the ones
+        already checked and cached included (so the cached path needs no revocation check:
+        what is cached afterwards passed it)."""
+        self._revoked[client_id] = revoked_at
+        for token in [
+            t
+            for t, (claims, _, _) in self._cache.items()
+            if claims.client_id == client_id and claims.iat <= revoked_at
+        ]:
+            del self._cache[token]
+
+    def unrevoke(self, client_id: str) -> None:
+        """Forget a revocation (its record was deleted from REACH_KEYS)."""
+        self._revoked.pop(client_id, None)
+
+    @property
+    def revoked(self) -> dict[str, float]:
+        return dict(self._revoked)
 
     def _forget_kid(self, kid: str) -> None:
         for token in [t for t, (claims, _, _) in self._cache.items() if claims.kid == kid]:
@@ -608,6 +633,9 @@ class TokenVerifier:
         if key_not_after is not None and exp > key_not_after:
             # a retired key signed a token that outlives it: the key was used after retirement
             raise TokenRejected(f"signing key {kid} is retired", reason="key_retired")
+        revoked_at = self._revoked.get(sub)
+        if revoked_at is not None and iat <= revoked_at:
+            raise TokenRejected(f"client {sub[:64]} is revoked", reason="revoked")
         return Claims(
             client_id=sub,
             agent_id=agent_id,
@@ -654,6 +682,38 @@ def _decode_public(data: bytes) -> PublicKey:
     except (ValidationError, ConfigurationError) as exc:
         raise CodecError(f"not a valid public key record: {exc}") from None
     return pub
+
+
+def _key_change(entry: KVEntry) -> KeyChange | None:
+    """What a ``pub.<kid>`` record says; None (logged) if it cannot be read."""
+    kid = entry.key[len(_KEY_PREFIX) :]
+    if entry.deleted or not entry.value:
+        return KeyChange(kid, None)
+    try:
+        pub = _decode_public(entry.value)
+    except CodecError as exc:
+        log.warning("skipping key record %s: %s", entry.key, exc)
+        return None
+    if pub.kid != kid:
+        log.warning("skipping key record %s: it names kid %s", entry.key, pub.kid)
+        return None
+    return KeyChange(kid, pub)
+
+
+def _follow_revocation(verifier: TokenVerifier, entry: KVEntry) -> None:
+    client_id = entry.key[len(REVOKED_PREFIX) :]
+    if entry.deleted or not entry.value:
+        verifier.unrevoke(client_id)
+        return
+    try:
+        revocation = decode_revocation(entry.value)
+    except CodecError as exc:
+        log.warning("skipping revocation record %s: %s", entry.key, exc)
+        return
+    if revocation.client_id != client_id:
+        log.warning("skipping revocation record %s: it names %s", entry.key, revocation.client_id)
+        return
+    verifier.revoke(client_id, revocation.revoked_at)
 
 
 class KeyStore:
@@ -721,31 +781,26 @@ class KeyStore:
             if entry is None:
                 yield None
                 continue
-            kid = entry.key[len(_KEY_PREFIX) :]
-            if entry.deleted or not entry.value:
-                yield KeyChange(kid, None)
-                continue
-            try:
-                pub = _decode_public(entry.value)
-            except CodecError as exc:
-                log.warning("skipping key record %s: %s", entry.key, exc)
-                continue
-            if pub.kid != kid:
-                log.warning("skipping key record %s: it names kid %s", entry.key, pub.kid)
-                continue
-            yield KeyChange(kid, pub)
+            change = _key_change(entry)
+            if change is not None:
+                yield change
 
     async def follow(self, verifier: TokenVerifier, ready: asyncio.Event | None = None) -> None:
-        """Keep ``verifier``'s keys equal to the bucket's until cancelled (run it as a task);
-        ``ready`` is set once the current keys are loaded. Returns if the watch ends."""
-        async for change in self.watch():
-            if change is None:
+        """Keep ``verifier``'s keys and revocations equal to the bucket's until cancelled
+        (run it as a task); ``ready`` is set once the current ones are loaded. Returns if
+        the watch ends."""
+        # one watch of the whole bucket: a revocation reaches the verifier as fast as a key
+        async for entry in self.bucket.watch(">"):
+            if entry is None:
                 if ready is not None:
                     ready.set()
-            elif change.key is None:
-                verifier.remove_key(change.kid)
-            else:
-                verifier.add_key(change.kid, change.key)
+            elif entry.key.startswith(REVOKED_PREFIX):
+                _follow_revocation(verifier, entry)
+            elif entry.key.startswith(_KEY_PREFIX) and (change := _key_change(entry)):
+                if change.key is None:
+                    verifier.remove_key(change.kid)
+                else:
+                    verifier.add_key(change.kid, change.key)
 
     async def rotate(
         self,

@@ -1,0 +1,315 @@
+"""Revocation cuts what is open: the tokens a revoked client holds, and its NATS connections.
+
+Revoking a credential in REACH_CREDENTIALS only stops new logins and new tokens. Two more
+things end what the client already has:
+
+* Tokens: ``reach creds revoke`` also writes ``revoked.<client_id>`` (``Revocation``) into
+  REACH_KEYS, the bucket every verifier already follows for keys (``KeyStore.follow``). A
+  verifier then refuses every token of that client issued at or before ``revoked_at``,
+  the ones it had cached as checked included. Tokens issued later (a client id that was
+  deleted and added again with a new secret) are not affected.
+* Connections: the login gate records, per client id, the connections it admitted (server
+  id and the server's connection id, from the authorization request) in a bounded
+  ``ConnectionRegistry``. ``RevocationGuard`` follows REACH_CREDENTIALS and, when a record
+  turns revoked, asks each server to close those connections (``$SYS.REQ.SERVER.<id>.KICK``,
+  which only a system-account user may send). The kicked client tries to log in again and
+  is refused by the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import OrderedDict
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reach import codec
+from reach.clock import Clock, system_clock
+from reach.errors import CodecError, ReachError
+from reach.security.credentials import ClientRecord
+from reach.tasks import cancel_and_wait
+from reach.transport import Connection, KVBucket, Message, Subscription
+
+__all__ = [
+    "REVOKED_PREFIX",
+    "ConnectionRegistry",
+    "Revocation",
+    "RevocationGuard",
+    "decode_revocation",
+    "encode_revocation",
+    "publish_revocation",
+]
+
+log = logging.getLogger("reach.security.revocation")
+
+#: key prefix of revocations in REACH_KEYS (next to ``pub.<kid>``)
+REVOKED_PREFIX: Final = "revoked."
+_CLIENT_PREFIX: Final = "client."
+#: what the server publishes in the system account when a client of account REACH leaves
+_DISCONNECT_SUBJECT: Final = "$SYS.ACCOUNT.{account}.DISCONNECT"
+_KICK_SUBJECT: Final = "$SYS.REQ.SERVER.{server}.KICK"
+#: connections remembered in all; a login beyond pushes out the oldest one
+DEFAULT_MAX_CONNECTIONS: Final = 100_000
+#: the server ends a login when its user JWT expires (gate.USER_TTL_SEC): a record older
+#: than that is of a connection that is gone
+DEFAULT_MAX_AGE_SEC: Final = 3600.0
+
+
+class Revocation(BaseModel):
+    """A revoked client, as published in REACH_KEYS (key ``revoked.<client_id>``): its
+    tokens issued at or before ``revoked_at`` (Unix seconds) are refused."""
+
+    # extra fields are ignored so older verifiers keep reading what newer tools write
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    client_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    revoked_at: float
+
+
+def encode_revocation(revocation: Revocation) -> bytes:
+    return codec.encode(revocation.model_dump(mode="json"), checked=False)
+
+
+def decode_revocation(data: bytes) -> Revocation:
+    """The record; CodecError if ``data`` is not one."""
+    try:
+        return Revocation.model_validate(codec.decode(data))
+    except ValidationError as exc:
+        raise CodecError(f"not a valid revocation record: {exc}") from None
+
+
+async def publish_revocation(keys: KVBucket, client_id: str, revoked_at: float) -> None:
+    """Tell every verifier following REACH_KEYS to refuse the tokens of ``client_id``."""
+    record = Revocation(client_id=client_id, revoked_at=revoked_at)
+    await keys.put(REVOKED_PREFIX + client_id, encode_revocation(record))
+
+
+# -- open connections --------------------------------------------------------------------
+
+#: (server id, the server's connection id)
+ConnectionKey = tuple[str, int]
+
+
+class ConnectionRegistry:
+    """The connections the gate admitted, per client id, within fixed bounds: at most
+    ``max_connections`` in all (the oldest go first) and none older than ``max_age``."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_age: float = DEFAULT_MAX_AGE_SEC,
+        clock: Clock = system_clock,
+    ) -> None:
+        self._max = max(1, max_connections)
+        self._max_age = max_age
+        self._clock = clock
+        # connection → (client id, admitted at), oldest first
+        self._order: OrderedDict[ConnectionKey, tuple[str, float]] = OrderedDict()
+        self._by_client: dict[str, set[ConnectionKey]] = {}
+        #: logins pushed out by the bound before they ended (a revocation misses them)
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def admitted(self, client_id: str, server_id: str, cid: int) -> None:
+        key = (server_id, cid)
+        self._drop(key)
+        self._order[key] = (client_id, self._clock.monotonic())
+        self._by_client.setdefault(client_id, set()).add(key)
+        self._expire()
+        while len(self._order) > self._max:
+            self._drop(next(iter(self._order)))
+            self.evicted += 1
+
+    def disconnected(self, server_id: str, cid: int) -> None:
+        self._drop((server_id, cid))
+
+    def connections(self, client_id: str) -> list[ConnectionKey]:
+        self._expire()
+        return sorted(self._by_client.get(client_id, ()))
+
+    def forget_client(self, client_id: str) -> list[ConnectionKey]:
+        """The client's connections, no longer remembered (they are being closed)."""
+        found = self.connections(client_id)
+        for key in found:
+            self._drop(key)
+        return found
+
+    def _drop(self, key: ConnectionKey) -> None:
+        held = self._order.pop(key, None)
+        if held is None:
+            return
+        keys = self._by_client.get(held[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_client[held[0]]
+
+    def _expire(self) -> None:
+        cutoff = self._clock.monotonic() - self._max_age
+        while self._order:
+            key, (_, at) = next(iter(self._order.items()))
+            if at >= cutoff:
+                break
+            self._drop(key)
+
+
+def _disconnected(data: bytes) -> ConnectionKey | None:
+    """(server id, connection id) of a disconnect event; None if it is not one."""
+    try:
+        event: Any = json.loads(data)
+        server, cid = event["server"]["id"], event["client"]["id"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(server, str) or isinstance(cid, bool) or not isinstance(cid, int):
+        return None
+    return server, cid
+
+
+class RevocationGuard:
+    """Closes the NATS connections of clients whose credential is revoked.
+
+    ``credentials`` is the REACH_CREDENTIALS bucket (followed for ``revoked_at``);
+    ``system`` a connection of a system-account user, which may kick connections and sees
+    the server's disconnect events (None: revocations cannot end open connections).
+    """
+
+    def __init__(
+        self,
+        credentials: KVBucket,
+        system: Connection | None,
+        *,
+        account: str = "REACH",
+        registry: ConnectionRegistry | None = None,
+        kick_timeout: float = 2.0,
+    ) -> None:
+        self._credentials = credentials
+        self._system = system
+        self._account = account
+        self.registry = registry if registry is not None else ConnectionRegistry()
+        self._kick_timeout = kick_timeout
+        #: client id → revoked_at of every revoked credential (as many as the bucket holds)
+        self._revoked: dict[str, float] = {}
+        self._follow: asyncio.Task[None] | None = None
+        self._sub: Subscription | None = None
+        self._kicks: set[asyncio.Task[None]] = set()
+        #: connections the servers closed at our request
+        self.kicked = 0
+
+    def is_revoked(self, client_id: str) -> bool:
+        return client_id in self._revoked
+
+    async def start(self, ready_within: float = 10.0) -> None:
+        if self._system is not None:
+            self._sub = await self._system.subscribe(
+                _DISCONNECT_SUBJECT.format(account=self._account), self._on_disconnect
+            )
+            await self._system.flush()
+        ready = asyncio.Event()
+        self._follow = asyncio.create_task(self._follow_credentials(ready))
+        await asyncio.wait_for(ready.wait(), ready_within)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(ReachError):
+                await self._sub.unsubscribe()
+            self._sub = None
+        tasks = [*self._kicks, *([self._follow] if self._follow is not None else [])]
+        self._follow = None
+        await cancel_and_wait(tasks)
+
+    def admitted(self, client_id: str, server_id: str, cid: int) -> None:
+        """The gate let ``client_id`` in on connection ``cid`` of ``server_id``."""
+        self.registry.admitted(client_id, server_id, cid)
+        if client_id in self._revoked:
+            # revoked while its login was being checked: the watch came first
+            self._kick_later(client_id)
+
+    async def _on_disconnect(self, msg: Message) -> None:
+        gone = _disconnected(bytes(msg.data))
+        if gone is not None:
+            self.registry.disconnected(*gone)
+
+    async def _follow_credentials(self, ready: asyncio.Event) -> None:
+        while True:
+            try:
+                async for entry in self._credentials.watch(_CLIENT_PREFIX + "*"):
+                    if entry is None:
+                        ready.set()
+                        continue
+                    self._on_record(entry.key[len(_CLIENT_PREFIX) :], entry.value, entry.deleted)
+            except ReachError as exc:
+                log.warning("revocations: the watch of credentials failed (%s); again", exc)
+            # the watch ended (the connection was replaced): start it again
+            await asyncio.sleep(1.0)
+
+    def _on_record(self, client_id: str, value: bytes, deleted: bool) -> None:
+        if deleted or not value:
+            self._revoked.pop(client_id, None)
+            return
+        try:
+            record = ClientRecord.model_validate(codec.decode(value))
+        except (ValidationError, CodecError):
+            return  # the credential store logs unreadable records
+        if record.revoked_at is None:
+            self._revoked.pop(client_id, None)
+            return
+        if client_id not in self._revoked:
+            self._revoked[client_id] = record.revoked_at
+            self._kick_later(client_id)
+
+    def _kick_later(self, client_id: str) -> None:
+        if not self.registry.connections(client_id):
+            return
+        task = asyncio.create_task(self._kick_quietly(client_id))
+        self._kicks.add(task)
+        task.add_done_callback(self._kicks.discard)
+
+    async def _kick_quietly(self, client_id: str) -> None:
+        await self.kick(client_id)
+
+    async def kick(self, client_id: str) -> int:
+        """Ask the servers to close every connection of ``client_id`` the gate admitted;
+        how many they closed (those already gone are not counted)."""
+        found = self.registry.forget_client(client_id)
+        if not found:
+            return 0
+        if self._system is None:
+            log.warning(
+                "%s is revoked but its %d open connection(s) stay until their login expires:"
+                " no system-account user to close them (run `reach nats-auth` again)",
+                client_id,
+                len(found),
+            )
+            return 0
+        done = await asyncio.gather(*(self._kick_one(client_id, *key) for key in found))
+        closed = sum(done)
+        self.kicked += closed
+        log.info("%s is revoked: closed %d of its %d connection(s)", client_id, closed, len(found))
+        return closed
+
+    async def _kick_one(self, client_id: str, server_id: str, cid: int) -> bool:
+        assert self._system is not None
+        subject = _KICK_SUBJECT.format(server=server_id)
+        try:
+            raw = await self._system.request(
+                subject, json.dumps({"cid": cid}).encode(), timeout=self._kick_timeout
+            )
+            answer: Any = json.loads(raw)
+        except (ReachError, ValueError) as exc:
+            log.warning(
+                "could not close connection %d of %s on %s: %s", cid, client_id, server_id, exc
+            )
+            return False
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if error:
+            # most often: it was gone already ("no such client or leafnode id")
+            log.info("connection %d of %s on %s: %s", cid, client_id, server_id, error)
+            return False
+        return True
