@@ -100,6 +100,7 @@ class EmbeddedServer:
         extra_args: Sequence[str] = (),
         name: str | None = None,
         log_file: str | os.PathLike[str] | None = None,
+        log_size_limit: int | None = None,
     ) -> None:
         self.host = host
         self.port = port if port is not None else free_port()
@@ -108,6 +109,9 @@ class EmbeddedServer:
         self.extra_args = list(extra_args)
         self.name = name
         self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        #: bytes after which nats-server starts a new log file (the config's
+        #: ``logfile_max_num`` bounds the old ones it keeps); None: one file, unbounded
+        self.log_size_limit = log_size_limit
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -127,6 +131,10 @@ class EmbeddedServer:
         cmd += ["--ports_file_dir", str(self.store_dir)]
         if self.name:
             cmd += ["-n", self.name]
+        if self.log_size_limit is not None:
+            # nats-server writes the log itself, to rotate it: a flood of refused logins
+            # (two lines each) must not fill the disk
+            cmd += ["-l", str(self.log_file), "--log_size_limit", str(self.log_size_limit)]
         return cmd + self.extra_args
 
     def start_now(self, timeout: float = 15.0) -> None:

@@ -212,6 +212,7 @@ async def _up(options: UpOptions) -> str | None:
                         store_dir=options.store / "nats",
                         host=_HOST,
                         config_file=config,
+                        log_size_limit=natsconf.LOG_SIZE_LIMIT,
                     )
                 )
             # all at once: a cluster node's JetStream waits for the others
@@ -331,6 +332,7 @@ def _cluster_nodes(options: UpOptions, setup: natsconf.SecureSetup) -> list[Embe
                 host=_HOST,
                 config_file=config,
                 name=member.name,
+                log_size_limit=natsconf.LOG_SIZE_LIMIT,
             )
         )
     return nodes

@@ -4,11 +4,17 @@ logins; the store holds the service passwords, signing keys and every stream).""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import stat
+from pathlib import Path
 
 import nats
 import nats.errors
 import pytest
+
+from reach.embedded import EmbeddedServer, free_port
+from reach.security import natsconf
 
 from .conftest import UpFabric
 
@@ -28,3 +34,44 @@ async def test_the_store_and_everything_in_it_are_the_owners_alone(up_fabric: Up
         if mode & 0o077:
             wide.append(f"{path.relative_to(up_fabric.store)}: {mode:o}")
     assert wide == []
+
+
+async def test_a_flood_of_refused_logins_fills_no_disk(tmp_path: Path) -> None:
+    """nats-server logs every refused login: reach up's servers rotate their log at a size
+    and keep only a few old files (here with a user and password instead of the callout,
+    so that each login is refused at once)."""
+    setup = natsconf.prepare(tmp_path / "store")
+    text = natsconf.render_config(setup, port=free_port(), store_dir=None)
+    assert f"logfile_max_num: {natsconf.LOG_MAX_FILES}" in text
+    port = free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f"logfile_max_num: {natsconf.LOG_MAX_FILES}\n"
+        'authorization { user: "owner", password: "right" }\n'
+    )
+    server = EmbeddedServer(
+        port=port, store_dir=tmp_path / "nats", config_file=config, log_size_limit=2048
+    )
+    await server.start()
+    try:
+        for i in range(80):
+            assert b"Authorization Violation" in await _refused_login(port, f"nobody-{i}")
+    finally:
+        server.stop_now()
+    logs = sorted(server.log_file.parent.glob("nats-server.log*"))
+    assert 1 < len(logs) <= 1 + natsconf.LOG_MAX_FILES, logs
+    assert sum(p.stat().st_size for p in logs) < 2048 * (2 + natsconf.LOG_MAX_FILES)
+
+
+async def _refused_login(port: int, user: str) -> bytes:
+    """A login over a bare socket, as a flood would send it: the server's answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await reader.readline()  # INFO
+        login = json.dumps({"user": user, "pass": "wrong", "verbose": False})
+        writer.write(f"CONNECT {login}\r\nPING\r\n".encode())
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 5)
+    finally:
+        writer.close()
+        await writer.wait_closed()
