@@ -236,7 +236,7 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
         if not isinstance(body, bytes):
             raise CodecError("reply: 'b' (body) must be bytes", path="b")
         job = env.get("job", "")
-        if not isinstance(job, str) or len(job) > 128:
+        if not isinstance(job, str) or len(job) > 256:
             raise CodecError("reply: 'job' (job id) must be a short string", path="job")
         return Reply(ok=True, body=body, by=by, job=job)
     err = env.get("err")

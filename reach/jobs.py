@@ -1,6 +1,7 @@
 """Async-mode capabilities: a call becomes a job whose result is kept in JetStream.
 
-The callee writes the job record to the KV bucket REACH_JOBS (key ``job.<job_id>``)
+The callee writes the job record to the KV bucket REACH_JOBS (key ``job.<job_id>``, the
+job id naming the client that called and the agent that runs it: ``new_job_id``)
 when it accepts the call and again when the handler finishes; the bucket's TTL is the
 retention time. A caller holds a ``JobHandle`` and can wait for the result, also after
 a restart: ``client.job(job_id)``.
@@ -9,6 +10,7 @@ a restart: ``client.job(job_id)``.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from typing import Any, Literal
 
@@ -27,7 +29,7 @@ from reach.errors import (
 from reach.messages import decode_model
 from reach.transport import Connection, KVBucket
 
-__all__ = ["JOB_RETENTION_SEC", "JobHandle", "JobRecord", "JobStore"]
+__all__ = ["JOB_RETENTION_SEC", "JobHandle", "JobRecord", "JobStore", "new_job_id"]
 
 #: how long job records (and results) are kept
 JOB_RETENTION_SEC = 24 * 3600.0
@@ -73,6 +75,15 @@ def _key(job_id: str) -> str:
     return f"job.{job_id}"
 
 
+def new_job_id(client_id: str, agent_id: str) -> str:
+    """The id of a job ``agent_id`` runs for ``client_id``: ``<client_id>.<agent_id>.<random>``.
+
+    Its record's key, ``job.<job_id>``, names both, which is how NATS permissions keep a
+    job's result to the two of them: a client may read only keys under
+    ``job.<its client_id>.``, an agent write only keys with its own agent id second."""
+    return f"{client_id or subjects.ANONYMOUS}.{agent_id}.{secrets.token_hex(12)}"
+
+
 class JobStore:
     """Typed access to REACH_JOBS."""
 
@@ -89,7 +100,14 @@ class JobStore:
         retention_sec: float = JOB_RETENTION_SEC,
     ) -> JobStore:
         bucket = await conn.key_value(
-            subjects.JOBS_BUCKET, create=create, replicas=replicas, ttl=retention_sec, public=True
+            subjects.JOBS_BUCKET,
+            create=create,
+            replicas=replicas,
+            ttl=retention_sec,
+            public=True,
+            # a key's value by a request that names the key: all a client may read is its
+            # own jobs' keys, and the leader's get names the key only in its body
+            direct_gets=True,
         )
         return cls(bucket)
 

@@ -80,6 +80,8 @@ async def scan(nc: _NatsClient, bucket: str, keys: str) -> dict[str, KVEntry]:
     """The newest entry of every key of ``bucket`` matching ``keys`` (deletions included),
     read with batched direct gets from the start of the stream to its end."""
     stream, key_prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    if "*" not in keys and ">" not in keys:
+        return await _last(nc, stream, key_prefix, keys)
     inbox = nc.new_inbox()
     queue: asyncio.Queue[_NatsMsg] = asyncio.Queue()
 
@@ -114,6 +116,20 @@ async def scan(nc: _NatsClient, bucket: str, keys: str) -> dict[str, KVEntry]:
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def _last(nc: _NatsClient, stream: str, key_prefix: str, key: str) -> dict[str, KVEntry]:
+    """One key's newest entry, by a direct get that names it in its subject (what a reader
+    allowed only some keys may send)."""
+    msg = await nc.request(f"$JS.API.DIRECT.GET.{stream}.{key_prefix}{key}", b"", _SCAN_TIMEOUT)
+    status = (msg.headers or {}).get("Status")
+    if status == "404":
+        return {}
+    if status:
+        description = (msg.headers or {}).get("Description", "")
+        raise ScanError(f"direct get on {stream}: {status} {description}".strip())
+    entry = _entry(msg, key_prefix)
+    return {entry.key: entry} if entry is not None else {}
 
 
 async def follow(

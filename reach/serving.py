@@ -17,7 +17,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import secrets
 import time
 import typing
 from collections import OrderedDict
@@ -40,7 +39,7 @@ from reach.errors import (
     ReachError,
     RemoteError,
 )
-from reach.jobs import JobRecord, JobStore
+from reach.jobs import JobRecord, JobStore, new_job_id
 from reach.models import Capability, format_validation_error
 from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
 from reach.security.tokens import TokenVerifier, call_audience
@@ -299,7 +298,7 @@ class CallServer:
                 kind = arg.kind
                 reply, remember = self._fail(*arg)
             elif self.jobs is not None:
-                reply = await self._accept_job(endpoint, meta, arg)
+                reply = await self._accept_job(endpoint, meta, arg, client)
             else:
                 outcome = await self._invoke(
                     endpoint,
@@ -473,10 +472,12 @@ class CallServer:
         except ContractError as exc:
             return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
 
-    async def _accept_job(self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any) -> bytes:
+    async def _accept_job(
+        self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, client: str
+    ) -> bytes:
         """Async mode: record the job durably, reply with its id, run it in the background."""
         assert self.jobs is not None
-        job_id = secrets.token_hex(12)
+        job_id = new_job_id(client, self.agent_id)
         record = JobRecord(
             job_id=job_id,
             capability=endpoint.name,

@@ -392,6 +392,7 @@ class Connection:
         history: int = 1,
         ttl: float | None = None,
         public: bool = False,
+        direct_gets: bool = False,
     ) -> KVBucket:
         """Open the KV ``bucket``, creating it with ``create`` if it does not exist.
 
@@ -435,9 +436,11 @@ class Connection:
             if public and create and not follow:
                 await self._make_public(info.config, bucket, started)
                 follow = True
-        # gets go to the stream leader, never to direct gets answered by any replica: a
-        # replica still catching up would report records as missing
-        kv = KeyValue(bucket, stream, f"$KV.{bucket}.", self._js, False)
+        # gets go to the stream leader, not to direct gets answered by any replica (a
+        # replica still catching up would report records as missing), unless asked:
+        # ``direct_gets``, where readers may read only some keys, and NATS permissions
+        # can name a key only in a direct get's subject
+        kv = KeyValue(bucket, stream, f"$KV.{bucket}.", self._js, direct_gets and follow)
         return KVBucket(bucket, kv, self.denials, self if follow else None)
 
     async def _make_public(self, config: StreamConfig, bucket: str, started: float) -> None:

@@ -112,9 +112,8 @@ async def test_replies_to_a_batch_of_calls_pass_the_servers_response_permissions
 async def test_only_clients_given_the_jobs_role_reach_the_jobs_bucket(
     fabric: tuple[str, Path], tmp_path: Path
 ) -> None:
-    """REACH_JOBS was open to every login: any L1 caller could read another client's L4
-    job results, any agent overwrite them. KV permissions cannot be narrowed to one job,
-    so the bucket is for clients given the jobs role."""
+    """REACH_JOBS is for clients given the jobs role (and each of them reaches only its
+    own jobs: tests/attacks/test_jobs.py)."""
     url, store = fabric
     dev = store / "dev.creds"
     for name, extra in (("plain", ()), ("jobber", ("--role", "jobs"))):

@@ -182,9 +182,9 @@ def permissions_for(
 
     ``inbox_prefix`` is the client's own reply prefix (``_INBOX.<client_id>``): the client
     must connect with it (nats-py ``inbox_prefix=``) since it may subscribe nowhere else for
-    replies. ``async_jobs`` lets callers read and agents read and write REACH_JOBS; KV
-    permissions cannot be narrowed to one job, so any holder may read (and an agent
-    overwrite) every job record: leave it off unless async-mode capabilities are in use.
+    replies. ``async_jobs`` lets a client read the records of the jobs it called (keys
+    ``job.<client_id>.…``, see ``reach.jobs.new_job_id``) and an agent write those of the
+    jobs it runs (``job.*.<agent_id>.*``): no one else's.
     """
     if role in ("registrar", "admin"):
         # the registrar/issuer and the admin tools own registry, credentials, keys, jobs, streams
@@ -209,8 +209,12 @@ def permissions_for(
         _kv_follow(subjects.KEYS_BUCKET),  # token verification keys
     ]
     if async_jobs:
-        pub += _js_read(subjects.JOBS_BUCKET)  # open the bucket; wait for a job's record
-        sub.append(_kv_follow(subjects.JOBS_BUCKET))
+        # its own jobs only: a direct get names the key in its subject (the leader's get
+        # and a scan name it in their bodies, which permissions cannot see)
+        mine = f"$KV.{subjects.JOBS_BUCKET}.job.{_client_of(inbox_prefix)}.>"
+        stream = f"KV_{subjects.JOBS_BUCKET}"
+        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}.{mine}"]
+        sub.append(f"{republish_prefix(subjects.JOBS_BUCKET)}.job.{_client_of(inbox_prefix)}.>")
     if role == "caller":
         return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
     if agent_id is None or not subjects.is_token(agent_id):
@@ -225,7 +229,8 @@ def permissions_for(
         subjects.bye(agent_id),  # deregister only itself
     ]
     if async_jobs:
-        pub.append(f"$KV.{subjects.JOBS_BUCKET}.job.>")  # write job records (a KV put)
+        # the records of the jobs it runs (a KV put is a publish): its agent id second
+        pub.append(f"$KV.{subjects.JOBS_BUCKET}.job.*.{agent_id}.*")
     # calls to the capabilities its credential lists, and no others (none listed: none)
     sub += [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
     sub += [f"{subjects.capability(cap)} {cap}" for cap in caps]  # its share of the queue

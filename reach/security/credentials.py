@@ -67,9 +67,8 @@ log = logging.getLogger("reach.security")
 ROLE_ADMIN: Final = "admin"
 #: the registrar / token issuer service
 ROLE_REGISTRAR: Final = "registrar"
-#: may use REACH_JOBS: an async-mode agent (writes its jobs' records) or a caller that
-#: waits for jobs. KV permissions cannot be narrowed to one job, so a holder may read
-#: (and an agent overwrite) every job record: given only to who needs it
+#: may use REACH_JOBS: an async-mode agent (writes the records of the jobs it runs) or a
+#: caller that waits for jobs (reads the records of the jobs it called, no others)
 ROLE_JOBS: Final = "jobs"
 KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS})
 
