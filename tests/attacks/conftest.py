@@ -9,8 +9,10 @@ would, so a refusal proven here does not depend on the SDK behaving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import nats
 import nats.errors
 import nats.js.errors
@@ -199,3 +202,69 @@ async def fabric_state(fabric: UpFabric) -> dict[str, Any]:
         return state
     finally:
         await admin.close()
+
+
+# -- the wire protocol, as an attacker reads it in schemas/README.md -----------------------
+
+
+def request_bytes(body: bytes | dict[str, Any], token: str | None = None, **meta: Any) -> bytes:
+    """A request envelope: ``{"v": 1, "id", "b", "tok"?, ...}`` (``meta``: ``dl``, ``at``…)."""
+    packed = body if isinstance(body, bytes) else msgpack.packb(body)
+    env: dict[str, Any] = {"v": 1, "id": secrets.token_hex(8), "b": packed, **meta}
+    if token is not None:
+        env["tok"] = token
+    data: bytes = msgpack.packb(env)
+    return data
+
+
+async def ask(nc: NatsClient, subject: str, data: bytes, timeout: float = 5.0) -> dict[str, Any]:
+    """Send ``data`` and return the reply envelope as a map, replies on a call-reply subject
+    of the client's inbox (``<inbox prefix>.r.<base>.<token>``) as the protocol says."""
+    inbox = f"{nc._inbox_prefix.decode()}.r.{secrets.token_hex(8)}"
+    sub = await nc.subscribe(inbox + ".*", max_msgs=1)
+    try:
+        await nc.publish(subject, data, reply=inbox + "." + secrets.token_hex(8))
+        msg = await sub.next_msg(timeout=timeout)
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    reply: dict[str, Any] = msgpack.unpackb(msg.data)
+    return reply
+
+
+def code_of(reply: dict[str, Any]) -> str:
+    """``ok``, or the error code of a reply envelope."""
+    return "ok" if reply.get("ok") else str(reply.get("err", {}).get("code", "?"))
+
+
+async def fabric_token(nc: NatsClient, client_id: str, secret: str) -> str:
+    """A login at the issuer: client id + secret for a fabric token."""
+    body = {"client_id": client_id, "secret": secret}
+    reply = await ask(nc, "reach.v1.auth.token", request_bytes(body))
+    assert reply.get("ok"), reply
+    return str(msgpack.unpackb(reply["b"])["token"])
+
+
+async def call_token(
+    nc: NatsClient, client_id: str, token: str, capability: str, instance: str
+) -> dict[str, Any]:
+    """An exchange at the issuer: the fabric token for a call token of one instance (the
+    reply envelope: a refusal is an answer too)."""
+    body = {"client_id": client_id, "token": token, "audience": capability, "instance": instance}
+    return await ask(nc, "reach.v1.auth.token", request_bytes(body))
+
+
+async def raw_login(port: int, user: str, password: str) -> bytes:
+    """A login over a bare socket, as a flood would send it: the server's first answer
+    (``-ERR 'Authorization Violation'`` when refused)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await reader.readline()  # INFO
+        login = json.dumps({"user": user, "pass": password, "verbose": False})
+        writer.write(f"CONNECT {login}\r\nPING\r\n".encode())
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()

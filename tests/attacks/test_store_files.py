@@ -4,8 +4,6 @@ logins; the store holds the service passwords, signing keys and every stream).""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import stat
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 from reach.embedded import EmbeddedServer, free_port
 from reach.security import natsconf
 
-from .conftest import UpFabric
+from .conftest import UpFabric, raw_login
 
 
 async def test_the_store_and_everything_in_it_are_the_owners_alone(up_fabric: UpFabric) -> None:
@@ -55,23 +53,9 @@ async def test_a_flood_of_refused_logins_fills_no_disk(tmp_path: Path) -> None:
     await server.start()
     try:
         for i in range(80):
-            assert b"Authorization Violation" in await _refused_login(port, f"nobody-{i}")
+            assert b"Authorization Violation" in await raw_login(port, f"nobody-{i}", "wrong")
     finally:
         server.stop_now()
     logs = sorted(server.log_file.parent.glob("nats-server.log*"))
     assert 1 < len(logs) <= 1 + natsconf.LOG_MAX_FILES, logs
     assert sum(p.stat().st_size for p in logs) < 2048 * (2 + natsconf.LOG_MAX_FILES)
-
-
-async def _refused_login(port: int, user: str) -> bytes:
-    """A login over a bare socket, as a flood would send it: the server's answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        await reader.readline()  # INFO
-        login = json.dumps({"user": user, "pass": "wrong", "verbose": False})
-        writer.write(f"CONNECT {login}\r\nPING\r\n".encode())
-        await writer.drain()
-        return await asyncio.wait_for(reader.readline(), 5)
-    finally:
-        writer.close()
-        await writer.wait_closed()
