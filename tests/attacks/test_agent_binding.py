@@ -10,43 +10,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from pathlib import Path
 from typing import Any
-
-import msgpack
-from nats.aio.client import Client as NatsClient
 
 from reach import subjects
 from reach.security.credentials import CredentialsFile, CredentialStore
 from reach.security.fabric import connect_as
 
-from .conftest import Refusals, UpFabric, attacker, fabric_state
-
-
-def envelope(body: dict[str, Any], token: str | None = None) -> bytes:
-    env: dict[str, Any] = {"v": 1, "id": secrets.token_hex(8), "b": msgpack.packb(body)}
-    if token is not None:
-        env["tok"] = token
-    data: bytes = msgpack.packb(env)
-    return data
-
-
-async def ask(nc: NatsClient, subject: str, body: dict[str, Any], token: str | None) -> Any:
-    """A request the way the protocol says: reply on the client's call-reply subjects."""
-    inbox = f"{nc._inbox_prefix.decode()}.r.{secrets.token_hex(8)}"
-    sub = await nc.subscribe(inbox + ".*", max_msgs=1)
-    await nc.publish(subject, envelope(body, token), reply=inbox + ".1")
-    msg = await sub.next_msg(timeout=5)
-    return msgpack.unpackb(msg.data)
-
-
-async def fabric_token(nc: NatsClient, creds: Path) -> str:
-    data = CredentialsFile.read(creds)
-    reply = await ask(
-        nc, subjects.TOKEN, {"client_id": data.client_id, "secret": data.secret}, None
-    )
-    assert reply.get("ok", True), reply
-    return str(msgpack.unpackb(reply["b"])["token"])
+from .conftest import Refusals, UpFabric, ask, attacker, fabric_state, fabric_token, request_bytes
 
 
 def manifest(agent_id: str, *caps: str) -> dict[str, Any]:
@@ -80,14 +50,13 @@ async def test_an_agent_cannot_announce_a_capability_its_credential_does_not_lis
     _, creds = await up_fabric.add_client(level=1, agent_id="rogue-1", caps=("weather",))
     nc = await attacker(up_fabric, creds)
     try:
-        token = await fabric_token(nc, creds)
-        reply = await ask(
-            nc, subjects.announce("rogue-1"), manifest("rogue-1", "secret_cap"), token
-        )
+        token = await fabric_token(nc, *up_fabric.secret_of(creds))
+        alone = manifest("rogue-1", "secret_cap")
+        reply = await ask(nc, subjects.announce("rogue-1"), request_bytes(alone, token))
         assert reply["err"]["code"] == "capability_not_allowed", reply
         assert "secret_cap" in reply["err"]["desc"]
         both = manifest("rogue-1", "weather", "secret_cap")
-        reply = await ask(nc, subjects.announce("rogue-1"), both, token)
+        reply = await ask(nc, subjects.announce("rogue-1"), request_bytes(both, token))
         assert reply["err"]["code"] == "capability_not_allowed", reply
     finally:
         await nc.close()
@@ -109,8 +78,10 @@ async def test_an_agent_credential_that_lists_no_capability_serves_none(
     before = await fabric_state(up_fabric)
     nc = await attacker(up_fabric, creds, error_cb=refusals.on_error)
     try:
-        token = await fabric_token(nc, creds)
-        reply = await ask(nc, subjects.announce("unbound-1"), manifest("unbound-1", "any"), token)
+        token = await fabric_token(nc, *up_fabric.secret_of(creds))
+        reply = await ask(
+            nc, subjects.announce("unbound-1"), request_bytes(manifest("unbound-1", "any"), token)
+        )
         assert reply["err"]["code"] == "capability_not_allowed", reply
         assert "no capability" in reply["err"]["desc"]
         for subject in (

@@ -18,21 +18,7 @@ from reach import subjects
 from reach.client import ReachClient
 
 from ..calls_helpers import capability, make_agent, wait_routable
-from .conftest import UpFabric, attacker
-
-
-async def send(nc: Any, subject: str, data: bytes) -> dict[str, Any]:
-    """A request on the caller's call-reply subjects, as the protocol says."""
-    inbox = f"{nc._inbox_prefix.decode()}.r.{secrets.token_hex(8)}"
-    sub = await nc.subscribe(inbox + ".*", max_msgs=1)
-    await nc.publish(subject, data, reply=inbox + ".1")
-    msg = await sub.next_msg(timeout=5)
-    reply: dict[str, Any] = msgpack.unpackb(msg.data)
-    return reply
-
-
-def code(reply: dict[str, Any]) -> str:
-    return str(reply.get("err", {}).get("code", "ok" if reply.get("ok") else "?"))
+from .conftest import UpFabric, ask, attacker, code_of
 
 
 async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpFabric) -> None:
@@ -59,21 +45,21 @@ async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpF
             async with honest:
                 await wait_routable(client, "weather", 2)
                 # the copy, to the other instance: its token is for rogue-1 alone
-                other = await send(spy, subjects.capability_instance("weather", "honest-1"), stolen)
-                assert code(other) == "authentication_failed", other
+                other = await ask(spy, subjects.capability_instance("weather", "honest-1"), stolen)
+                assert code_of(other) == "authentication_failed", other
                 assert "audience" in other["err"]["desc"]
                 # the copy, to the instance that served it: seen already
-                again = await send(spy, subjects.capability_instance("weather", "rogue-1"), stolen)
-                assert code(again) == "replayed", again
+                again = await ask(spy, subjects.capability_instance("weather", "rogue-1"), stolen)
+                assert code_of(again) == "replayed", again
                 # and the token alone, in a call of its own making, to the other instance
                 env = msgpack.unpackb(stolen)
                 forged = {**env, "id": secrets.token_hex(8), "dl": int(time.time() * 1000) + 5000}
-                made = await send(
+                made = await ask(
                     spy,
                     subjects.capability_instance("weather", "honest-1"),
                     msgpack.packb(forged),
                 )
-                assert code(made) == "authentication_failed", made
+                assert code_of(made) == "authentication_failed", made
         assert served.calls == 0
     finally:
         await spy.close()
@@ -100,11 +86,11 @@ async def test_every_call_has_a_deadline_and_none_lies_too_far_ahead(up_fabric: 
             target = subjects.capability_instance("sun", "sun-1")
             # no deadline: served once, under the callee's own deadline
             bare = {k: v for k, v in env.items() if k != "dl"} | {"id": secrets.token_hex(8)}
-            assert code(await send(spy, target, msgpack.packb(bare))) == "ok"
-            assert code(await send(spy, target, msgpack.packb(bare))) == "replayed"
+            assert code_of(await ask(spy, target, msgpack.packb(bare))) == "ok"
+            assert code_of(await ask(spy, target, msgpack.packb(bare))) == "replayed"
             # a deadline a day and more ahead: refused before anything runs
             far = {**env, "id": secrets.token_hex(8), "dl": int((time.time() + 90_000) * 1000)}
-            assert code(await send(spy, target, msgpack.packb(far))) == "deadline_too_far"
+            assert code_of(await ask(spy, target, msgpack.packb(far))) == "deadline_too_far"
         assert served.calls == 2
     finally:
         await spy.close()
