@@ -254,6 +254,39 @@ async def call_token(
     return await ask(nc, "reach.v1.auth.token", request_bytes(body))
 
 
+async def login_for_calls(
+    fabric: UpFabric, creds: Path, capability: str, instance: str
+) -> tuple[NatsClient, str]:
+    """An attacker's connection with ``creds`` and the call token it gets for ``instance``
+    by logging in and exchanging, as any client may."""
+    client_id, secret = fabric.secret_of(creds)
+    nc = await attacker(fabric, creds)
+    try:
+        token = await fabric_token(nc, client_id, secret)
+        reply = await call_token(nc, client_id, token, capability, instance)
+        assert reply.get("ok"), reply
+    except BaseException:
+        await nc.close()
+        raise
+    return nc, str(msgpack.unpackb(reply["b"])["token"])
+
+
+async def spy_on(
+    fabric: UpFabric, creds: Path, subject: str
+) -> tuple[NatsClient, asyncio.Queue[bytes]]:
+    """A second connection of an agent's credential, keeping the bytes of every message
+    on ``subject`` (one of its own): what a rogue instance sees of the calls it is sent."""
+    nc = await attacker(fabric, creds)
+    captured: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        captured.put_nowait(msg.data)
+
+    await nc.subscribe(subject, cb=keep)
+    await nc.flush()
+    return nc, captured
+
+
 async def raw_login(port: int, user: str, password: str) -> bytes:
     """A login over a bare socket, as a flood would send it: the server's first answer
     (``-ERR 'Authorization Violation'`` when refused)."""

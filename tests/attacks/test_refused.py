@@ -28,10 +28,10 @@ from .conftest import (
     UpFabric,
     ask,
     attacker,
-    call_token,
     code_of,
     fabric_state,
     fabric_token,
+    login_for_calls,
     raw_login,
     request_bytes,
 )
@@ -88,13 +88,10 @@ async def test_forged_tokens_of_every_kind_are_refused_before_the_handler_runs(
     up_fabric: UpFabric, vault: tuple[Agent, Behaviour]
 ) -> None:
     _, served = vault
-    client_id, creds = await up_fabric.add_client(level=1)
-    _, secret = up_fabric.secret_of(creds)
-    nc = await attacker(up_fabric, creds)
+    _, creds = await up_fabric.add_client(level=1)
+    nc, real = await login_for_calls(up_fabric, creds, "vault", "vault-1")
     try:
-        token = await fabric_token(nc, client_id, secret)
-        exchanged = await call_token(nc, client_id, token, "vault", "vault-1")
-        real = str(msgpack.unpackb(exchanged["b"])["token"])
+        token = await fabric_token(nc, *up_fabric.secret_of(creds))
         # its own token, honestly: below the vault's level
         reply = await ask(nc, INSTANCE, request_bytes({}, real))
         assert code_of(reply) == "insufficient_level:3:1", reply
@@ -188,13 +185,9 @@ def _nested(depth: int) -> bytes:
 async def test_payload_bombs_get_typed_errors_and_the_agent_and_registrar_keep_serving(
     up_fabric: UpFabric, vault: tuple[Agent, Behaviour]
 ) -> None:
-    client_id, creds = await up_fabric.add_client(level=4)
-    _, secret = up_fabric.secret_of(creds)
-    nc = await attacker(up_fabric, creds)
+    _, creds = await up_fabric.add_client(level=4)
+    nc, real = await login_for_calls(up_fabric, creds, "vault", "vault-1")
     try:
-        token = await fabric_token(nc, client_id, secret)
-        exchanged = await call_token(nc, client_id, token, "vault", "vault-1")
-        real = str(msgpack.unpackb(exchanged["b"])["token"])
         bombs: dict[str, bytes] = {
             "not msgpack": b"\xc1\xc1\xc1",
             "an envelope that is a string": msgpack.packb("x" * 1000),

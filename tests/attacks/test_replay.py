@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from typing import Any
 
 import msgpack
 
@@ -18,7 +17,7 @@ from reach import subjects
 from reach.client import ReachClient
 
 from ..calls_helpers import capability, make_agent, wait_routable
-from .conftest import UpFabric, ask, attacker, code_of
+from .conftest import UpFabric, ask, code_of, spy_on
 
 
 async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpFabric) -> None:
@@ -29,14 +28,9 @@ async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpF
     honest.credentials = honest_creds
     rogue, _ = make_agent(up_fabric.url, "rogue-1", capability("weather", level=3))
     rogue.credentials = rogue_creds
-    spy = await attacker(up_fabric, rogue_creds)
-    captured: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def keep(msg: Any) -> None:
-        captured.put_nowait(msg.data)
-
-    await spy.subscribe(subjects.capability_instance("weather", "rogue-1"), cb=keep)
-    await spy.flush()
+    spy, captured = await spy_on(
+        up_fabric, rogue_creds, subjects.capability_instance("weather", "rogue-1")
+    )
     try:
         async with rogue, ReachClient(servers=up_fabric.url, credentials=victim) as client:
             await wait_routable(client, "weather", 1)
@@ -70,14 +64,9 @@ async def test_every_call_has_a_deadline_and_none_lies_too_far_ahead(up_fabric: 
     _, agent_creds = await up_fabric.add_client(agent_id="sun-1", caps=("sun",))
     agent, served = make_agent(up_fabric.url, "sun-1", capability("sun", level=1))
     agent.credentials = agent_creds
-    spy = await attacker(up_fabric, agent_creds)
-    captured: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def keep(msg: Any) -> None:
-        captured.put_nowait(msg.data)
-
-    await spy.subscribe(subjects.capability_instance("sun", "sun-1"), cb=keep)
-    await spy.flush()
+    spy, captured = await spy_on(
+        up_fabric, agent_creds, subjects.capability_instance("sun", "sun-1")
+    )
     try:
         async with agent, ReachClient(servers=up_fabric.url, credentials=caller) as client:
             await wait_routable(client, "sun", 1)
