@@ -557,17 +557,20 @@ async def test_caller_reads_the_registry_but_cannot_write_it(
 async def test_async_jobs_need_the_flag(
     login: Callable[..., Awaitable[Peer]], registrar: Client
 ) -> None:
-    jobs = await registrar.jetstream().create_key_value(KeyValueConfig(bucket="REACH_JOBS"))
+    public = KeyValueConfig(bucket="REACH_JOBS", direct=True)
+    jobs = await registrar.jetstream().create_key_value(public)
+    # a job of app-jobs run by agent-j: its key names both (reach.jobs.new_job_id)
+    key = "job.app-jobs.agent-j.j1"
     worker = await login("svc-jobs")
-    view = await worker.nc.jetstream().key_value("REACH_JOBS")
-    await view.put("job.j1", b"accepted")  # a KV put: publish + JetStream ack on its inbox
+    # a KV put: publish + JetStream ack on its inbox
+    await worker.nc.jetstream().publish(f"$KV.REACH_JOBS.{key}", b"accepted")
     waiter = await login("app-jobs")
-    seen = await (await waiter.nc.jetstream().key_value("REACH_JOBS")).get("job.j1")
+    seen = await (await waiter.nc.jetstream().key_value("REACH_JOBS")).get(key)
     assert seen.value == b"accepted"
-    assert (await jobs.get("job.j1")).value == b"accepted"
+    assert (await jobs.get(key)).value == b"accepted"
 
     plain = await login("svc-a")  # an agent without async jobs
     with pytest.raises(nats.errors.Error):
-        await plain.nc.jetstream().publish("$KV.REACH_JOBS.job.j1", b"forged", timeout=0.5)
-    await plain.violation('publish to "$kv.reach_jobs.job.j1"')
-    assert (await jobs.get("job.j1")).value == b"accepted"
+        await plain.nc.jetstream().publish(f"$KV.REACH_JOBS.{key}", b"forged", timeout=0.5)
+    await plain.violation(f'publish to "$kv.reach_jobs.{key}"')
+    assert (await jobs.get(key)).value == b"accepted"
