@@ -15,6 +15,7 @@ import logging
 from reach.errors import AuthenticationFailed, ReachError
 from reach.security import natsconf
 from reach.security.callout import AuthCallout, CalloutRequest, Permissions, permissions_for
+from reach.security.credcache import CredentialCache
 from reach.security.credentials import (
     ROLE_ADMIN,
     ROLE_JOBS,
@@ -44,6 +45,7 @@ class LoginGate:
         self.refusals = RefusalLog(log, "NATS logins")
         self._roll: asyncio.Task[None] | None = None
         self._system: Connection | None = None
+        self._own_cache: CredentialCache | None = None
         self.revocations: RevocationGuard | None = None
 
     async def start(self, servers: list[str]) -> None:
@@ -71,6 +73,8 @@ class LoginGate:
             await self._callout.stop()
         if self.revocations is not None:
             await self.revocations.stop()
+        if self._own_cache is not None:
+            await self._own_cache.stop()
         for conn in (self._system, self._conn):
             if conn is not None:
                 await conn.close()
@@ -89,7 +93,11 @@ class LoginGate:
                 )
             except ReachError as exc:
                 log.warning("revocations cannot close open connections: %s", exc)
-        self.revocations = RevocationGuard(self._credentials.bucket, self._system)
+        cache = self._credentials.cache
+        if not isinstance(cache, CredentialCache):  # none beside this gate: one of our own
+            cache = self._own_cache = CredentialCache(self._credentials.bucket)
+            await cache.start()
+        self.revocations = RevocationGuard(cache, self._system)
         await self.revocations.start()
 
     def _admitted(self, request: CalloutRequest) -> None:

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reach import codec
 from reach.clock import Clock, system_clock
 from reach.errors import CodecError, ReachError
+from reach.security.credcache import CredentialCache
 from reach.security.credentials import ClientRecord
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, KVBucket, Message, Subscription
@@ -48,7 +50,6 @@ log = logging.getLogger("reach.security.revocation")
 
 #: key prefix of revocations in REACH_KEYS (next to ``pub.<kid>``)
 REVOKED_PREFIX: Final = "revoked."
-_CLIENT_PREFIX: Final = "client."
 #: what the server publishes in the system account when a client of account REACH leaves
 _DISCONNECT_SUBJECT: Final = "$SYS.ACCOUNT.{account}.DISCONNECT"
 _KICK_SUBJECT: Final = "$SYS.REQ.SERVER.{server}.KICK"
@@ -175,14 +176,15 @@ def _disconnected(data: bytes) -> ConnectionKey | None:
 class RevocationGuard:
     """Closes the NATS connections of clients whose credential is revoked.
 
-    ``credentials`` is the REACH_CREDENTIALS bucket (followed for ``revoked_at``);
-    ``system`` a connection of a system-account user, which may kick connections and sees
-    the server's disconnect events (None: revocations cannot end open connections).
+    ``credentials`` is the gate's copy of REACH_CREDENTIALS in memory, whose changes say
+    when a credential is revoked; ``system`` a connection of a system-account user, which
+    may kick connections and sees the server's disconnect events (None: revocations
+    cannot end open connections).
     """
 
     def __init__(
         self,
-        credentials: KVBucket,
+        credentials: CredentialCache,
         system: Connection | None,
         *,
         account: str = "REACH",
@@ -194,41 +196,39 @@ class RevocationGuard:
         self._account = account
         self.registry = registry if registry is not None else ConnectionRegistry()
         self._kick_timeout = kick_timeout
-        #: client id → revoked_at of every revoked credential (as many as the bucket holds)
-        self._revoked: dict[str, float] = {}
-        self._follow: asyncio.Task[None] | None = None
+        self._unfollow: Callable[[], None] | None = None
         self._sub: Subscription | None = None
         self._kicks: set[asyncio.Task[None]] = set()
         #: connections the servers closed at our request
         self.kicked = 0
 
     def is_revoked(self, client_id: str) -> bool:
-        return client_id in self._revoked
+        record = self._credentials.get(client_id)
+        return record is not None and record.revoked
 
-    async def start(self, ready_within: float = 10.0) -> None:
+    async def start(self) -> None:
         if self._system is not None:
             self._sub = await self._system.subscribe(
                 _DISCONNECT_SUBJECT.format(account=self._account), self._on_disconnect
             )
             await self._system.flush()
-        ready = asyncio.Event()
-        self._follow = asyncio.create_task(self._follow_credentials(ready))
-        await asyncio.wait_for(ready.wait(), ready_within)
+        self._unfollow = self._credentials.on_change(self._on_change)
 
     async def stop(self) -> None:
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
         if self._sub is not None:
             with contextlib.suppress(ReachError):
                 await self._sub.unsubscribe()
             self._sub = None
-        tasks = [*self._kicks, *([self._follow] if self._follow is not None else [])]
-        self._follow = None
-        await cancel_and_wait(tasks)
+        await cancel_and_wait(list(self._kicks))
 
     def admitted(self, client_id: str, server_id: str, cid: int) -> None:
         """The gate let ``client_id`` in on connection ``cid`` of ``server_id``."""
         self.registry.admitted(client_id, server_id, cid)
-        if client_id in self._revoked:
-            # revoked while its login was being checked: the watch came first
+        if self.is_revoked(client_id):
+            # revoked while its login was being checked: the change came first
             self._kick_later(client_id)
 
     async def _on_disconnect(self, msg: Message) -> None:
@@ -236,33 +236,9 @@ class RevocationGuard:
         if gone is not None:
             self.registry.disconnected(*gone)
 
-    async def _follow_credentials(self, ready: asyncio.Event) -> None:
-        while True:
-            try:
-                async for entry in self._credentials.watch(_CLIENT_PREFIX + "*"):
-                    if entry is None:
-                        ready.set()
-                        continue
-                    self._on_record(entry.key[len(_CLIENT_PREFIX) :], entry.value, entry.deleted)
-            except ReachError as exc:
-                log.warning("revocations: the watch of credentials failed (%s); again", exc)
-            # the watch ended (the connection was replaced): start it again
-            await asyncio.sleep(1.0)
-
-    def _on_record(self, client_id: str, value: bytes, deleted: bool) -> None:
-        if deleted or not value:
-            self._revoked.pop(client_id, None)
-            return
-        try:
-            record = ClientRecord.model_validate(codec.decode(value))
-        except (ValidationError, CodecError):
-            return  # the credential store logs unreadable records
-        if record.revoked_at is None:
-            self._revoked.pop(client_id, None)
-            return
-        if client_id not in self._revoked:
-            self._revoked[client_id] = record.revoked_at
-            self._kick_later(client_id)
+    def _on_change(self, client_id: str, record: ClientRecord | None) -> None:
+        if record is not None and record.revoked:
+            self._kick_later(client_id)  # nothing to do unless it has open connections
 
     def _kick_later(self, client_id: str) -> None:
         if not self.registry.connections(client_id):
