@@ -29,8 +29,10 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from reach.agent import Agent
 from reach.embedded import free_port
 
+from ..calls_helpers import Behaviour, capability, make_agent
 from ..cli_helpers import REACH, run_reach
 
 #: seconds a `reach up` may take to print its first line
@@ -78,6 +80,16 @@ class UpFabric:
         assert code == 0, stdout + stderr
         self.creds[client_id] = out
         return client_id, out
+
+    async def add_agent(
+        self, agent_id: str, capability_name: str, *, level: int = 1
+    ) -> tuple[Agent, Behaviour, Path]:
+        """A test agent serving ``capability_name`` (at security ``level``) with a
+        credential of its own bound to it; (agent, its behaviour, its credentials file)."""
+        _, creds = await self.add_client(agent_id=agent_id, caps=(capability_name,))
+        agent, served = make_agent(self.url, agent_id, capability(capability_name, level=level))
+        agent.credentials = creds
+        return agent, served, creds
 
     def secret_of(self, path: Path) -> tuple[str, str]:
         data = json.loads(path.read_text())

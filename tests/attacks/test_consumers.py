@@ -14,7 +14,7 @@ import json
 from reach import subjects
 from reach.client import ReachClient
 
-from ..calls_helpers import capability, make_agent, wait_routable
+from ..calls_helpers import wait_routable
 from .conftest import Refusals, UpFabric, attacker
 
 STREAMS = ("KV_REACH_REGISTRY", "KV_REACH_KEYS", "KV_REACH_JOBS", "REACH_AUDIT")
@@ -64,10 +64,8 @@ async def test_an_honest_caller_follows_the_registry_and_leaves_no_consumer_behi
     up_fabric: UpFabric,
 ) -> None:
     _, caller = await up_fabric.add_client(level=1)
-    _, agent_creds = await up_fabric.add_client(level=1, agent_id="sun-1", caps=("sun",))
+    agent, served, _ = await up_fabric.add_agent("sun-1", "sun")
     before = await consumer_counts(up_fabric)
-    agent, served = make_agent(up_fabric.url, "sun-1", capability("sun", level=1))
-    agent.credentials = agent_creds
     async with agent, ReachClient(servers=up_fabric.url, credentials=caller) as client:
         await wait_routable(client, "sun", 1)
         assert (await client.call("sun", {"i": 1})).agent_id == "sun-1"

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from reach import subjects
 from reach.agent import Agent
 
-from ..calls_helpers import Behaviour, capability, make_agent
+from ..calls_helpers import Behaviour
 from .conftest import (
     Refusals,
     UpFabric,
@@ -41,9 +41,7 @@ INSTANCE = subjects.capability_instance("vault", "vault-1")
 
 @pytest.fixture
 async def vault(up_fabric: UpFabric) -> AsyncIterator[tuple[Agent, Behaviour]]:
-    _, creds = await up_fabric.add_client(level=4, agent_id="vault-1", caps=("vault",))
-    agent, served = make_agent(up_fabric.url, "vault-1", capability("vault", level=3))
-    agent.credentials = creds
+    agent, served, _ = await up_fabric.add_agent("vault-1", "vault", level=3)
     async with agent:
         yield agent, served
 

@@ -16,18 +16,14 @@ import msgpack
 from reach import subjects
 from reach.client import ReachClient
 
-from ..calls_helpers import capability, make_agent, wait_routable
+from ..calls_helpers import wait_routable
 from .conftest import UpFabric, ask, code_of, spy_on
 
 
 async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpFabric) -> None:
     _, victim = await up_fabric.add_client(level=3)
-    _, honest_creds = await up_fabric.add_client(agent_id="honest-1", caps=("weather",))
-    _, rogue_creds = await up_fabric.add_client(agent_id="rogue-1", caps=("weather",))
-    honest, served = make_agent(up_fabric.url, "honest-1", capability("weather", level=3))
-    honest.credentials = honest_creds
-    rogue, _ = make_agent(up_fabric.url, "rogue-1", capability("weather", level=3))
-    rogue.credentials = rogue_creds
+    honest, served, _ = await up_fabric.add_agent("honest-1", "weather", level=3)
+    rogue, _, rogue_creds = await up_fabric.add_agent("rogue-1", "weather", level=3)
     spy, captured = await spy_on(
         up_fabric, rogue_creds, subjects.capability_instance("weather", "rogue-1")
     )
@@ -61,9 +57,7 @@ async def test_a_callee_cannot_replay_a_call_it_received_anywhere(up_fabric: UpF
 
 async def test_every_call_has_a_deadline_and_none_lies_too_far_ahead(up_fabric: UpFabric) -> None:
     _, caller = await up_fabric.add_client(level=1)
-    _, agent_creds = await up_fabric.add_client(agent_id="sun-1", caps=("sun",))
-    agent, served = make_agent(up_fabric.url, "sun-1", capability("sun", level=1))
-    agent.credentials = agent_creds
+    agent, served, agent_creds = await up_fabric.add_agent("sun-1", "sun")
     spy, captured = await spy_on(
         up_fabric, agent_creds, subjects.capability_instance("sun", "sun-1")
     )

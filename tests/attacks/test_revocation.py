@@ -24,7 +24,6 @@ from reach.agent import Agent
 from reach.client import ReachClient
 from reach.errors import AuthenticationFailed, ReachError
 
-from ..calls_helpers import capability, make_agent
 from ..cli_helpers import run_reach
 from .conftest import UpFabric, ask, attacker, code_of, request_bytes
 
@@ -60,9 +59,7 @@ async def revoke(fabric: UpFabric, client_id: str) -> tuple[int, str, str]:
 @pytest.fixture
 async def echo_agent(up_fabric: UpFabric) -> AsyncIterator[Agent]:
     agent_id = f"echo-{secrets.token_hex(3)}"
-    _, creds = await up_fabric.add_client(level=1, agent_id=agent_id, caps=("echo",))
-    agent, _ = make_agent(up_fabric.url, agent_id, capability("echo"))
-    agent.credentials = creds
+    agent, _, _ = await up_fabric.add_agent(agent_id, "echo")
     async with agent:
         yield agent
 
