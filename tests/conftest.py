@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 HERE = Path(__file__).parent
 
 
+#: the token fixtures (clock, ring, issuer, verifier) of the token and revocation tests
+pytest_plugins = ["tests.token_helpers"]
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test compiled modules older than their sources: that is not the code
     under test (``make build`` rebuilds them; ``make pure`` removes them)."""

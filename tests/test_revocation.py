@@ -30,34 +30,11 @@ from reach.security.revocation import (
 from reach.security.tokens import KeyRing, KeyStore, TokenIssuer, TokenRejected, TokenVerifier
 from reach.transport import Connection
 
-WALL = 1_700_000_000.0
+from .token_helpers import WALL
 
 
 def record(client_id: str = "spy") -> ClientRecord:
     return ClientRecord(client_id=client_id, level=2, secret_hash="scrypt$unused", created_at=WALL)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=WALL)
-
-
-@pytest.fixture
-def ring(clock: ManualClock) -> KeyRing:
-    return KeyRing.generate(clock)
-
-
-@pytest.fixture
-def issuer(ring: KeyRing, clock: ManualClock) -> TokenIssuer:
-    return TokenIssuer(ring, clock=clock)
-
-
-@pytest.fixture
-def verifier(ring: KeyRing, clock: ManualClock) -> TokenVerifier:
-    verifier = TokenVerifier(clock=clock)
-    for pub in ring.public_keys():
-        verifier.add_key(pub.kid, pub)
-    return verifier
 
 
 def reason(verifier: TokenVerifier, token: str) -> str:

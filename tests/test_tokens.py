@@ -35,34 +35,7 @@ from reach.security import (
 )
 from reach.transport import Connection
 
-WALL = 1_700_000_000.0
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock(wall=WALL)
-
-
-@pytest.fixture
-def ring(clock: ManualClock) -> KeyRing:
-    return KeyRing.generate(clock)
-
-
-@pytest.fixture
-def issuer(ring: KeyRing, clock: ManualClock) -> TokenIssuer:
-    return TokenIssuer(ring, clock=clock)
-
-
-def verifier_for(ring: KeyRing, clock: ManualClock, **kwargs: Any) -> TokenVerifier:
-    verifier = TokenVerifier(clock=clock, **kwargs)
-    for pub in ring.public_keys():
-        verifier.add_key(pub.kid, pub)
-    return verifier
-
-
-@pytest.fixture
-def verifier(ring: KeyRing, clock: ManualClock) -> TokenVerifier:
-    return verifier_for(ring, clock)
+from .token_helpers import WALL, verifier_for
 
 
 def record(level: int = 2, agent_id: str | None = "report-gen-001", **extra: Any) -> ClientRecord:
