@@ -259,7 +259,7 @@ class Agent:
         self._server.verifier = self._security.verifier
         self._server.max_reply_bytes = self._conn.max_payload - REPLY_FRAMING
         if self._audit_enabled:
-            self.audit = AuditWriter(self._conn)
+            self.audit = AuditWriter(self._conn, servers=self.servers)
             await self.audit.start()
             self._server.on_denied = self._audit_denial
         if self.manifest.mode == "async":

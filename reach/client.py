@@ -339,7 +339,7 @@ class ReachClient:
             self._audit_conn, _ = await connect_as(
                 self.servers, name=f"{self.name}.audit", credentials=self.credentials
             )
-            self.audit = AuditWriter(self._audit_conn, self._audit_config)
+            self.audit = AuditWriter(self._audit_conn, self._audit_config, servers=self.servers)
             await self.audit.start()
         self.telemetry.watch_breakers(self.breakers.open_count, self.name)
 

@@ -5,7 +5,8 @@
 3. connectivity — does each instance answer a probe now, and how fast?
 4. the agent — did requests arrive, did the handler fail or stall?
 5. dependencies — the agent's readiness report (pools, queues)
-6. the fabric — registrar alive, registry records fresh, breaker states
+6. the fabric — registrar alive, registry records fresh, breaker states, audit events
+   dropped (``audit_dropped`` alerts) or waiting in spools on this machine
 
 Each step gives a verdict (ok / warn / fail / skip) with its evidence; the diagnosis
 ends with the layer most likely at fault. The logic is a pure function of what was
@@ -20,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from reach import subjects
+from reach.audit.alerts import Alert, decode_alert
 from reach.audit.reader import AuditFilter, read_events
 from reach.audit.records import AuditEvent
+from reach.audit.spool import SpoolSurvey, survey
 from reach.audit.stats import CallStats
 from reach.errors import (
     ConfigurationError,
@@ -33,6 +36,7 @@ from reach.errors import (
 from reach.models import Instance, RegistrarRecord
 from reach.registry.probe import ProbeResult, probe
 from reach.registry.store import RegistryStore
+from reach.settings import resolve_audit_spool
 from reach.transport import Connection
 
 __all__ = ["LAYERS", "Diagnosis", "Evidence", "Step", "conclude", "diagnose"]
@@ -67,6 +71,14 @@ class Evidence:
     registrars: list[RegistrarRecord] = field(default_factory=list)
     registrar_answered: bool = False
     window_sec: float = 600.0
+    #: ``audit_dropped`` alerts in the window: writers that lost events
+    audit_drops: list[Alert] = field(default_factory=list)
+    #: audit spools on this machine holding events REACH_AUDIT has not acked
+    spools: list[SpoolSurvey] = field(default_factory=list)
+
+
+#: ``audit_dropped`` alerts doctor reads at most (the latest)
+DROP_ALERTS_READ = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,9 @@ async def gather(
 ) -> Evidence:
     now = time.time()
     ev = Evidence(target=target, now=now, window_sec=window_sec)
+    spool_root = resolve_audit_spool()
+    ev.spools = survey(spool_root) if spool_root is not None else []
+    ev.audit_drops = await _audit_drops(conn, now - window_sec)
     try:
         store = await RegistryStore.open(conn, create=False)
     except ConfigurationError:
@@ -122,6 +137,20 @@ async def gather(
     except ReachError:
         ev.registrar_answered = False
     return ev
+
+
+async def _audit_drops(conn: Connection, since: float) -> list[Alert]:
+    """The ``audit_dropped`` alerts since ``since`` (none if REACH_ALERTS is unreadable)."""
+    found: list[Alert] = []
+    try:
+        stream = await conn.stream(subjects.ALERTS_STREAM)
+        async for msg in stream.read(subjects.alert("audit_dropped"), since=since):
+            alert = decode_alert(msg.data)
+            if alert is not None:
+                found.append(alert)
+    except ReachError:
+        pass
+    return found[-DROP_ALERTS_READ:]
 
 
 def _ago(seconds: float) -> str:
@@ -420,4 +449,38 @@ def _fabric_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]])
         findings.append("no recent calls: breaker states unknown (all closed as far as seen)")
     else:
         findings.append("no breaker open in recent calls")
+    audit = _audit_findings(ev)
+    if audit:
+        findings += audit
+        verdict = "warn" if verdict == "ok" else verdict
     return Step(6, "fabric", verdict, findings)
+
+
+def _audit_findings(ev: Evidence) -> list[str]:
+    """Audit events lost (``audit_dropped`` alerts) or still on local disk (spools)."""
+    findings: list[str] = []
+    if ev.audit_drops:
+        by_writer: dict[str, int] = {}
+        for alert in ev.audit_drops:
+            dropped = alert.details.get("dropped")
+            by_writer[alert.key] = by_writer.get(alert.key, 0) + (
+                dropped if isinstance(dropped, int) else 0
+            )
+        told = ", ".join(f"{n} by {writer}" for writer, n in sorted(by_writer.items()))
+        findings.append(
+            f"audit events DROPPED in the last {ev.window_sec / 60:.0f} min: {told}"
+            f" ({subjects.AUDIT_STREAM} did not ack for longer than the writers' memory and"
+            " spool hold): those calls have no audit event"
+        )
+    for spool in ev.spools:
+        owner = (
+            "a running writer is sending them"
+            if spool.live
+            else "the next start of a writer of that user sends them"
+        )
+        line = f"audit spool {spool.directory}: {spool.events} event(s) not yet in"
+        line += f" {subjects.AUDIT_STREAM} ({owner})"
+        if spool.dropped:
+            line += f"; {spool.dropped} dropped event(s) not yet alerted"
+        findings.append(line)
+    return findings

@@ -7,10 +7,22 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_STORE", "DEFAULT_URL", "resolve_credentials", "resolve_servers"]
+from reach.errors import ConfigurationError
+
+__all__ = [
+    "AUDIT_SPOOL_MAX_BYTES",
+    "DEFAULT_STORE",
+    "DEFAULT_URL",
+    "resolve_audit_spool",
+    "resolve_audit_spool_max",
+    "resolve_credentials",
+    "resolve_servers",
+]
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_STORE = ".reach"
+#: what one audit writer's spool file may hold by default (``REACH_AUDIT_SPOOL_MAX_MB``)
+AUDIT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 
 
 def resolve_servers(
@@ -47,3 +59,38 @@ def resolve_credentials(credentials: str | os.PathLike[str] | None = None) -> Pa
         return Path(env)
     dev = Path(DEFAULT_STORE) / "dev.creds"
     return dev if dev.exists() else None
+
+
+def resolve_audit_spool(spool: str | os.PathLike[str] | None = None) -> Path | None:
+    """Where audit writers keep the events REACH_AUDIT has not acknowledged, past their
+    memory bound and at shutdown: ``spool=`` argument, else ``REACH_AUDIT_SPOOL``, else
+    ``$XDG_STATE_HOME/reach/audit-spool`` (``~/.local/state/reach/audit-spool``). ``off``
+    (argument or variable): no spool, events past the memory bound are dropped (counted)."""
+    value: str | os.PathLike[str] | None = spool
+    if value is None:
+        value = os.environ.get("REACH_AUDIT_SPOOL") or None
+    if value is not None:
+        return None if str(value).strip().lower() == "off" else Path(value).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "reach" / "audit-spool"
+
+
+def resolve_audit_spool_max(max_bytes: int | None = None) -> int:
+    """The size limit of one audit writer's spool file: ``max_bytes=``, else
+    ``REACH_AUDIT_SPOOL_MAX_MB`` (MiB), else 256 MiB. A bad value is a ConfigurationError."""
+    if max_bytes is not None:
+        if max_bytes <= 0:
+            raise ConfigurationError(f"the audit spool's size limit must be > 0, not {max_bytes}")
+        return max_bytes
+    env = os.environ.get("REACH_AUDIT_SPOOL_MAX_MB", "").strip()
+    if not env:
+        return AUDIT_SPOOL_MAX_BYTES
+    try:
+        value = int(float(env) * 1024 * 1024)
+    except (ValueError, OverflowError):
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(
+            f"REACH_AUDIT_SPOOL_MAX_MB must be a positive number of MiB, not {env!r}"
+        )
+    return value

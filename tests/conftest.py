@@ -224,3 +224,13 @@ def _collect_garbage_per_test() -> Iterator[None]:
     import gc
 
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _audit_spool_per_test(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit writers (and agent processes the test starts) spool in a directory of the
+    test's own: never in the user's, and never what another test's writers left."""
+    root = tmp_path_factory.getbasetemp() / "audit-spool" / os.urandom(6).hex()
+    monkeypatch.setenv("REACH_AUDIT_SPOOL", str(root))

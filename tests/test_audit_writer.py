@@ -104,9 +104,12 @@ async def test_events_survive_a_nats_restart_and_none_is_written_twice(
         await conn.close()
 
 
-async def test_a_full_buffer_drops_new_events_and_counts_them(conn: Connection) -> None:
+async def test_a_full_buffer_without_a_spool_drops_new_events_and_counts_them(
+    conn: Connection,
+) -> None:
     # no stream yet: nothing can be written, so the buffer fills
-    writer = AuditWriter(conn, WriterConfig(max_buffer=50, flush_interval=0.01, retry_max=0.05))
+    config = WriterConfig(max_buffer=50, flush_interval=0.01, retry_max=0.05, spool="off")
+    writer = AuditWriter(conn, config)
     await writer.start()
     for n in range(80):
         writer.record(event(n))

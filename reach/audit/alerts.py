@@ -7,7 +7,10 @@ Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
 * ``unhealthy`` — an instance turned unhealthy (the registrar's reason included);
 * ``breaker_rejections`` — breaker rejections above 10 % of a capability's calls in a
   minute (at least 20 calls): a warning while the success rate still looks fine;
-* ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe.
+* ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe;
+* ``audit_dropped`` — an audit writer dropped events (REACH_AUDIT did not ack for longer
+  than its memory and spool could hold, or events could not be packed): raised from the
+  count in the writer's next notice, one alert per notice.
 
 The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the audit
 writers' notices (``reach.v1.audited.<capability>.<writer>``: a batch is stored, its summary, and
@@ -50,7 +53,9 @@ __all__ = [
 
 log = logging.getLogger("reach.alerts")
 
-RuleName = Literal["retry_storm", "unhealthy", "breaker_rejections", "new_agent_probe_failed"]
+RuleName = Literal[
+    "retry_storm", "unhealthy", "breaker_rejections", "new_agent_probe_failed", "audit_dropped"
+]
 RULES: tuple[str, ...] = get_args(RuleName)
 
 _K = TypeVar("_K")
@@ -77,6 +82,10 @@ class Alert(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
     def msg_id(self, bucket_sec: float) -> str:
+        seq = self.details.get("seq")
+        if self.rule == "audit_dropped" and isinstance(seq, int):
+            # one per notice, whichever registrar heard it and whenever
+            return f"{self.rule}.{self.key}.{seq}"
         return f"{self.rule}.{self.key}.{int(self.ts // bucket_sec)}"
 
 
@@ -381,6 +390,22 @@ class AlertEngine:
     def forget(self, agent_id: str) -> None:
         self._status.pop(agent_id, None)
 
+    def audit_dropped(self, writer: str, dropped: int, seq: int) -> Alert:
+        """The alert for ``dropped`` events a writer reported in its notice of batch
+        ``seq``: always raised (each notice counts drops of its own)."""
+        return Alert(
+            rule="audit_dropped",
+            key=writer,
+            ts=self._clock.time(),
+            severity="critical",
+            summary=(
+                f"{writer} dropped {dropped} audit event(s): {subjects.AUDIT_STREAM} did not"
+                " ack for longer than its memory and spool hold (or events could not be"
+                " packed); see `reach doctor` and the writer's log"
+            ),
+            details={"writer": writer, "dropped": dropped, "seq": seq},
+        )
+
 
 def _caller_of(event: Mapping[str, Any], writer: str | None) -> str | None:
     """Who the rules count a caller-side event against; None when its writer is not the
@@ -466,6 +491,8 @@ class AlertWatcher:
         except ValueError as exc:  # not one of ours, or damaged: never the watcher's end
             log.warning("alerts: a notice on %s not understood: %s", msg.subject, exc)
             return
+        if notice.dropped:
+            await self._publish([self.engine.audit_dropped(writer, notice.dropped, notice.seq)])
         if notice.notable == 0:
             self.engine.count_calls(notice.calls)
             return

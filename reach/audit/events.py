@@ -448,10 +448,13 @@ def summary_headers(summary: RowSummary) -> dict[str, str]:
     }
 
 
-def encode_notice(seq: int, summary: RowSummary) -> bytes:
+def encode_notice(seq: int, summary: RowSummary, dropped: int = 0) -> bytes:
     """The notice on ``reach.v1.audited.<capability>.<writer>`` that the stream holds a batch at
-    ``seq``, with its summary (``AuditNotice`` in ``reach.audit.records``)."""
-    notice = {"seq": seq, "calls": summary.calls, "notable": summary.notable}
+    ``seq``, with its summary (``AuditNotice`` in ``reach.audit.records``) and the events
+    its writer dropped since its last notice, if any."""
+    notice: dict[str, object] = {"seq": seq, "calls": summary.calls, "notable": summary.notable}
+    if dropped:
+        notice["dropped"] = dropped
     return json.dumps(notice, separators=(",", ":")).encode()
 
 

@@ -138,6 +138,12 @@ class AuditNotice(_Model):
         description="calls recorded by callers (side 'caller') in the batch, by capability"
     )
     notable: int = Field(ge=0, description="caller rows with retries or a breaker rejection")
+    dropped: int = Field(
+        0,
+        ge=0,
+        description="events the writer dropped since its last notice (its memory and spool"
+        " were full, or they could not be packed): the alert rules raise audit_dropped",
+    )
 
 
 def decode_notice(data: bytes) -> AuditNotice:
