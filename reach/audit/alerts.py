@@ -10,7 +10,7 @@ Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
 * ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe;
 * ``audit_dropped`` — an audit writer dropped events (REACH_AUDIT did not ack for longer
   than its memory and spool could hold, or events could not be packed): raised from the
-  count in the writer's next notice, one alert per notice.
+  writer's report (a notice with a ``dropped`` count), one alert per report.
 
 The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the audit
 writers' notices (``reach.v1.audited.<capability>.<writer>``: a batch is stored, its summary, and
@@ -82,10 +82,11 @@ class Alert(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
     def msg_id(self, bucket_sec: float) -> str:
-        seq = self.details.get("seq")
-        if self.rule == "audit_dropped" and isinstance(seq, int):
-            # one per notice, whichever registrar heard it and whenever
-            return f"{self.rule}.{self.key}.{seq}"
+        seq, dropped = self.details.get("seq"), self.details.get("dropped")
+        if self.rule == "audit_dropped":
+            # one per report, whichever registrar heard it (a report asked again after
+            # a lost answer is the same one)
+            return f"{self.rule}.{self.key}.{seq}.{dropped}"
         return f"{self.rule}.{self.key}.{int(self.ts // bucket_sec)}"
 
 
@@ -391,8 +392,8 @@ class AlertEngine:
         self._status.pop(agent_id, None)
 
     def audit_dropped(self, writer: str, dropped: int, seq: int) -> Alert:
-        """The alert for ``dropped`` events a writer reported in its notice of batch
-        ``seq``: always raised (each notice counts drops of its own)."""
+        """The alert for ``dropped`` events a writer reported with its notice of batch
+        ``seq``: always raised (each report counts drops of its own)."""
         return Alert(
             rule="audit_dropped",
             key=writer,
@@ -492,7 +493,10 @@ class AlertWatcher:
             log.warning("alerts: a notice on %s not understood: %s", msg.subject, exc)
             return
         if notice.dropped:
+            # a writer's report of events it dropped: answered once the alert is stored
             await self._publish([self.engine.audit_dropped(writer, notice.dropped, notice.seq)])
+            if msg.reply:
+                await self._conn.respond(msg, b"")
         if notice.notable == 0:
             self.engine.count_calls(notice.calls)
             return

@@ -15,7 +15,7 @@ their message ids), and at shutdown whatever the stream has not acked by then go
 too. A writer of the same NATS user on the same fabric sends what it finds there first,
 at its start. Only when the spool is full (or off) are events dropped: counted in
 ``dropped``, logged once per outage, and told to the alert rules (``audit_dropped``)
-with the next batch's notice. The spool costs nothing while the stream acks.
+once the stream acks again. The spool costs nothing while the stream acks.
 """
 
 from __future__ import annotations
@@ -137,8 +137,12 @@ class AuditWriter:
         #: events acked by the stream / dropped (memory and spool full, or not packable)
         self.written = 0
         self.dropped = 0
-        #: dropped events the alert rules have not been told of (in the next notice)
+        #: dropped events the alert rules have not been told of, and when to tell them
+        #: (after a notice of the last batch acked: its sequence and capability)
         self._unreported = 0
+        self._report_at = 0.0
+        self._last_seq = 0
+        self._last_capability = ""
         #: said once per outage: the stream does not ack, events go to the spool, dropped
         self._warned = False
         self._spilling = False
@@ -368,17 +372,18 @@ class AuditWriter:
         if not self._spilling:
             self._spilling = True
             log.warning(
-                "audit: %d event(s) wait for %s: past %d in memory they go to %s (up to %d MiB)",
+                "audit: %d event(s) wait for %s: past %d in memory they go to %s (up to %s)",
                 self.pending,
                 subjects.AUDIT_STREAM,
                 self._max_buffer,
                 self._spool.path,
-                self._spool.max_bytes >> 20,
+                _size(self._spool.max_bytes),
             )
         return True
 
     def _drop(self, count: int) -> None:
-        """``count`` events are lost: counted, and told to the alert rules."""
+        """``count`` events are lost: counted, and told to the alert rules (once the
+        stream acks again; see ``_report_drops``)."""
         self.dropped += count
         self._unreported += count
 
@@ -409,6 +414,8 @@ class AuditWriter:
                         await asyncio.wait_for(self._wake.wait(), wait)
             self._seal_due(time.monotonic())
             if not self._batches and not self._spooled():
+                if self._unreported and self._last_seq and time.monotonic() >= self._report_at:
+                    await self._report_drops()
                 continue
             failed = False
             try:
@@ -498,6 +505,7 @@ class AuditWriter:
             self.written += batch.count
             if self._warned:
                 self._back()
+            self._last_seq, self._last_capability = seq, batch.capability
             await self._notify(batch, seq)
 
     def _next(self) -> tuple[_Batch | None, bool]:
@@ -550,16 +558,28 @@ class AuditWriter:
         """Tell the alert rules where the stream holds ``batch`` (core NATS, best effort:
         the events are stored either way; a notice lost with the connection only leaves
         its calls out of the last minute's counts). After a resend whose first ack was
-        lost the notice goes out once, with the first copy's sequence. It carries the
-        events dropped since the last notice that went out."""
-        dropped = self._unreported
+        lost the notice goes out once, with the first copy's sequence."""
         try:
             await self._conn.publish(
                 subjects.audited(batch.capability, self._conn.writer),
-                encode_notice(seq, batch.summary, dropped),
+                encode_notice(seq, batch.summary),
             )
         except ReachError as exc:
             log.debug("audit: no notice of batch %d of %s: %s", seq, batch.capability, exc)
+
+    async def _report_drops(self) -> None:
+        """Tell the alert rules how many events were dropped, once the stream acks again
+        and nothing waits: a notice of the last batch with its ``dropped`` count, as a
+        request that a registrar's alert watcher answers once it has raised the alert.
+        Unanswered (no registrar), it is asked again a second later."""
+        dropped = self._unreported
+        notice = encode_notice(self._last_seq, RowSummary(), dropped)
+        subject = subjects.audited(self._last_capability, self._conn.writer)
+        try:
+            await self._conn.request(subject, notice, timeout=self.config.ack_timeout)
+        except ReachError as exc:
+            self._report_at = time.monotonic() + 1.0
+            log.debug("audit: %d dropped event(s) not reported yet: %s", dropped, exc)
             return
         self._unreported -= dropped
 
@@ -586,3 +606,7 @@ class AuditWriter:
 def _drop_count(dropped: int) -> SpooledBatch:
     """A spool record of no events: drops the alert rules have not heard of yet."""
     return SpooledBatch("", "", 0, {}, 0, b"", dropped)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
