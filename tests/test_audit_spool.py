@@ -13,8 +13,9 @@ import pytest
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.alerts import decode_alert
+from reach.audit.events import RowSummary
 from reach.audit.records import AuditNotice, decode_notice
-from reach.audit.spool import MAGIC, SUFFIX, Spool, SpooledBatch, survey
+from reach.audit.spool import MAGIC, SUFFIX, Batch, Spool, survey
 from reach.doctor import conclude, gather
 from reach.errors import ConfigurationError
 from reach.registry import Registrar, RegistrarConfig
@@ -138,7 +139,7 @@ async def test_a_spooled_batch_sent_again_is_stored_once(nats_server: NatsServer
     msg_id = stored.headers["Nats-Msg-Id"] if stored.headers else ""
     spool = Spool(writer.spool.directory, "earlier", 1 << 20)
     spool.append(
-        SpooledBatch("echo", msg_id, 10, {"echo": 10}, 0, stored.data)
+        Batch("echo", msg_id, stored.data, 10, RowSummary())
     )  # fmt: skip
     spool.close()
     again = AuditWriter(conn, WriterConfig(**FAST), servers=[nats_server.url])
@@ -252,8 +253,8 @@ async def test_drops_at_shutdown_are_kept_in_the_spool_and_reported_by_the_next_
 def test_a_live_writers_spool_is_not_taken_and_a_damaged_record_is_skipped(
     tmp_path: Path,
 ) -> None:
-    def batch(n: int) -> SpooledBatch:
-        return SpooledBatch("echo", f"w.{n}", 2, {"echo": 2}, 0, b"x" * 100)
+    def batch(n: int) -> Batch:
+        return Batch("echo", f"w.{n}", b"x" * 100, 2, RowSummary())
 
     live = Spool(tmp_path, "live", 1 << 20)
     assert live.append(batch(1))
@@ -282,9 +283,9 @@ def test_the_spools_size_limit_and_its_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spool = Spool(tmp_path, "w", 600)
-    assert spool.append(SpooledBatch("echo", "w.1", 1, {}, 0, b"x" * 300))
-    assert not spool.append(SpooledBatch("echo", "w.2", 1, {}, 0, b"x" * 300))  # full
-    assert spool.append(SpooledBatch("", "", 0, {}, 0, b"", 7), force=True)  # a drop count
+    assert spool.append(Batch("echo", "w.1", b"x" * 300, 1, RowSummary()))
+    assert not spool.append(Batch("echo", "w.2", b"x" * 300, 1, RowSummary()))  # full
+    assert spool.append_drops(7)  # a drop count: past the limit too
     assert (spool.events, spool.records) == (1, 2)
     spool.close()
     monkeypatch.setenv("REACH_AUDIT_SPOOL", "off")

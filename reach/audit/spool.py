@@ -38,7 +38,9 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["Spool", "SpoolSurvey", "SpooledBatch", "fabric_key", "spool_directory", "survey"]
+from reach.audit.events import RowSummary
+
+__all__ = ["Batch", "Spool", "SpoolSurvey", "fabric_key", "spool_directory", "survey"]
 
 log = logging.getLogger("reach.audit")
 
@@ -49,18 +51,16 @@ _HEAD = struct.Struct("<4sIII")  # tag, payload length, payload CRC-32, events
 _NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-@dataclass(frozen=True, slots=True)
-class SpooledBatch:
-    """One stream message waiting to be written (or, with ``count`` 0, a drop count)."""
+@dataclass(slots=True)
+class Batch:
+    """One stream message of audit events, sealed: written (and resent) as it is."""
 
+    #: the last token of its subject
     capability: str
     msg_id: str
-    count: int
-    calls: dict[str, int]
-    notable: int
     data: bytes
-    #: events dropped by the writer that the alert rules have not heard of
-    dropped: int = 0
+    count: int
+    summary: RowSummary
 
 
 def fabric_key(servers: Sequence[str]) -> str:
@@ -79,22 +79,15 @@ def spool_directory(root: Path, servers: Sequence[str], writer: str) -> Path:
     return root / fabric_key(servers) / _NAME_RE.sub("_", writer)
 
 
-def _encode(batch: SpooledBatch) -> bytes:
-    payload: bytes = msgpack.packb(
-        [
-            batch.capability,
-            batch.msg_id,
-            batch.calls,
-            batch.notable,
-            batch.dropped,
-            batch.data,
-        ],
-        use_bin_type=True,
-    )
+def _encode(batch: Batch, dropped: int = 0) -> bytes:
+    summary = batch.summary
+    fields = [batch.capability, batch.msg_id, summary.calls, summary.notable, dropped, batch.data]
+    payload: bytes = msgpack.packb(fields, use_bin_type=True)
     return _HEAD.pack(_TAG, len(payload), zlib.crc32(payload), batch.count) + payload
 
 
-def _decode(payload: bytes, count: int) -> SpooledBatch:
+def _decode(payload: bytes, count: int) -> tuple[Batch, int]:
+    """A record's batch, and its drop count."""
     fields: Any = msgpack.unpackb(payload, raw=False, strict_map_key=True)
     capability, msg_id, calls, notable, dropped, data = fields
     if not (
@@ -107,7 +100,10 @@ def _decode(payload: bytes, count: int) -> SpooledBatch:
         and isinstance(data, bytes)
     ):
         raise ValueError("a spool record of the wrong shape")
-    return SpooledBatch(capability, msg_id, count, calls, notable, data, dropped)
+    summary = RowSummary()
+    summary.calls = calls
+    summary.notable = notable
+    return Batch(capability, msg_id, data, count, summary), dropped
 
 
 class _File:
@@ -178,14 +174,28 @@ class Spool:
         self.max_bytes = max_bytes
         self._files: deque[_File] = deque()
         self._own: _File | None = None
-        self._peeked: SpooledBatch | None = None
+        self._peeked: Batch | None = None
         #: unsent records and events in every file held
         self.records = 0
         self.events = 0
-        #: events of damaged records, skipped (the writer counts them as dropped)
+        #: events of damaged records, skipped (the writer counts them as dropped), and
+        #: drops earlier writers recorded here and did not report (the writer reports them)
         self.lost = 0
+        self.drops = 0
         #: the last append failed (said once until one succeeds)
         self._failing = False
+
+    @classmethod
+    def open(
+        cls, root: Path, servers: Sequence[str], writer: str, name: str, max_bytes: int
+    ) -> Spool:
+        """The spool of writer ``name`` of NATS user ``writer`` on the fabric at ``servers``,
+        with what earlier writers of that user left (see ``adopt``)."""
+        spool = cls(spool_directory(root, servers, writer), name, max_bytes)
+        taken = spool.adopt()
+        if spool.records:
+            log.info("audit: sending %d event(s) left in %s", taken, spool.directory)
+        return spool
 
     @property
     def path(self) -> Path:
@@ -223,10 +233,15 @@ class Spool:
             taken += found.events
         return taken
 
-    def append(self, batch: SpooledBatch, *, force: bool = False) -> bool:
-        """Add ``batch`` at the end; False when the file would pass ``max_bytes`` (unless
-        ``force``: a drop count) or cannot be written."""
-        record = _encode(batch)
+    def append_drops(self, dropped: int) -> bool:
+        """Record ``dropped`` events not reported to the alert rules (past the limit too)."""
+        return self.append(Batch("", "", b"", 0, RowSummary()), dropped=dropped)
+
+    def append(self, batch: Batch, *, dropped: int = 0) -> bool:
+        """Add ``batch`` at the end; False when the file would pass ``max_bytes`` (unless it
+        is a drop count) or cannot be written."""
+        record = _encode(batch, dropped)
+        force = dropped > 0
         own = self._own
         if not force and (own.size if own is not None else len(MAGIC)) + len(record) > (
             self.max_bytes
@@ -257,8 +272,9 @@ class Spool:
         self.events += batch.count
         return True
 
-    def peek(self) -> SpooledBatch | None:
-        """The oldest record not yet acked (the same one until ``done``)."""
+    def peek(self) -> Batch | None:
+        """The oldest batch not yet acked (the same one until ``done``); drop counts on
+        the way are added to ``drops`` and passed."""
         while self._peeked is None and self._files:
             head = self._files[0]
             if not head.records:
@@ -270,20 +286,23 @@ class Spool:
             self._peeked = self._read(head)
         return self._peeked
 
-    def _read(self, file: _File) -> SpooledBatch | None:
+    def _read(self, file: _File) -> Batch | None:
         tag, length, crc, count = _HEAD.unpack(os.pread(file.fd, _HEAD.size, file.offset))
         payload = os.pread(file.fd, length, file.offset + _HEAD.size)
-        batch: SpooledBatch | None = None
+        batch: Batch | None = None
+        dropped = 0
         if tag == _TAG and len(payload) == length and zlib.crc32(payload) == crc:
             try:
-                batch = _decode(payload, count)
+                batch, dropped = _decode(payload, count)
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
                 log.error("audit: a record of %s not understood: %s", file.path, exc)
         else:
             log.error("audit: a damaged record in %s: %d event(s) lost", file.path, count)
-        if batch is None:
-            self.lost += count
+        if batch is None or not count:
+            self.lost += count if batch is None else 0
+            self.drops += dropped
             self._advance(file, length, count)
+            return None
         return batch
 
     def done(self) -> None:
@@ -388,7 +407,7 @@ def _peek_file(path: Path) -> tuple[int, int, int, int]:
             _, length, _, count = _HEAD.unpack(os.pread(fd, _HEAD.size, offset))
             if count == 0:  # a drop count: the only records without events
                 with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
-                    dropped += _decode(os.pread(fd, length, offset + _HEAD.size), 0).dropped
+                    dropped += _decode(os.pread(fd, length, offset + _HEAD.size), 0)[1]
             offset += _HEAD.size + length
         return file.events, dropped, size, live
     finally:

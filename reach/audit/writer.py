@@ -27,11 +27,10 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from os import PathLike
 from pathlib import Path
 
 from reach import subjects
+from reach.audit.config import WriterConfig
 from reach.audit.events import (
     CAPABILITY_INDEX,
     BatchBuilder,
@@ -41,7 +40,7 @@ from reach.audit.events import (
     pack_row,
     summary_headers,
 )
-from reach.audit.spool import Spool, SpooledBatch, spool_directory
+from reach.audit.spool import Batch, Spool
 from reach.errors import ConfigurationError, NoResponders, ReachError
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
 from reach.tasks import cancel_and_wait
@@ -50,35 +49,6 @@ from reach.transport import Connection, Stream
 __all__ = ["AuditWriter", "WriterConfig"]
 
 log = logging.getLogger("reach.audit")
-
-
-@dataclass(frozen=True, slots=True)
-class WriterConfig:
-    #: events held in memory while the stream cannot be written (then the oldest go to
-    #: the spool; with none, or a full one, new events are dropped and counted)
-    max_buffer: int = 100_000
-    #: events per stream message at most: every message costs the writer, the server and
-    #: each reader (the registrar's alert watcher, `reach audit tail`) a fixed price, so
-    #: fewer is cheaper (measured at 128 calls in flight: the registrar's share of auditing
-    #: went from 0.11 to 0.04 µs a call with batches of ~5,000 instead of 2,048)
-    batch_max: int = 8192
-    #: bytes per stream message at most (and never over half the server's max_payload:
-    #: with nats-server's default of 1 MiB, this is what ends a batch at full load)
-    batch_max_bytes: int = 512 * 1024
-    #: how long an event may wait for company before its batch is written
-    flush_interval: float = 0.25
-    #: wait for a stream ack
-    ack_timeout: float = 2.0
-    #: back-off between failed writes: doubles from ``retry_min`` up to ``retry_max``
-    retry_min: float = 0.05
-    retry_max: float = 1.0
-    #: where events go past ``max_buffer`` and at shutdown until the stream acks them: a
-    #: directory, or "off" (None: ``REACH_AUDIT_SPOOL``, else a directory per user, see
-    #: ``reach.settings.resolve_audit_spool``)
-    spool: str | PathLike[str] | None = None
-    #: bytes this writer's spool file may hold (None: ``REACH_AUDIT_SPOOL_MAX_MB``, else
-    #: 256 MiB); past it events are dropped, counted and alerted
-    spool_max_bytes: int | None = None
 
 
 class _Open:
@@ -90,15 +60,6 @@ class _Open:
         self.batch = BatchBuilder(capability)
         #: monotonic time at which it is written even if not full
         self.due = due
-
-
-@dataclass(slots=True)
-class _Batch:
-    capability: str
-    msg_id: str
-    data: bytes
-    count: int
-    summary: RowSummary
 
 
 class AuditWriter:
@@ -120,7 +81,7 @@ class AuditWriter:
         #: rows: nothing that keeps the garbage collector busy)
         self._open: dict[str, _Open] = {}
         self._filling = 0  # events in them
-        self._batches: deque[_Batch] = deque()
+        self._batches: deque[Batch] = deque()
         self._held = 0  # events in unsent batches
         self._wake = asyncio.Event()
         self._retry_now = asyncio.Event()
@@ -274,19 +235,12 @@ class AuditWriter:
             self._stream = await self._conn.stream(subjects.AUDIT_STREAM, check=False)
             self._conn.on_reconnect(self.reconnected)
             self._max_bytes = min(self.config.batch_max_bytes, self._conn.max_payload // 2)
-            self._open_spool()
+            if self._spool_root is not None:
+                servers = self._servers or (self._conn.connected_url,)
+                self._spool = Spool.open(
+                    self._spool_root, servers, self._conn.writer, self._writer_id, self._spool_max
+                )
             self._task = asyncio.create_task(self._run(), name="reach-audit-writer")
-
-    def _open_spool(self) -> None:
-        """This writer's spool, with what earlier writers of its user left (sent first)."""
-        if self._spool_root is None:
-            return
-        servers = self._servers or (self._conn.connected_url,)
-        directory = spool_directory(self._spool_root, servers, self._conn.writer)
-        self._spool = Spool(directory, self._writer_id, self._spool_max)
-        taken = self._spool.adopt()
-        if self._spool.records:
-            log.info("audit: %d event(s) left in %s by earlier writers: sending", taken, directory)
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Write what is buffered (waiting at most ``timeout``), then stop; what the stream
@@ -319,7 +273,7 @@ class AuditWriter:
             )
         if spool is None:
             return
-        if self._unreported and spool.append(_drop_count(self._unreported), force=True):
+        if self._unreported and spool.append_drops(self._unreported):
             self._unreported = 0
         if spool.events:
             log.warning(
@@ -354,19 +308,10 @@ class AuditWriter:
             self._batches.popleft()
         return self._filling + self._held < self._max_buffer
 
-    def _spill(self, batch: _Batch) -> bool:
+    def _spill(self, batch: Batch) -> bool:
         """``batch`` (the head of ``_batches``, which the caller pops) to the spool."""
         assert self._spool is not None
-        summary = batch.summary
-        spooled = SpooledBatch(
-            batch.capability,
-            batch.msg_id,
-            batch.count,
-            dict(summary.calls),
-            summary.notable,
-            batch.data,
-        )
-        if not self._spool.append(spooled):
+        if not self._spool.append(batch):
             return False
         self._held -= batch.count
         if not self._spilling:
@@ -463,7 +408,7 @@ class AuditWriter:
         if batch.count == lost:
             return
         self._batches.append(
-            _Batch(
+            Batch(
                 # the subject's last token: a name that cannot be one (a caller asked
                 # for "a.>" or "" by mistake) goes under "_", the events keep the name
                 capability=capability if subjects.is_token(capability) else "_",
@@ -508,31 +453,22 @@ class AuditWriter:
             self._last_seq, self._last_capability = seq, batch.capability
             await self._notify(batch, seq)
 
-    def _next(self) -> tuple[_Batch | None, bool]:
+    def _next(self) -> tuple[Batch | None, bool]:
         """The next batch to write, and whether it comes from the spool (else it is taken
         off ``_batches``: a spill while it is in flight cannot take it)."""
         spool = self._spool
-        while spool is not None and spool.records:
-            record = spool.peek()
-            if spool.lost:  # damaged records skipped
-                self._drop(spool.lost)
-                spool.lost = 0
-            if record is None:
-                break
-            if not record.count:  # drops an earlier writer had not reported
-                self._unreported += record.dropped
-                spool.done()
-                continue
-            summary = RowSummary()
-            summary.calls = dict(record.calls)
-            summary.notable = record.notable
-            batch = _Batch(record.capability, record.msg_id, record.data, record.count, summary)
-            return batch, True
+        if spool is not None and spool.records:
+            batch = spool.peek()
+            self._drop(spool.lost)  # damaged records skipped
+            self._unreported += spool.drops  # drops an earlier writer had not reported
+            spool.lost = spool.drops = 0
+            if batch is not None:
+                return batch, True
         if self._batches:
             return self._batches.popleft(), False
         return None, False
 
-    def _sent(self, batch: _Batch, spooled: bool) -> None:
+    def _sent(self, batch: Batch, spooled: bool) -> None:
         if spooled:
             assert self._spool is not None
             self._spool.done()
@@ -544,7 +480,7 @@ class AuditWriter:
         self._warned = self._spilling = self._dropping = False
         log.info("audit: %s acks again; %d event(s) to write", subjects.AUDIT_STREAM, self.pending)
 
-    async def _publish(self, batch: _Batch) -> int:
+    async def _publish(self, batch: Batch) -> int:
         assert self._stream is not None
         return await self._stream.publish(
             subjects.audit(batch.capability, self._conn.writer),
@@ -554,7 +490,7 @@ class AuditWriter:
             headers=summary_headers(batch.summary),
         )
 
-    async def _notify(self, batch: _Batch, seq: int) -> None:
+    async def _notify(self, batch: Batch, seq: int) -> None:
         """Tell the alert rules where the stream holds ``batch`` (core NATS, best effort:
         the events are stored either way; a notice lost with the connection only leaves
         its calls out of the last minute's counts). After a resend whose first ack was
@@ -601,11 +537,6 @@ class AuditWriter:
                 exc,
                 hint,
             )
-
-
-def _drop_count(dropped: int) -> SpooledBatch:
-    """A spool record of no events: drops the alert rules have not heard of yet."""
-    return SpooledBatch("", "", 0, {}, 0, b"", dropped)
 
 
 def _size(n: int) -> str:
