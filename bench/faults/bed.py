@@ -31,6 +31,8 @@ class Timing:
     rate: float = 200.0
     #: seconds of load before the fault (the caller's age at the fault)
     pre_sec: float = 10.0
+    #: seconds of load before the fault in scenarios about a caller that has run a while
+    established_sec: float = 10.0
     #: seconds of load after the fault ended
     post_sec: float = 20.0
     #: a call's deadline: covers a single-node server restart, so idempotent calls can
@@ -38,6 +40,10 @@ class Timing:
     call_timeout_sec: float = 10.0
     #: the instances' latency SLA: one attempt waits 1.5 × this
     latency_sla_ms: float = 200.0
+    #: the instances' health checks (manifest ``health``), as in ``bench.failover``
+    health_interval_sec: float = 1.0
+    probe_timeout_sec: float = 0.5
+    failures_before_unhealthy: int = 2
     #: a killed instance is started again after this
     restart_after_sec: float = 2.0
     short_pause_sec: float = 0.15
@@ -64,7 +70,7 @@ class Timing:
 BENCH = Timing()
 QUICK = Timing(rate=50.0, pre_sec=2.0, post_sec=3.0, gate_down_sec=4.0, long_pause_sec=3.0)
 #: the tests': a few seconds of load each, the targets of the issue unchanged
-TESTS = Timing(rate=40.0, pre_sec=2.0, post_sec=3.0, gate_down_sec=6.0)
+TESTS = Timing(rate=40.0, pre_sec=2.0, post_sec=3.0, gate_down_sec=6.0, established_sec=8.0)
 
 
 @dataclass
@@ -108,6 +114,9 @@ class Bed:
                 agent_id,
                 self.capability,
                 latency_sla_ms=self.timing.latency_sla_ms,
+                interval_sec=self.timing.health_interval_sec,
+                probe_timeout_sec=self.timing.probe_timeout_sec,
+                failures_before_unhealthy=self.timing.failures_before_unhealthy,
                 idempotent=self.idempotent,
             )
         await asyncio.gather(*(self.start_agent(a) for a in self.manifests))

@@ -48,6 +48,10 @@ _AUDIT_SETTLE = 10.0
 _AUDIT_READ_TIMEOUT = 30.0
 
 
+class _Unreadable(RuntimeError):
+    """REACH_AUDIT could not be read after the run."""
+
+
 async def _caller_event_ids(bed: Bed, expected: int) -> list[str]:
     """Call ids of the caller events of the run's capability in REACH_AUDIT, read until
     there are ``expected`` of them or ``_AUDIT_SETTLE`` passed."""
@@ -57,7 +61,12 @@ async def _caller_event_ids(bed: Bed, expected: int) -> list[str]:
     from reach.security.fabric import connect_as
 
     fabric = bed.fabric
-    conn, _ = await connect_as(fabric.urls, name="faults-audit", credentials=fabric.admin_creds)
+    try:
+        conn, _ = await connect_as(
+            fabric.urls, name="faults-audit", credentials=fabric.admin_creds
+        )
+    except ReachError as exc:
+        raise _Unreadable(f"cannot connect to read REACH_AUDIT: {exc}") from exc
     flt = AuditFilter(capability=bed.capability)
     settle = time.monotonic() + _AUDIT_SETTLE
     deadline = time.monotonic() + _AUDIT_READ_TIMEOUT
@@ -65,9 +74,9 @@ async def _caller_event_ids(bed: Bed, expected: int) -> list[str]:
         while True:
             try:
                 ids = [e.call_id async for e in read_events(conn, flt) if e.side == "caller"]
-            except ReachError:
+            except ReachError as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise _Unreadable(f"cannot read REACH_AUDIT: {exc}") from exc
                 await asyncio.sleep(0.2)
                 continue
             if len(ids) >= expected or time.monotonic() > settle:
@@ -92,7 +101,10 @@ async def _load_and_fault(
     caller.proc.stdin.write(b"start\n")
     await caller.proc.stdin.drain()
     began = time.monotonic()
-    await asyncio.sleep(bed.timing.pre_sec)
+    pre = bed.timing.pre_sec
+    if scenario.established_caller:
+        pre = max(pre, bed.timing.established_sec)
+    await asyncio.sleep(pre)
     fault = Fault(time.monotonic(), time.monotonic())
     if scenario.fault is not None:
         try:
@@ -134,7 +146,11 @@ async def _run(bed: Bed, scenario: Scenario, progress: Progress) -> dict[str, An
         await caller.stop()
     record = json.loads(out.read_text())
     calls = calls_of(record["calls"])
-    ids = await _caller_event_ids(bed, len(calls))
+    try:
+        ids = await _caller_event_ids(bed, len(calls))
+    except _Unreadable as exc:
+        bed.checks.append(Check("audit stream readable", False, str(exc)))
+        ids = []
     return _verdict(bed, scenario, fault, calls, record, ids, began)
 
 

@@ -52,6 +52,9 @@ class Scenario:
     fault: FaultFn | None
     idempotent: bool = True
     extra: ExtraChecks | None = None
+    #: load before the fault for at least ``Timing.established_sec``: a caller that has
+    #: run a while (its retry budget is a share of its recent calls)
+    established_caller: bool = False
     #: the call deadline (default: the timing's)
     call_timeout: Callable[[Timing], float] | None = None
 
@@ -282,7 +285,13 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario("baseline", "baseline", "single", None),
-        Scenario("kill-instance", "SIGKILL 1 of 3 idempotent instances", "single", _kill_instance),
+        Scenario(
+            "kill-instance",
+            "SIGKILL 1 of 3 idempotent instances",
+            "single",
+            _kill_instance,
+            established_caller=True,
+        ),
         Scenario(
             "cluster-kill-credentials-leader",
             "`--cluster 3`, SIGKILL the node leading KV_REACH_CREDENTIALS",
