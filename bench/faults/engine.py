@@ -34,7 +34,7 @@ from bench.faults.analysis import (
 )
 from bench.faults.bed import Bed, Timing
 from bench.faults.caller import CallerSettings
-from bench.faults.fabric import start_fabric
+from bench.faults.fabric import Fabric, start_fabric
 from bench.faults.scenarios import SCENARIOS, FaultNotInjected, Scenario
 from bench.procs import Child
 
@@ -62,9 +62,7 @@ async def _caller_event_ids(bed: Bed, expected: int) -> list[str]:
 
     fabric = bed.fabric
     try:
-        conn, _ = await connect_as(
-            fabric.urls, name="faults-audit", credentials=fabric.admin_creds
-        )
+        conn, _ = await connect_as(fabric.urls, name="faults-audit", credentials=fabric.admin_creds)
     except ReachError as exc:
         raise _Unreadable(f"cannot connect to read REACH_AUDIT: {exc}") from exc
     flt = AuditFilter(capability=bed.capability)
@@ -127,7 +125,7 @@ async def _run(bed: Bed, scenario: Scenario, progress: Progress) -> dict[str, An
         credentials=str(bed.fabric.creds),
         capability=bed.capability,
         instances=timing.instances,
-        rate=timing.rate,
+        rate=max(timing.rate, scenario.rate_at_least),
         call_timeout_sec=timeout,
     )
     out = bed.logs / "caller.json"
@@ -139,7 +137,7 @@ async def _run(bed: Bed, scenario: Scenario, progress: Progress) -> dict[str, An
         env=bed.env("caller"),
     )
     try:
-        progress(f"{scenario.name}: load at {timing.rate:g}/s")
+        progress(f"{scenario.name}: load at {settings.rate:g}/s")
         fault, began = await _load_and_fault(bed, scenario, caller, progress)
         await caller.expect("DONE", timeout + 60.0)
     finally:
@@ -210,13 +208,23 @@ def _error_kinds(failed: list[Call]) -> dict[str, int]:
 
 
 async def run_scenario(
-    name: str, timing: Timing, workdir: Path, progress: Progress = lambda _: None
+    name: str,
+    timing: Timing,
+    workdir: Path,
+    progress: Progress = lambda _: None,
+    fabric: Fabric | None = None,
 ) -> dict[str, Any]:
-    """Run scenario ``name`` in ``workdir`` (its stores and logs stay there)."""
+    """Run scenario ``name`` in ``workdir`` (its stores and logs stay there), on
+    ``fabric`` if given (of the scenario's kind; the caller stops it), else on one of its
+    own."""
     scenario = SCENARIOS[name]
+    if fabric is not None and fabric.kind != scenario.fabric:
+        raise ValueError(f"{name} runs on a {scenario.fabric} fabric, not {fabric.kind}")
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    fabric = await start_fabric(scenario.fabric, workdir)
+    own = fabric is None
+    if fabric is None:
+        fabric = await start_fabric(scenario.fabric, workdir)
     progress(f"{name}: {scenario.fabric} fabric at {','.join(fabric.urls)}")
     bed = Bed(
         name=name,
@@ -230,7 +238,8 @@ async def run_scenario(
         return await _run(bed, scenario, progress)
     finally:
         await bed.stop_agents()
-        await fabric.stop()
+        if own:
+            await fabric.stop()
 
 
 def report(outcome: dict[str, Any]) -> str:

@@ -55,6 +55,9 @@ class Scenario:
     #: load before the fault for at least ``Timing.established_sec``: a caller that has
     #: run a while (its retry budget is a share of its recent calls)
     established_caller: bool = False
+    #: calls/s at least, whatever the timing's rate: enough calls to a killed instance
+    #: that their retries outnumber a young caller's retry budget
+    rate_at_least: float = 0.0
     #: the call deadline (default: the timing's)
     call_timeout: Callable[[Timing], float] | None = None
 
@@ -326,6 +329,7 @@ SCENARIOS: dict[str, Scenario] = {
             "single",
             _kill_instance,
             idempotent=False,
+            rate_at_least=100.0,
         ),
         Scenario(
             "kill-registrar", "SIGKILL of reach up's registrar part", "single", _kill_registrar
