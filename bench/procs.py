@@ -96,6 +96,7 @@ class Child:
         self.name = name
         self.proc = proc
         self.log = log
+        self.said = ""
 
     @property
     def pid(self) -> int:
@@ -154,10 +155,13 @@ class Child:
             line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
         except TimeoutError:
             line = b""
-        if not line.decode(errors="replace").startswith(word):
+        text = line.decode(errors="replace")
+        if not text.startswith(word):
             raise RuntimeError(
                 f"{self.name} did not say {word} (said {line!r}); its log:\n{self.tail()}"
             )
+        #: the rest of the line that said ``word``
+        self.said = text[len(word) :].strip()
 
     def tail(self, lines: int = 30) -> str:
         try:

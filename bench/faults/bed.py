@@ -83,6 +83,8 @@ class Bed:
     logs: Path
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     agents: dict[str, Child] = field(default_factory=dict)
+    #: the server the caller is connected to (from its READY line)
+    caller_url: str = ""
     #: checks made while the fault was injected (restart times, pids)
     checks: list[Check] = field(default_factory=list)
 

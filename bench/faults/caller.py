@@ -4,7 +4,8 @@ Child side (run by the scenario engine, not by hand)::
 
     python -m bench.faults.caller SETTINGS_JSON OUT_JSON
 
-connects, waits until its route cache shows every instance healthy and prints ``READY``;
+connects, waits until its route cache shows every instance healthy and prints ``READY
+URL`` (the server it is connected to);
 a line ``start`` on standard input starts the load, a line ``stop`` (or the end of the
 input) ends it. Call ``i`` starts at ``t0 + i / rate`` whether or not earlier calls have
 returned, so a stall shows as latency and failures, not as a lower rate. Once every call
@@ -258,7 +259,8 @@ async def _run(settings: CallerSettings, out: Path) -> None:
         )
         tap = _Tap(client)
         tap.install()
-        print("READY", flush=True)
+        # the server it is connected to: a scenario may move a fault there
+        print(f"READY {client.connection.connected_url}", flush=True)
         while (await reader.readline()).strip() not in (b"start", b""):
             pass
 

@@ -136,6 +136,7 @@ async def _run(bed: Bed, scenario: Scenario, progress: Progress) -> dict[str, An
         bed.logs,
         env=bed.env("caller"),
     )
+    bed.caller_url = caller.said
     try:
         progress(f"{scenario.name}: load at {settings.rate:g}/s")
         fault, began = await _load_and_fault(bed, scenario, caller, progress)

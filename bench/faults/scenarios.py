@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.faults.analysis import (
     Call,
@@ -159,6 +160,27 @@ def _breaker_timing(bed: Bed, fault: Fault, calls: Sequence[Call], breakers: obj
 # -- servers and the login gate ------------------------------------------------------------
 
 
+async def _lead_where_the_caller_is(admin: Any, bed: Bed, stream: str) -> None:
+    """Move ``stream``'s leadership to the caller's node (a leader step-down naming it),
+    so that killing the leader makes the caller log in again during the election."""
+    import json
+
+    from reach.errors import ReachError
+
+    urls = bed.fabric.urls
+    if bed.caller_url not in urls:
+        return
+    node = f"reach-{urls.index(bed.caller_url) + 1}"
+    wanted = int(bed.caller_url.rsplit(":", 1)[1])
+    request = json.dumps({"placement": {"preferred": node}}).encode()
+    for _ in range(3):
+        if await leader_port(admin, bed.fabric, stream) == wanted:
+            break
+        with contextlib.suppress(ReachError):
+            await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, timeout=5.0)
+        await asyncio.sleep(1.0)  # the new leader is elected
+
+
 async def _kill_credentials_leader(bed: Bed) -> Fault:
     from reach import subjects
     from reach.security.fabric import connect_as
@@ -182,6 +204,7 @@ async def _kill_credentials_leader(bed: Bed) -> Fault:
             if await current():
                 break
             await asyncio.sleep(0.1)
+        await _lead_where_the_caller_is(admin, bed, stream)
         port = await leader_port(admin, fabric, stream)
     finally:
         await admin.close()
@@ -204,7 +227,8 @@ async def _kill_credentials_leader(bed: Bed) -> Fault:
             ),
         )
     )
-    return Fault(at, back or time.monotonic(), None, {"killed_port": port})
+    facts = {"killed_port": port, "caller_on_killed_node": bed.caller_url.endswith(f":{port}")}
+    return Fault(at, back or time.monotonic(), None, facts)
 
 
 async def _kill_server(bed: Bed) -> Fault:
