@@ -55,14 +55,16 @@ demo: $(NATIVE)
 up: $(NATIVE)
 	$(BIN)/reach up
 
-# Every suite, one after the other (about 15 minutes on 2 cores): call path, discovery,
-# failover, growth. Each writes bench/results/<suite>.json (+ PNG) and prints its table.
+# Every suite, one after the other (about 25 minutes on 2 cores): call path, discovery,
+# failover, growth, cold path, faults. Each writes bench/results/<suite>.json (+ PNG, or
+# faults.md) and prints its table.
 bench: $(NATIVE)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.discovery
 	$(BIN)/python -m bench.failover
 	$(BIN)/python -m bench.growth
 	$(BIN)/python -m bench.coldpath
+	$(BIN)/python -m bench.faults
 
 schemas: $(STAMP)
 	$(BIN)/reach schema export schemas

@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from bench.profiling import Profile
 
-__all__ = ["Child", "cpu_seconds", "main"]
+__all__ = ["Child", "cpu_seconds", "descendants", "main", "proc_stat"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 _START_TIMEOUT = 60.0
@@ -53,6 +53,42 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def proc_stat(pid: int) -> tuple[str, str, int] | None:
+    """(command name, state, parent pid) of a process (Linux /proc), None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": the name may hold spaces and parentheses
+    head, _, rest = raw.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 2 or "(" not in head:
+        return None
+    return head.split("(", 1)[1], fields[0], int(fields[1])
+
+
+def descendants(pid: int, name: str | None = None) -> list[int]:
+    """Live (not zombie) processes below ``pid``, at any depth; only those whose command
+    name is ``name`` if given."""
+    parents: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = proc_stat(int(entry.name))
+        if stat is None or stat[1] in ("Z", "X"):
+            continue
+        names[int(entry.name)] = stat[0]
+        parents.setdefault(stat[2], []).append(int(entry.name))
+    found: list[int] = []
+    todo = list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(parents.get(child, []))
+    return [p for p in found if name is None or names.get(p) == name]
+
+
 class Child:
     """One child process of the benchmark, speaking the READY protocol."""
 
@@ -60,6 +96,7 @@ class Child:
         self.name = name
         self.proc = proc
         self.log = log
+        self.said = ""
 
     @property
     def pid(self) -> int:
@@ -82,12 +119,15 @@ class Child:
         log_dir: Path,
         timeout: float = _START_TIMEOUT,
         line_limit: int = 2**16,
+        env: dict[str, str] | None = None,
     ) -> Child:
         """``python -m MODULE ARGS`` with this checkout importable, once it said READY;
         its standard error goes to ``log_dir/NAME.log``. ``line_limit`` bounds one line of
-        its standard output (asyncio's stream limit)."""
+        its standard output (asyncio's stream limit); ``env`` replaces this process's
+        environment (PYTHONPATH is still set)."""
         log = log_dir / f"{name}.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath())}
+        base = os.environ if env is None else env
+        env = {**base, "PYTHONPATH": os.pathsep.join(_pythonpath())}
         with _open_log(log) as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -115,10 +155,13 @@ class Child:
             line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
         except TimeoutError:
             line = b""
-        if not line.decode(errors="replace").startswith(word):
+        text = line.decode(errors="replace")
+        if not text.startswith(word):
             raise RuntimeError(
                 f"{self.name} did not say {word} (said {line!r}); its log:\n{self.tail()}"
             )
+        #: the rest of the line that said ``word``
+        self.said = text[len(word) :].strip()
 
     def tail(self, lines: int = 30) -> str:
         try:

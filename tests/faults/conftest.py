@@ -1,0 +1,46 @@
+"""Fixtures of the fault scenarios: ``reach up`` as a process, single node or ``--cluster 3``.
+
+Each runs in its own temporary directory (store, logs, audit spools) on a free loopback
+port, with an environment without ``REACH_URL`` and ``REACH_CREDS``, and is stopped with
+everything it started at teardown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.faults.fabric import Fabric, start_fabric
+
+
+@pytest.fixture
+async def single_node(tmp_path: Path) -> AsyncIterator[Fabric]:
+    """``reach up`` with its own nats-server."""
+    fabric = await start_fabric("single", tmp_path)
+    try:
+        yield fabric
+    finally:
+        await fabric.stop()
+
+
+@pytest.fixture
+async def cluster3(tmp_path: Path) -> AsyncIterator[Fabric]:
+    """``reach up --cluster 3``: three nats-servers as one JetStream cluster."""
+    fabric = await start_fabric("cluster", tmp_path)
+    try:
+        yield fabric
+    finally:
+        await fabric.stop()
+
+
+@pytest.fixture
+async def operator_fabric(tmp_path: Path) -> AsyncIterator[Fabric]:
+    """A nats-server with the login gate's config, and ``reach up --servers URL
+    --auth-callout`` beside it as a process of its own."""
+    fabric = await start_fabric("operator", tmp_path)
+    try:
+        yield fabric
+    finally:
+        await fabric.stop()

@@ -1,0 +1,114 @@
+"""Issue 24's fault scenarios with real processes: the fabric (``reach up``, ``reach up
+--cluster 3``, or nats-server and ``reach up --auth-callout`` apart), three instances of one
+echo capability and an open-loop caller, each its own OS process.
+
+Every scenario asserts, through the engine of ``bench.faults`` (the benchmark runs the
+same code for longer and faster):
+
+- calls failed: none for an idempotent capability; for a non-idempotent one only those
+  in flight on the instance that was killed;
+- REACH_AUDIT, read with the admin credentials, holds exactly one caller event per call
+  (matched by call id: none missing, none twice);
+- every instance serves calls again by the end (a killed one is started again);
+- the scenario's own targets (a restarted process back in time, shares after a pause,
+  breaker timings), and the time to recover is measured.
+
+The outcome's checks are printed when one fails. Load: 40 calls/s, a few seconds before
+and after the fault (``bench.faults.TESTS``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.faults import TESTS, report, run_scenario
+from bench.faults.fabric import Fabric
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+async def _scenario(name: str, fabric: Fabric, tmp_path: Path) -> dict[str, Any]:
+    outcome = await run_scenario(name, TESTS, tmp_path / "run", fabric=fabric)
+    assert outcome["passed"], report(outcome)
+    return outcome
+
+
+async def test_baseline_every_call_succeeds_and_is_audited(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    outcome = await _scenario("baseline", single_node, tmp_path)
+    assert outcome["ok"] == outcome["sent"] == outcome["audit_kept"]
+
+
+async def test_sigkill_of_one_of_three_idempotent_instances_fails_no_call(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    outcome = await _scenario("kill-instance", single_node, tmp_path)
+    assert outcome["ok"] == outcome["sent"]
+    assert outcome["back_in_rotation_sec"] is not None
+
+
+async def test_sigkill_of_a_non_idempotent_instance_fails_only_its_calls_in_flight(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """A young caller (a few seconds of load): its retry budget must still cover the
+    retries of the calls that found the killed instance gone."""
+    await _scenario("kill-non-idempotent", single_node, tmp_path)
+
+
+async def test_sigkill_of_the_single_nats_server_is_survived(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """``reach up`` starts its nats-server again; clients reconnect, agents re-announce,
+    the caller's breakers stay closed while it is back before the agents."""
+    outcome = await _scenario("kill-server", single_node, tmp_path)
+    assert outcome["ok"] == outcome["sent"]
+
+
+async def test_sigkill_of_the_registrar_part_leaves_the_server_and_calls_alone(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """The registrar part (issuer, login gate, registrar) is a child of ``reach up`` whose
+    pid is in ``<store>/registrar.pid``: killed, it is back within 2 s, the nats-server
+    keeps running and calls keep flowing."""
+    await _scenario("kill-registrar", single_node, tmp_path)
+
+
+@pytest.mark.faults_long
+async def test_after_a_150ms_pause_every_instance_gets_its_share_again(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """Each of three equal instances has ≥ 20 % of the calls 10 s after one of them was
+    paused for 150 ms (no starving instance)."""
+    await _scenario("pause-short", single_node, tmp_path)
+
+
+@pytest.mark.faults_long
+async def test_a_10s_hang_opens_its_breaker_during_the_hang_and_not_after(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """The hung instance's breaker opens within 1 s; it serves again within 1 s of
+    SIGCONT."""
+    await _scenario("hang-long", single_node, tmp_path)
+
+
+@pytest.mark.faults_long
+async def test_the_login_gate_down_across_a_server_restart_closes_no_connection_for_good(
+    operator_fabric: Fabric, tmp_path: Path
+) -> None:
+    """nats-server restarts while ``reach up --auth-callout`` (the login gate) is down for
+    a few seconds; once the gate is back every client logs in again and no call fails."""
+    await _scenario("gate-down-server-restart", operator_fabric, tmp_path)
+
+
+@pytest.mark.faults_long
+async def test_sigkill_of_the_node_leading_the_credentials_is_survived(
+    cluster3: Fabric, tmp_path: Path
+) -> None:
+    """``reach up --cluster 3``: the node leading KV_REACH_CREDENTIALS is SIGKILLed; the
+    clients on it log in again on another node during the bucket's leader election, no
+    call fails and no audit event is lost."""
+    await _scenario("cluster-kill-credentials-leader", cluster3, tmp_path)
