@@ -56,6 +56,11 @@ class LoginGate:
         self._own_cache: CredentialCache | None = None
         self.revocations: RevocationGuard | None = None
 
+    @property
+    def connection(self) -> Connection | None:
+        """The callout service user's connection (None before ``start``)."""
+        return self._conn
+
     async def start(self, servers: list[str]) -> None:
         user = self._setup.callout_user
         self._conn = await connect(
