@@ -336,3 +336,48 @@ def test_cluster_options_are_checked_before_anything_starts(
     assert len(lines) == 1, lines
     assert reason in lines[0]
     assert not (tmp_path / ".reach").exists()
+
+
+#: a login answered within this while the credentials' stream elects a leader: well under
+#: the server's auth timeout (5 s), past which the client is refused
+LOGIN_BOUND = 1.5
+#: logins are tried on the surviving nodes for this long after the kill (an election)
+ELECTION_WINDOW = 8.0
+
+
+async def test_logins_are_answered_while_the_credentials_elect_a_leader(
+    cluster: Cluster,
+) -> None:
+    """SIGKILL the node leading KV_REACH_CREDENTIALS: while that stream elects a new
+    leader, every new login on the surviving nodes is answered from the gates' memory,
+    quickly, and none is refused."""
+    creds = cluster.store / "dev.creds"
+    admin, _ = await connect_as(
+        cluster.urls, name="test-admin", credentials=cluster.store / "admin.creds"
+    )
+    try:
+        await _until(lambda: _replicated_on_all(admin), "R3 streams", STEP_TIMEOUT)
+        leader = await _credentials_leader_port(admin, cluster)
+    finally:
+        await admin.close()
+    survivors = [url for url in cluster.urls if _port(url) != leader]
+    os.kill(cluster.node_pids()[leader], signal.SIGKILL)
+
+    logins: list[tuple[str, float, str]] = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + ELECTION_WINDOW
+    while loop.time() < end:
+        for url in survivors:
+            started = loop.time()
+            try:
+                conn, _ = await connect_as([url], name="test-login", credentials=creds)
+            except ReachError as exc:
+                logins.append((url, loop.time() - started, str(exc)))
+                continue
+            logins.append((url, loop.time() - started, ""))
+            await conn.close()
+    refused = [login for login in logins if login[2]]
+    slow = [login for login in logins if login[1] > LOGIN_BOUND]
+    assert len(logins) >= 2 * len(survivors)
+    assert refused == []
+    assert slow == []

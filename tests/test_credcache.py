@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from reach.clock import ManualClock
+from reach.errors import ReachError
 from reach.messages import encode_model
 from reach.security import (
     ClientRecord,
@@ -23,6 +24,7 @@ from reach.security import (
 )
 from reach.security.issuer import _upgrade_from
 from reach.security.verifiers import is_slow, scrypt_hash
+from reach.testing import NatsServer
 from reach.transport import Connection
 
 # -- the cache (real nats-server) --------------------------------------------------------
@@ -140,6 +142,45 @@ async def test_before_the_watch_catches_up_the_store_reads_the_bucket(
     _, secret = await store.add("early-bird", 1)
     store.cache = CredentialCache(store.bucket)  # not started: not ready
     assert (await store.authenticate("early-bird", secret)).client_id == "early-bird"
+
+
+async def test_with_the_server_down_logins_are_answered_from_memory_and_misses_refused(
+    nats_server: NatsServer, store: CredentialStore, cache: CredentialCache
+) -> None:
+    """A failover or a server restart: the records in memory keep answering logins, an
+    id the cache does not hold is refused within the bound instead of waiting on the
+    bucket, and once the server is back the cache follows the bucket again."""
+    _, secret = await store.add("steady", 2)
+    await cache.start()
+    store.cache = cache
+    nats_server.stop_now()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for _ in range(3):
+        record = await store.authenticate("steady", secret, read_timeout=0.3)
+        assert record.client_id == "steady"
+    with pytest.raises(CredentialsRejected) as refused:
+        await store.authenticate("stranger", secret, read_timeout=0.3)
+    assert refused.value.reason == "unconfirmed"
+    assert loop.time() - started < 2.0
+    assert cache.ready
+
+    nats_server.start_now()
+    # the connection comes back by itself; then the cache learns of a new client
+    added, later = await _add_when_back(store, "after-restart")
+    await until(cache, lambda: cache.get("after-restart") is not None, timeout=20.0)
+    assert await store.authenticate("after-restart", later, read_timeout=0.3) == added
+    assert (await store.authenticate("steady", secret)).client_id == "steady"
+
+
+async def _add_when_back(store: CredentialStore, client_id: str) -> tuple[ClientRecord, str]:
+    """Add a client once the bucket takes writes again (the connection reconnecting)."""
+    async with asyncio.timeout(20.0):
+        while True:
+            try:
+                return await store.add(client_id, 1)
+            except ReachError:
+                await asyncio.sleep(0.1)  # reconnecting: no event to wait for here
 
 
 # -- the refusal log (manual clock) -----------------------------------------------------

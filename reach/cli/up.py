@@ -1,11 +1,15 @@
 """``reach up``: a local NATS (embedded nats-server with JetStream) plus a registrar.
 
-With ``--servers URL`` (or ``REACH_URL``) it runs only the registrar against that NATS.
-With ``--cluster N`` it starts N nats-servers on loopback that form one JetStream cluster
-(the registry, credentials, keys and audit streams at 3 replicas, fsync on every write),
-with the login gate on every node; a node that dies is started again.
-It runs until SIGINT/SIGTERM, then stops the registrar, the connection and the servers
-in that order; a second signal stops at once.
+With ``--servers URL`` (or ``REACH_URL``) it runs only the registrar part (token issuer,
+login gates with ``--auth-callout``, registrar) against that NATS, in this process.
+Otherwise it starts a nats-server (``--cluster N``: N of them on loopback that form one
+JetStream cluster, the registry, credentials, keys and audit streams at 3 replicas,
+fsync on every write) and runs the registrar part as a child process, ``reach up
+--servers … --auth-callout``, whose pid is in ``<store>/registrar.pid``; a login gate
+answers on every node. ``reach.supervisor`` keeps these children running: a
+nats-server or registrar part that dies is started again (same port and store).
+It runs until SIGINT/SIGTERM, then stops the registrar part and the servers in that
+order; a second signal stops at once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +37,10 @@ from reach.errors import ConfigurationError, Disconnected, ReachError
 from reach.registry import Registrar, RegistrarConfig
 from reach.runtime import tune_gc
 from reach.security import natsconf
+from reach.security.credentials import CredentialStore
 from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
+from reach.supervisor import ServerChild, ServiceProcess, Supervisor, server_failure
 from reach.transport import Connection, connect
 
 __all__ = ["register"]
@@ -42,10 +49,10 @@ log = logging.getLogger("reach.cli.up")
 
 _HOST = "127.0.0.1"
 _STOP_TIMEOUT = 10.0
-#: how often the embedded server is checked for an unexpected exit
+#: how often the registrar part checks its connections
 _WATCH_INTERVAL = 0.25
-#: a dead cluster node is started again after this pause (a crash loop must not spin)
-_RESTART_DELAY = 1.0
+#: where the pid of the registrar part (a child of ``reach up``) is, in the store
+REGISTRAR_PID_FILE = "registrar.pid"
 #: how long a new cluster may take to elect its JetStream meta leader
 _CLUSTER_READY_TIMEOUT = 30.0
 #: replicas of the registry and streams on a local cluster (and the fewest nodes for them)
@@ -66,6 +73,8 @@ class UpOptions:
     #: with ``servers``: they include ``reach nats-auth``'s file for this store; log in as
     #: the registrar's service user and answer their logins
     auth_callout: bool = False
+    #: the registrar part run by a ``reach up`` that supervises it: its ready line is JSON
+    supervised: bool = False
 
 
 def register(main: click.Group) -> None:
@@ -109,6 +118,7 @@ def register(main: click.Group) -> None:
         " log in as its service user and answer their clients' logins"
     ),
 )
+@click.option("--supervised", is_flag=True, hidden=True)
 @connection_options
 def up(
     target: Target,
@@ -118,6 +128,7 @@ def up(
     audit_max_age: str,
     cluster: int,
     auth_callout: bool,
+    supervised: bool,
 ) -> None:
     """Start NATS with JetStream and a registrar, and run until interrupted."""
     ctx = click.get_current_context()
@@ -159,6 +170,7 @@ def up(
         audit_max_age=max_age,
         cluster=cluster,
         auth_callout=auth_callout,
+        supervised=supervised,
     )
     error = run(_up(options))
     if error:
@@ -166,73 +178,135 @@ def up(
 
 
 async def _up(options: UpOptions) -> str | None:
-    """Run until a signal; a one-line reason if it could not start or the server died."""
+    """Run until a signal; a one-line reason if it could not start or cannot go on."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    nodes: list[EmbeddedServer] = []
+    children: list[ServerChild | ServiceProcess] = []
 
     def on_signal() -> None:
         if stop.is_set():  # a second signal: the user does not want to wait for a clean stop
-            for node in nodes:
-                node.kill()
+            for child in children:
+                if isinstance(child, ServerChild):
+                    child.server.kill()
+                else:
+                    child.kill()
             os._exit(130)
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    conn: Connection | None = None
-    registrar: Registrar | None = None
-    issuer: TokenService | None = None
-    gates: list[LoginGate] = []
-    setup: natsconf.SecureSetup | None = None
     try:
         # the store holds secrets, the JetStream data and the server logs: owner only
         private_dir(options.store)
         if options.servers is None:
-            if _port_in_use(_HOST, options.port):
-                return (
-                    f"port {options.port} on {_HOST} is already in use"
-                    " (another reach up or nats-server?); choose another with --port"
-                )
-            # no anonymous access: every client logs in with its id and secret (auth callout)
-            setup = natsconf.prepare(options.store)
-            if options.cluster > 1:
-                nodes.extend(_cluster_nodes(options, setup))
-            else:
-                config = natsconf.write_config(
-                    setup,
-                    options.store / "nats.conf",
-                    port=options.port,
-                    store_dir=None,
-                    host=_HOST,
-                )
-                nodes.append(
-                    EmbeddedServer(
-                        port=options.port,
-                        store_dir=options.store / "nats",
-                        host=_HOST,
-                        config_file=config,
-                        log_size_limit=natsconf.LOG_SIZE_LIMIT,
-                    )
-                )
-            # all at once: a cluster node's JetStream waits for the others
-            started = await asyncio.gather(*(n.start() for n in nodes), return_exceptions=True)
-            for node, outcome in zip(nodes, started, strict=True):
-                if isinstance(outcome, Disconnected):
-                    return f"nats-server did not start: {_server_failure(node, outcome)}"
-                if isinstance(outcome, BaseException):
-                    raise outcome
-            servers = [node.url for node in nodes]
-        else:
-            servers = options.servers
-            if options.auth_callout:
-                try:
-                    setup = natsconf.prepare(options.store, create=False)
-                except FileNotFoundError as exc:
-                    return (
-                        f"--auth-callout: {exc}; run `reach nats-auth --store {options.store}`"
-                        " and include its file in each nats-server's config"
-                    )
+            return await _supervise(options, stop, children)
+        return await _serve(options, options.servers, stop)
+    finally:
+        # the registrar part first (it writes to NATS as it stops), then the servers
+        for child in reversed(children):
+            if isinstance(child, ServiceProcess):
+                await _quietly(child.stop(), "stop the registrar")
+        servers = [child.server for child in children if isinstance(child, ServerChild)]
+        if servers:
+            await _quietly(_stop_all(servers), "stop nats-server")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _supervise(
+    options: UpOptions, stop: asyncio.Event, children: list[ServerChild | ServiceProcess]
+) -> str | None:
+    """Start nats-servers and the registrar part as children; keep them running."""
+    if _port_in_use(_HOST, options.port):
+        return (
+            f"port {options.port} on {_HOST} is already in use"
+            " (another reach up or nats-server?); choose another with --port"
+        )
+    # no anonymous access: every client logs in with its id and secret (auth callout)
+    setup = natsconf.prepare(options.store)
+    if options.cluster > 1:
+        nodes = _cluster_nodes(options, setup)
+    else:
+        config = natsconf.write_config(
+            setup, options.store / "nats.conf", port=options.port, store_dir=None, host=_HOST
+        )
+        nodes = [
+            EmbeddedServer(
+                port=options.port,
+                store_dir=options.store / "nats",
+                host=_HOST,
+                config_file=config,
+                log_size_limit=natsconf.LOG_SIZE_LIMIT,
+            )
+        ]
+    children.extend(ServerChild(node) for node in nodes)
+    # all at once: a cluster node's JetStream waits for the others
+    started = await asyncio.gather(*(n.start() for n in nodes), return_exceptions=True)
+    for node, outcome in zip(nodes, started, strict=True):
+        if isinstance(outcome, Disconnected):
+            return f"nats-server did not start: {server_failure(node, outcome)}"
+        if isinstance(outcome, BaseException):
+            raise outcome
+    servers = [node.url for node in nodes]
+    registrar = ServiceProcess(
+        _registrar_command(options, servers),
+        label="registrar",
+        pid_file=options.store / REGISTRAR_PID_FILE,
+    )
+    children.append(registrar)
+    try:
+        await registrar.start()
+        ready = json.loads(registrar.ready_line)
+    except (ReachError, ValueError) as exc:
+        return f"the registrar did not start: {exc}"
+    if len(nodes) > 1:
+        where = f"cluster {natsconf.CLUSTER_NAME} of {len(nodes)}, store {options.store}"
+    else:
+        where = f"store {options.store}"
+    click.echo(f"Agent-Reach up: {','.join(servers)} ({where}, registrar {ready['registrar']})")
+    for path in ready["created"]:
+        click.echo(f"created credentials {path} (mode 0600)")
+    supervisor = Supervisor(children, report=lambda line: click.echo(line, err=True))
+    return await supervisor.run(stop)
+
+
+def _registrar_command(options: UpOptions, servers: list[str]) -> list[str]:
+    """``reach up --servers … --auth-callout`` for the registrar part of this ``reach up``."""
+    return [
+        sys.executable,
+        "-m",
+        "reach",
+        "up",
+        "--servers",
+        ",".join(servers),
+        "--store",
+        str(options.store),
+        "--auth-callout",
+        "--replicas",
+        str(options.replicas),
+        "--audit-max-age",
+        f"{options.audit_max_age:g}s",
+        "--supervised",
+    ]
+
+
+async def _serve(options: UpOptions, servers: list[str], stop: asyncio.Event) -> str | None:
+    """The registrar part against ``servers``: token issuer, login gates (with
+    ``--auth-callout``) and registrar, until ``stop`` or a connection closed for good."""
+    setup: natsconf.SecureSetup | None = None
+    if options.auth_callout:
+        try:
+            setup = natsconf.prepare(options.store, create=False)
+        except FileNotFoundError as exc:
+            return (
+                f"--auth-callout: {exc}; run `reach nats-auth --store {options.store}`"
+                " and include its file in each nats-server's config"
+            )
+    conn: Connection | None = None
+    registrar: Registrar | None = None
+    issuer: TokenService | None = None
+    gates: list[LoginGate] = []
+    try:
         service = setup.registrar_user if setup is not None else None
         conn = await connect(
             servers,
@@ -240,7 +314,7 @@ async def _up(options: UpOptions) -> str | None:
             user=service.name if service else None,
             password=service.password if service else None,
         )
-        if len(nodes) > 1 or options.replicas > 1:
+        if len(servers) > 1 or options.replicas > 1:
             await _cluster_ready(conn, options.replicas)
         issuer = TokenService(
             conn, key_file=options.store / "signing.key", replicas=options.replicas
@@ -249,20 +323,7 @@ async def _up(options: UpOptions) -> str | None:
         created = await ensure_first_credentials(issuer, options.store, ",".join(servers))
         if setup is not None:
             assert issuer.credentials is not None
-            # A gate on every node: each answers the logins of its own node, so logging in
-            # does not depend on one node (the callout requests would cross the routes).
-            for url in servers:
-                gate = LoginGate(setup, issuer.credentials)
-                gates.append(gate)
-                try:
-                    await gate.start([url])
-                except Disconnected:
-                    if len(servers) == 1:
-                        raise
-                    # its node is down: the gate answers from another (the requests cross
-                    # the routes), so a cluster with a node down still lets clients in
-                    log.warning("login gate for %s: node down, answering from another", url)
-                    await gate.start(servers)
+            gates = await _start_gates(setup, issuer.credentials, servers)
         tune_gc()  # the registrar replaces a record per heartbeat (reach.runtime)
         registrar = Registrar(
             conn,
@@ -272,20 +333,16 @@ async def _up(options: UpOptions) -> str | None:
             ),
         )
         await registrar.start()
-        if len(nodes) > 1:
-            where = f"cluster {natsconf.CLUSTER_NAME} of {len(nodes)}, store {options.store}"
+        if options.supervised:
+            ready = {"registrar": registrar.registrar_id, "created": [str(p) for p in created]}
+            click.echo(json.dumps(ready))
         else:
-            where = f"store {options.store}" if nodes else "external NATS"
-            if options.auth_callout:
-                where += ", auth callout"
-        shown = ",".join(servers) if nodes else conn.connected_url
-        click.echo(f"Agent-Reach up: {shown} ({where}, registrar {registrar.registrar_id})")
-        for path in created:
-            click.echo(f"created credentials {path} (mode 0600)")
-        if not nodes:
-            await stop.wait()
-            return None
-        return await _until_stopped_or_dead(stop, nodes, restart=len(nodes) > 1)
+            where = "external NATS" + (", auth callout" if options.auth_callout else "")
+            shown = conn.connected_url
+            click.echo(f"Agent-Reach up: {shown} ({where}, registrar {registrar.registrar_id})")
+            for path in created:
+                click.echo(f"created credentials {path} (mode 0600)")
+        return await _until_stopped_or_closed(stop, [conn, *(g.connection for g in gates)])
     finally:
         if registrar is not None:
             await _quietly(registrar.stop(), "stop the registrar")
@@ -295,10 +352,50 @@ async def _up(options: UpOptions) -> str | None:
             await _quietly(issuer.stop(), "stop the token issuer")
         if conn is not None:
             await _quietly(conn.close(), "close the connection")
-        if nodes:
-            await _quietly(_stop_all(nodes), "stop nats-server")
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+
+
+async def _start_gates(
+    setup: natsconf.SecureSetup, credentials: CredentialStore, servers: list[str]
+) -> list[LoginGate]:
+    """A gate on every node: each answers the logins of its own node, so logging in does
+    not depend on one node (the callout requests would cross the routes)."""
+    gates: list[LoginGate] = []
+    try:
+        for url in servers:
+            gate = LoginGate(setup, credentials)
+            gates.append(gate)
+            try:
+                await gate.start([url])
+            except Disconnected:
+                if len(servers) == 1:
+                    raise
+                # its node is down: the gate answers from another (the requests cross
+                # the routes), so a cluster with a node down still lets clients in
+                log.warning("login gate for %s: node down, answering from another", url)
+                await gate.start(servers)
+    except BaseException:
+        for gate in gates:
+            await _quietly(gate.stop(), "stop the login gate")
+        raise
+    return gates
+
+
+async def _until_stopped_or_closed(
+    stop: asyncio.Event, connections: list[Connection | None]
+) -> str | None:
+    """Wait for ``stop``; a connection closed for good (it no longer reconnects) ends the
+    wait with the reason, so that whoever supervises this process starts it again."""
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        while not stopped.done():
+            if any(c is not None and c.is_closed for c in connections):
+                return "a connection to NATS was closed for good; the registrar part exits"
+            await asyncio.wait({stopped}, timeout=_WATCH_INTERVAL)
+        return None
+    finally:
+        stopped.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopped
 
 
 def _cluster_nodes(options: UpOptions, setup: natsconf.SecureSetup) -> list[EmbeddedServer]:
@@ -385,40 +482,6 @@ async def _stop_all(nodes: list[EmbeddedServer]) -> None:
     await asyncio.gather(*(node.stop() for node in nodes))
 
 
-async def _until_stopped_or_dead(
-    stop: asyncio.Event, nodes: list[EmbeddedServer], *, restart: bool
-) -> str | None:
-    """Wait for ``stop``; a dead node ends the wait, or with ``restart`` is started again."""
-    stopped = asyncio.create_task(stop.wait())
-    try:
-        while not stopped.done():
-            for node in nodes:
-                if node.running:
-                    continue
-                if not restart:
-                    return f"nats-server exited unexpectedly; see {node.log_file}"
-                click.echo(
-                    f"nats-server {node.name} exited unexpectedly; starting it again"
-                    f" (see {node.log_file})",
-                    err=True,
-                )
-                await asyncio.wait({stopped}, timeout=_RESTART_DELAY)
-                if stopped.done():
-                    return None
-                try:
-                    await node.start()
-                except Disconnected as exc:
-                    return (
-                        f"nats-server {node.name} did not start again: {_server_failure(node, exc)}"
-                    )
-            await asyncio.wait({stopped}, timeout=_WATCH_INTERVAL)
-        return None
-    finally:
-        stopped.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await stopped
-
-
 async def _quietly(step: Awaitable[None], what: str) -> None:
     """Shut one part down within a bound; a failure must not keep the others running."""
     try:
@@ -436,16 +499,3 @@ def _port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def _server_failure(server: EmbeddedServer, exc: Exception) -> str:
-    """The server's own fatal/error line from its log when there is one, else ``exc``."""
-    try:
-        lines = server.log_file.read_text(errors="replace").splitlines()
-    except OSError:
-        return str(exc)
-    for line in reversed(lines):
-        for mark in ("[FTL]", "[ERR]"):
-            if mark in line:
-                return f"{line.split(mark, 1)[1].strip()} (see {server.log_file})"
-    return str(exc)

@@ -2,11 +2,16 @@
 
 Logins are answered from here (``CredentialStore.cache``): no bucket round trip per
 login, so a flood of made-up client ids costs a dict miss each, and a revocation is seen
-as soon as the watch delivers it. Until the watch has caught up (``ready``) the store
-reads the bucket instead.
+as soon as the watch delivers it. Until the watch has caught up the first time
+(``ready``) the store reads the bucket instead.
 
 Memory: one record per credential in the bucket (written only by admins), nothing per
 login attempt.
+
+Once caught up, the records stay in memory for good: when the watch fails (its
+connection away, a leader election of the bucket's stream) logins are still answered
+from them while the watch is set up again, so a failover never makes a login wait on
+the bucket. The next watch's initial values bring back what changed meanwhile.
 
 Other code learns of changes with ``on_change``: ``callback(client_id, record)`` runs
 for every record applied (the initial load included), ``record`` None when the key was
@@ -66,13 +71,20 @@ class CredentialCache:
         self._rate = miss_reads_per_sec
         self._tokens = miss_reads_per_sec
         self._refilled = clock.monotonic()
+        self._following = False
 
     def __len__(self) -> int:
         return len(self._records)
 
     @property
     def ready(self) -> bool:
+        """Whether the records were loaded: from then on logins are answered from them."""
         return self._ready.is_set()
+
+    @property
+    def following(self) -> bool:
+        """Whether the watch is caught up now (False while it is set up again)."""
+        return self._following
 
     def get(self, client_id: str) -> ClientRecord | None:
         return self._records.get(client_id)
@@ -113,30 +125,47 @@ class CredentialCache:
             await cancel_and_wait([self._task])
             self._task = None
         self._ready.clear()
+        self._following = False
 
     async def _follow(self) -> None:
+        failures = 0
         while True:
             try:
                 await self._watch()
-                log.warning("credential watch ended; watching again")
+                problem = "ended"
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the bucket away, a reconnect: retry, reads fall back
-                log.warning("credential watch failed (%s); watching again", exc)
-            self._ready.clear()
+            except Exception as exc:  # the bucket away, a reconnect: watch again
+                problem = f"failed ({exc or type(exc).__name__})"
+            if self._following or not failures:  # once per outage, not per attempt
+                log.warning(
+                    "credential watch %s; answering logins from the %d record(s) in memory"
+                    " while watching again",
+                    problem,
+                    len(self._records),
+                )
+            self._following = False
+            failures += 1
             await asyncio.sleep(_RETRY_SEC)
 
     async def _watch(self) -> None:
         loaded: set[str] = set()  # ids seen in this watch's initial values
+        caught_up = False
         async for entry in self._bucket.watch(_PREFIX + "*"):
             if entry is None:
+                if caught_up:
+                    continue
                 # caught up: ids no longer in the bucket (deleted while not watching) go
                 for client_id in [c for c in self._records if c not in loaded]:
                     self._apply(client_id, None)
+                caught_up = True
+                if self._ready.is_set() and not self._following:
+                    log.info("credential watch caught up again (%d records)", len(self._records))
+                self._following = True
                 self._ready.set()
                 continue
             client_id = entry.key.removeprefix(_PREFIX)
-            if not self._ready.is_set():
+            if not caught_up:
                 loaded.add(client_id)
             self._apply(client_id, self._decode(entry))
 

@@ -141,7 +141,8 @@ class CredentialsRejected(AuthenticationFailed):
     """A client id + secret was refused; ``reason`` is for logs, the message for the client.
 
     Reasons: ``unknown_client`` and ``bad_secret`` (same message), ``revoked`` (said only
-    to a client that knows the secret), ``rate_limited`` (see ``TooManyAttempts``).
+    to a client that knows the secret), ``rate_limited`` (see ``TooManyAttempts``),
+    ``unconfirmed`` (an id not in memory that the bucket could not confirm in time).
     """
 
     def __init__(self, message: str, *, reason: str, client_id: str = "") -> None:
@@ -307,7 +308,7 @@ class CredentialStore:
             return revoked
         raise ConfigurationError(f"client {client_id} keeps changing; revoke again")
 
-    async def _lookup(self, client_id: str) -> ClientRecord | None:
+    async def _lookup(self, client_id: str, read_timeout: float | None) -> ClientRecord | None:
         if not _CLIENT_ID_RE.fullmatch(client_id):
             return None
         cache = self.cache
@@ -315,7 +316,15 @@ class CredentialStore:
             record = cache.get(client_id)
             if record is not None or not cache.may_read_miss():
                 return record
-        return await self.get(client_id)
+        if read_timeout is None:
+            return await self.get(client_id)
+        try:
+            return await asyncio.wait_for(self.get(client_id), read_timeout)
+        except (TimeoutError, ReachError) as exc:
+            # the bucket cannot answer now (its stream electing a leader, the connection
+            # away): refused, since waiting longer outlasts the login it would answer
+            log.debug("credential %s not read within %.1fs: %s", client_id, read_timeout, exc)
+            raise self._refuse(client_id, "unconfirmed") from None
 
     def _refuse(self, client_id: str, reason: str) -> CredentialsRejected:
         self.refusals[reason] += 1
@@ -326,12 +335,16 @@ class CredentialStore:
         message = f"client {shown} is revoked" if revoked else _GENERIC_REFUSAL
         return CredentialsRejected(message, reason=reason, client_id=shown)
 
-    async def authenticate(self, client_id: str, secret: str) -> ClientRecord:
+    async def authenticate(
+        self, client_id: str, secret: str, *, read_timeout: float | None = None
+    ) -> ClientRecord:
         """The client's record if the secret is right; CredentialsRejected otherwise.
 
         Never TooManyAttempts for a record with a fast verifier: its right secret always
-        gets in, however many wrong ones were tried."""
-        record = await self._lookup(client_id)
+        gets in, however many wrong ones were tried. ``read_timeout``: a record not in
+        the cache is read from the bucket within this many seconds, else refused with
+        reason ``unconfirmed`` (None: wait as long as the bucket takes)."""
+        record = await self._lookup(client_id, read_timeout)
         if record is None:
             verify_secret(secret, dummy_verifier())  # the work a wrong secret costs
             raise self._refuse(client_id, "unknown_client")

@@ -3,8 +3,14 @@
 Every client logs in to NATS with its client id and secret (no anonymous access); the
 gate checks them against REACH_CREDENTIALS and hands the server that client's subject
 permissions (see ``callout.permissions_for``). The records are read from the store's
-in-memory cache (``credcache``), so a login costs no bucket round trip; refusals are
-logged through ``RefusalLog`` (a few lines, then a summary per interval).
+in-memory cache (``credcache``), so a login costs no bucket round trip and goes on
+being answered while REACH_CREDENTIALS elects a leader or the watch is set up again. An
+id not in memory is looked up in the bucket for at most ``MISS_READ_SEC`` (well under
+the server's auth timeout, after which the client is refused anyway), else refused.
+Refusals are logged through ``RefusalLog`` (a few lines, then a summary per interval).
+
+Several gates may answer the same servers (one per ``reach up``, one per node): they
+share the queue group of the callout subject, so each login is answered by one of them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ log = logging.getLogger("reach.gate")
 
 #: a client's NATS login lives this long; then it logs in again (a revocation bites)
 USER_TTL_SEC = 3600.0
+#: the longest a login waits for the bucket to confirm an id the cache does not hold
+MISS_READ_SEC = 1.0
 
 
 class LoginGate:
@@ -47,6 +55,11 @@ class LoginGate:
         self._system: Connection | None = None
         self._own_cache: CredentialCache | None = None
         self.revocations: RevocationGuard | None = None
+
+    @property
+    def connection(self) -> Connection | None:
+        """The callout service user's connection (None before ``start``)."""
+        return self._conn
 
     async def start(self, servers: list[str]) -> None:
         user = self._setup.callout_user
@@ -107,7 +120,9 @@ class LoginGate:
     async def permissions(self, user: str, password: str) -> Permissions | None:
         """The permissions of a client that logs in with its id and secret; None refuses."""
         try:
-            record = await self._credentials.authenticate(user, password)
+            record = await self._credentials.authenticate(
+                user, password, read_timeout=min(MISS_READ_SEC, self._setup.auth_timeout / 4)
+            )
         except AuthenticationFailed as exc:
             reason = exc.reason if isinstance(exc, CredentialsRejected) else "refused"
             self.refusals.refused(user, reason)
