@@ -101,16 +101,47 @@ def test_stays_closed_below_min_calls_even_if_all_fail(clock: ManualClock) -> No
 def test_stays_closed_below_the_failure_ratio(clock: ManualClock) -> None:
     breaker = make(clock)
     calls(breaker, ok=11, failed=9)
-    calls(breaker, ok=30, failed=29)  # 38 of 79 < 50 %
+    for _ in range(29):
+        calls(breaker, ok=1, failed=1)
+    calls(breaker, ok=1)  # 38 of 79 < 50 %
     assert breaker.state is CLOSED
 
 
-def test_a_success_that_brings_calls_to_min_calls_can_open_it(clock: ManualClock) -> None:
+def test_a_success_never_opens_it(clock: ManualClock) -> None:
     breaker = make(clock)
     calls(breaker, failed=10, ok=9)
     assert breaker.state is CLOSED
-    calls(breaker, ok=1)  # 10 failures of 20 calls
+    calls(breaker, ok=1)  # 10 failures of 20 calls, but the last one succeeded
+    assert breaker.state is CLOSED
+    calls(breaker, failed=1)  # the next failure is judged: 11 of 21
     assert breaker.state is OPEN
+
+
+def test_min_calls_failures_in_a_row_open_it_whatever_came_before(clock: ManualClock) -> None:
+    breaker = make(clock)
+    calls(breaker, ok=500)  # a busy target, healthy until now
+    clock.advance(0.1)
+    calls(breaker, failed=19)
+    assert breaker.state is CLOSED
+    calls(breaker, failed=1)  # 20 in a row: 20 of 520 in the window, but all of the newest
+    assert breaker.state is OPEN
+
+
+def test_a_success_breaks_the_run_of_failures(clock: ManualClock) -> None:
+    breaker = make(clock)
+    calls(breaker, ok=500)
+    calls(breaker, failed=19)
+    calls(breaker, ok=1)
+    calls(breaker, failed=19)
+    assert breaker.state is CLOSED
+
+
+def test_a_run_of_failures_older_than_the_window_starts_again(clock: ManualClock) -> None:
+    breaker = make(clock)
+    calls(breaker, failed=10)
+    clock.advance(10.0)
+    calls(breaker, failed=10)  # 20 in a row, but spread over more than the window
+    assert breaker.state is CLOSED
 
 
 def test_failures_expire_as_the_window_slides(clock: ManualClock) -> None:
@@ -137,7 +168,8 @@ def test_only_part_of_the_window_expires(clock: ManualClock) -> None:
     breaker = make(clock)
     calls(breaker, failed=10)  # t = 0
     clock.advance(6.0)
-    calls(breaker, ok=10)  # t = 6: 10 of 20 failed, but min_calls first reached on a success
+    calls(breaker, ok=9)
+    calls(breaker, failed=1)  # t = 6: 11 of 20 failed
     assert breaker.state is OPEN
 
     breaker = make(clock)
@@ -411,3 +443,65 @@ def test_earliest_retry_at_over_targets(clock: ManualClock) -> None:
     assert board.earliest_retry_at([]) == now  # nothing to wait for
     clock.advance(1.0)
     assert board.earliest_retry_at(["a", "b"]) == clock.monotonic()  # a half-opens now
+
+
+# -- the registry's word -------------------------------------------------------------------
+
+
+def test_the_open_wait_stays_short_while_the_registry_reports_the_target_healthy(
+    clock: ManualClock,
+) -> None:
+    breaker = make(clock)
+    breaker.registry_health(True)
+    waits = []
+    trip(breaker)
+    for n in range(4):
+        if n:
+            calls_fail_trial(breaker)  # trips in a row
+        retry_at = breaker.retry_at
+        assert retry_at is not None
+        waits.append(retry_at - clock.monotonic())
+        half_open(breaker, clock)
+    assert waits == [1.0, 1.0, 1.0, 1.0]
+    breaker.registry_health(False)  # its probes fail now: the wait has grown meanwhile
+    calls_fail_trial(breaker)
+    assert breaker.retry_at == clock.monotonic() + 32.0
+
+
+def calls_fail_trial(breaker: CircuitBreaker) -> None:
+    assert breaker.allow()
+    breaker.record_failure()
+    assert breaker.state is OPEN
+
+
+def test_healthy_again_in_the_registry_half_opens_at_once(clock: ManualClock) -> None:
+    breaker = make(clock)
+    trip(breaker)
+    breaker.registry_health(False)
+    assert not breaker.allow()
+    breaker.registry_health(True)  # its registrar's probe passed again
+    assert breaker.state is HALF_OPEN
+    calls(breaker, ok=2)
+    assert breaker.state is CLOSED
+
+
+def test_healthy_news_while_healthy_changes_no_wait(clock: ManualClock) -> None:
+    breaker = make(clock)
+    breaker.registry_health(True)
+    trip(breaker)
+    breaker.registry_health(True)  # every heartbeat's record says so again
+    assert breaker.state is OPEN
+
+
+def test_the_board_remembers_the_registry_for_breakers_made_later(clock: ManualClock) -> None:
+    board = BreakerBoard(BreakerConfig(), clock)
+    board.registry_health("a", True)
+    board.registry_health("b", True)
+    board.registry_health("b", False)
+    trip(board.get("a"))
+    trip(board.get("b"))
+    now = clock.monotonic()
+    assert (board.get("a").retry_at, board.get("b").retry_at) == (now + 1.0, now + 2.0)
+    board.forget("a")
+    trip(board.get("a"))
+    assert board.get("a").retry_at == now + 2.0
