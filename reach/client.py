@@ -270,7 +270,7 @@ class ReachClient:
         self.breakers = BreakerBoard(breaker or BreakerConfig(), clock)
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
         #: what this client observed of each instance (latency) and its calls in flight
-        self.peers = Peers()
+        self.peers = Peers(clock=clock)
         #: calls in flight to the capability's queue subject (no instance known)
         self._anyone = Peer("")
         self._results = ResultCache()
