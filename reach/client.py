@@ -481,9 +481,8 @@ class ReachClient:
                 value = await self._attempt(state, meta, body)
             except ReachError as exc:
                 first = exc
-            if first is not None:
-                if isinstance(first, NoResponders) and self._settling():
-                    value, first = await self._wait_for_instance(first, state, meta, body)
+            if isinstance(first, NoResponders) and self._settling():
+                value, first = await self._wait_for_instance(first, state, meta, body)
             if first is not None:
                 value = await self._retry(first, state, meta, body)
         except ReachError as exc:
