@@ -388,7 +388,7 @@ async def test_breaker_opens_at_threshold_then_half_open_trial_closes_it(
     nats_server: NatsServer, client: ReachClient
 ) -> None:
     clock = ManualClock()
-    client.breakers = BreakerBoard(BreakerConfig(min_calls=20), clock)
+    client.breakers = BreakerBoard(BreakerConfig(min_calls=20, consecutive_failures=20), clock)
     client.retry_budget = RetryBudget(min_retries=0, ratio=0.0, min_per_sec=0)
     ready = {"ok": False}
     agent, _b = make_agent(nats_server.url, "flaky-1", readiness=lambda: ready["ok"])

@@ -3,21 +3,21 @@
 ::
 
     closed ──(a failure: ≥ failure_ratio of ≥ min_calls calls in the window failed,
-              or the newest min_calls calls all failed)──▶ open
+              or consecutive_failures calls in a row failed)──▶ open
     open ──(open wait elapsed, or the registry reports the target healthy again)──▶ half_open
     half_open ──(half_open_successes trial calls succeeded)──▶ closed
     half_open ──(a trial call failed)──▶ open, with the wait doubled (up to open_max_sec)
 
 Failures are judged on a window that reflects now: the ratio over the sliding window
-catches a target that fails often, and a run of ``min_calls`` failures in a row (within
-the window) opens the breaker whatever successes came before it in the window, so a
-target that stops answering is cut off within its first ``min_calls`` failures rather
+catches a target that fails often, and a run of ``consecutive_failures`` failures in a
+row (within the window) opens the breaker whatever successes came before it in the
+window, so a target that stops answering is cut off within its first few failures rather
 than once its earlier successes have expired. Only a failure can open the breaker: a
 success never does.
 
 The open wait is short (``healthy_open_sec``) while the registry reports the target
 healthy: its registrar's probes pass, so the caller tests it again soon and a target that
-recovered is back in rotation within about a second. Otherwise it starts at
+recovered is back in rotation within about half a second. Otherwise it starts at
 ``open_base_sec`` and doubles with each trip in a row, sparing a target that keeps failing.
 
 The breaker never sleeps, never reads the wall clock and never decides which errors count:
@@ -76,18 +76,24 @@ class BreakerConfig:
     window_sec: float = 10.0
     #: the window moves in steps of window_sec / window_buckets (1 s by default)
     window_buckets: int = 10
-    #: fewer calls than this in the window never open the breaker (too little evidence)
+    #: fewer calls than this in the window never open the breaker on the failure ratio
+    #: (too little evidence of a share)
     min_calls: int = 20
-    #: the breaker opens when failures / calls in the window reach this share; it also
-    #: opens when min_calls calls in a row failed within the window
+    #: the breaker opens when failures / calls in the window reach this share
     failure_ratio: float = 0.5
+    #: it also opens when this many calls in a row failed within the window: a target
+    #: that stops answering (hung, dead) fails every call, and waiting for its earlier
+    #: successes to leave the window would keep it in rotation for the whole window.
+    #: Ten in a row from a target that fails one call in three comes about once in
+    #: 60,000 calls.
+    consecutive_failures: int = 10
     #: wait before the first half-open; doubles on each consecutive trip
     open_base_sec: float = 2.0
     #: cap of the doubling wait; the wait falls back to open_base_sec once the breaker closes
     open_max_sec: float = 60.0
     #: the open wait at most while the registry reports the target healthy (its probes
     #: pass): a recovered target is tried again, and back in rotation, within about this
-    healthy_open_sec: float = 1.0
+    healthy_open_sec: float = 0.5
     #: trial calls let through at once while half-open
     half_open_max_calls: int = 3
     #: successful trials needed to close. 2, not 1: one lucky call (a cached answer, a cheap
@@ -112,6 +118,7 @@ class BreakerConfig:
         positive("window_sec", self.window_sec)
         at_least_one("window_buckets", self.window_buckets)
         at_least_one("min_calls", self.min_calls)
+        at_least_one("consecutive_failures", self.consecutive_failures)
         if isinstance(self.failure_ratio, bool) or not 0 < self.failure_ratio <= 1:
             problems.append(f"failure_ratio: must be in (0, 1], got {self.failure_ratio!r}")
         positive("open_base_sec", self.open_base_sec)
@@ -324,7 +331,7 @@ class CircuitBreaker:
         window = self._window
         calls = window.first
         config = self._config
-        if self._streak >= config.min_calls or (
+        if self._streak >= config.consecutive_failures or (
             calls >= config.min_calls and window.second >= config.failure_ratio * calls
         ):
             self._trip(now)
