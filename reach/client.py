@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import time
@@ -253,9 +254,14 @@ class ReachClient:
         audit: bool = True,
         audit_config: WriterConfig | None = None,
         telemetry: Telemetry | None = None,
+        reconnect_settle_sec: float = 10.0,
     ) -> None:
         if max_retries < 0:
             raise ConfigurationError("max_retries must be >= 0")
+        if isinstance(reconnect_settle_sec, bool) or not 0 <= reconnect_settle_sec <= 3600:
+            raise ConfigurationError(
+                f"reconnect_settle_sec must be between 0 and 3600, got {reconnect_settle_sec!r}"
+            )
         self.credentials = resolve_credentials(credentials)
         self.servers = resolve_servers(servers, self.credentials)
         self.name = name
@@ -270,7 +276,7 @@ class ReachClient:
         self.breakers = BreakerBoard(breaker or BreakerConfig(), clock)
         self.retry_budget = retry_budget or RetryBudget(clock=clock)
         #: what this client observed of each instance (latency) and its calls in flight
-        self.peers = Peers()
+        self.peers = Peers(clock=clock)
         #: calls in flight to the capability's queue subject (no instance known)
         self._anyone = Peer("")
         self._results = ResultCache()
@@ -290,6 +296,10 @@ class ReachClient:
         self.audit: AuditWriter | None = None
         self.telemetry = telemetry or Telemetry()
         self._client_id = ""
+        #: for this long after the connection came back, "no responders" is the fabric
+        #: settling (agents reconnect after the caller), not the instance's fault
+        self.reconnect_settle_sec = reconnect_settle_sec
+        self._reconnected_at = -math.inf
 
     async def __aenter__(self) -> ReachClient:
         await self.connect()
@@ -324,6 +334,7 @@ class ReachClient:
                 f"no registry at {', '.join(self.servers)}: is `reach up` running?"
             ) from None
         self._nats_request = self._conn.raw_request
+        self._conn.on_reconnect(self._on_reconnect)
         self._max_body = self._conn.max_payload - REQUEST_FRAMING
         self._security = await FabricSecurity.join(
             self._conn, creds, verify=False, clock=self._clock
@@ -344,9 +355,27 @@ class ReachClient:
         self.telemetry.watch_breakers(self.breakers.open_count, self.name)
 
     def _instance_changed(self, agent_id: str, instance: Instance | None) -> None:
-        """An instance left the registry: what this client kept of it goes too."""
+        """An instance left the registry: what this client kept of it goes too. Otherwise
+        its breaker hears what the registry says of its health."""
         if instance is None:
             self.breakers.forget(agent_id)  # (its peer the route cache forgets)
+        else:
+            self.breakers.registry_health(agent_id, instance.status == "healthy")
+
+    def _on_reconnect(self) -> None:
+        self._reconnected_at = self._clock.monotonic()
+
+    def _settling(self) -> bool:
+        """Is the fabric settling after this client's connection came back (or is the
+        connection away)? Agents reconnect on their own schedule, often after the caller:
+        meanwhile their subjects have nobody listening."""
+        conn = self._conn
+        if conn is None:
+            return False
+        return (
+            not conn.is_connected
+            or self._clock.monotonic() - self._reconnected_at < self.reconnect_settle_sec
+        )
 
     async def close(self) -> None:
         self._closing = True  # calls in flight fail now (Disconnected) and are not retried
@@ -452,6 +481,8 @@ class ReachClient:
                 value = await self._attempt(state, meta, body)
             except ReachError as exc:
                 first = exc
+            if isinstance(first, NoResponders) and self._settling():
+                value, first = await self._wait_for_instance(first, state, meta, body)
             if first is not None:
                 value = await self._retry(first, state, meta, body)
         except ReachError as exc:
@@ -785,6 +816,29 @@ class ReachClient:
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _wait_for_instance(
+        self, error: ReachError, state: _Attempt, meta: envelope.RequestMeta, body: bytes
+    ) -> tuple[Any, ReachError | None]:
+        """While the fabric settles after a reconnect, a call that reached nobody waits
+        for an instance within its deadline instead of failing: another candidate at
+        once, else the same ones again after a short pause (growing to a few tenths of a
+        second), as long as the deadline leaves room. Returns the value, or the last
+        error (None: served)."""
+        pause = _SETTLE_PAUSE
+        while isinstance(error, NoResponders) and self._settling() and not self._closing:
+            if not _has_other(state):
+                left = state.deadline - self._clock.time()
+                if left <= pause:
+                    break
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _SETTLE_PAUSE_MAX)
+                state.failed.clear()  # every candidate is worth another try
+            try:
+                return await self._attempt(state, meta, body), None
+            except ReachError as exc:
+                error = exc
+        return None, error
+
     def _next_call_id(self) -> str:
         # unique per caller without a syscall: a random prefix per client and a counter
         self._call_seq += 1
@@ -889,7 +943,14 @@ class ReachClient:
                 raise self._explain(exc, subject, started, reconnects) from exc
             reply = envelope.unpack_reply(data)
         except NoResponders as exc:
-            self._failed(state, target, breaker)
+            if self._settling():
+                # the fabric is settling after a reconnect: the instance has not
+                # reconnected yet, which says nothing of its health
+                state.failed.add(target)
+                if breaker is not None:
+                    breaker.release()
+            else:
+                self._failed(state, target, breaker)
             state.route.append(
                 (target, state.score, "connect", (time.perf_counter() - started) * 1000)
             )
@@ -1045,3 +1106,6 @@ async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool)
 
 
 _BACKOFF_BASE = 0.2
+#: the first pause of a call waiting for an instance while the fabric settles, and its cap
+_SETTLE_PAUSE = 0.05
+_SETTLE_PAUSE_MAX = 0.4

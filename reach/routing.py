@@ -15,12 +15,14 @@ import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar, final
 
+from reach.clock import Clock, system_clock
 from reach.errors import CircuitOpen, ConfigurationError, NoHealthyInstance
 from reach.models import Capability, HealthStatus, Instance
 from reach.resilience import BreakerBoard
 
 __all__ = [
     "HEALTH_SCORES",
+    "LATENCY_STALE_SEC",
     "RANK_ALL",
     "RANK_SAMPLE",
     "Peer",
@@ -63,6 +65,15 @@ PRERELEASE: Final = 0.7
 #: A new instance then ranks below proven fast ones but above proven slow ones, so it gets
 #: some traffic and a measurement instead of being starved or flooded.
 UNKNOWN_LATENCY_TERM: Final = 0.5
+#: a latency average this caller has not refreshed for this long is old news. An average
+#: moves only when the instance serves, so one spike (a pause, a slow burst) could put an
+#: instance below the tie band for good: no calls, no new measurement. While other
+#: candidates are measured more recently, a stale instance without a call of this caller
+#: in flight is scored like an unmeasured one (with the best latency observed among the
+#: candidates): it gets one call, and that call's latency replaces the old average. A slow
+#: instance so costs one call per this many seconds; a recovered one is back in the band
+#: after it.
+LATENCY_STALE_SEC: Final = 1.0
 
 
 def score_instance(
@@ -107,25 +118,30 @@ class Peer:
     each heartbeat; this is not), so a choice reads it directly: no dictionary lookup per
     candidate, and its numbers sit in the object itself."""
 
-    __slots__ = ("agent_id", "latency_ms", "measured", "outstanding")
+    __slots__ = ("agent_id", "latency_ms", "measured", "outstanding", "seen")
 
     def __init__(self, agent_id: str) -> None:
         self.agent_id = agent_id
         #: the average (ms); meaningless until ``measured``
         self.latency_ms = 0.0
         self.measured = False
+        #: monotonic time of the newest observation
+        self.seen = 0.0
         #: this caller's calls in flight to the instance
         self.outstanding = 0
 
-    def observe(self, ms: float, alpha: float) -> None:
-        """Fold one observed latency in with weight ``alpha``; the first is taken as is."""
+    def observe(self, ms: float, alpha: float, now: float = 0.0) -> None:
+        """Fold one observed latency in with weight ``alpha``, at monotonic time ``now``;
+        the first is taken as is, and so is one that follows an average older than
+        ``LATENCY_STALE_SEC`` (old news)."""
         if ms < 0.0:
             ms = 0.0
-        if self.measured:
+        if self.measured and now - self.seen < LATENCY_STALE_SEC:
             self.latency_ms += alpha * (ms - self.latency_ms)
         else:
             self.latency_ms = ms
             self.measured = True
+        self.seen = now
 
 
 class Peers:
@@ -133,14 +149,16 @@ class Peers:
 
     ``alpha`` is the weight of the newest latency observation: 0.2 follows a change within
     ~10 calls while one slow call moves the average by a fifth of the difference only.
+    ``clock`` times the observations (see ``LATENCY_STALE_SEC``).
     """
 
-    __slots__ = ("_peers", "alpha")
+    __slots__ = ("_peers", "alpha", "clock")
 
-    def __init__(self, alpha: float = 0.2) -> None:
+    def __init__(self, alpha: float = 0.2, clock: Clock = system_clock) -> None:
         if isinstance(alpha, bool) or not 0 < alpha <= 1:
             raise ConfigurationError(f"alpha must be in (0, 1], got {alpha!r}")
         self.alpha = alpha
+        self.clock = clock
         self._peers: dict[str, Peer] = {}
 
     def peer(self, agent_id: str) -> Peer:
@@ -152,11 +170,11 @@ class Peers:
 
     def observe(self, agent_id: str, ms: float) -> None:
         """Fold one observed latency (ms) of ``agent_id`` in."""
-        self.peer(agent_id).observe(ms, self.alpha)
+        self.peer(agent_id).observe(ms, self.alpha, self.clock.monotonic())
 
     def fold(self, peer: Peer, ms: float) -> None:
         """Fold one observed latency (ms) into ``peer`` (the call path's way: it holds it)."""
-        peer.observe(ms, self.alpha)
+        peer.observe(ms, self.alpha, self.clock.monotonic())
 
     def latency(self, agent_id: str) -> float | None:
         """The average latency (ms) observed of ``agent_id``, None if never observed."""
@@ -279,6 +297,7 @@ def _score_into(
     exclude: Collection[str],
     routes: list[RouteEntry],
     scores: list[float],
+    fresh_after: float,
 ) -> None:
     """The entries that can take a call, appended to ``routes`` in the order given, with
     their scores at the same places in ``scores``.
@@ -288,9 +307,13 @@ def _score_into(
     current), over its ``max_concurrency``. An instance whose latency this caller has not
     observed yet is scored with the best latency observed among the candidates (so a new
     instance gets tried and measured instead of starved), or as half the SLA if none is.
+    So is one whose average was last observed before ``fresh_after`` (monotonic) while
+    another candidate's was observed since, unless a call of this caller is in flight to
+    it (see ``LATENCY_STALE_SEC``).
     """
     unmeasured: list[int] = []
-    best_known = -1.0  # the lowest latency observed among them; < 0: none
+    stale: list[int] = []
+    best_known = -1.0  # the lowest latency observed recently among them; < 0: none
     excluding = len(exclude) > 0
     for entry in entries:
         if entry.unhealthy or (excluding and entry.agent_id in exclude):
@@ -300,16 +323,28 @@ def _score_into(
         mine = peer.outstanding
         load = (in_flight if in_flight > mine else mine) * entry.per_slot
         score = entry.base + W_LOAD * (1.0 - (0.0 if load < 0.0 else 1.0 if load > 1.0 else load))
-        if peer.measured:
+        if not peer.measured:
+            unmeasured.append(len(routes))
+        elif peer.seen >= fresh_after or mine:
             observed = peer.latency_ms
             if best_known < 0.0 or observed < best_known:
                 best_known = observed
             term = 1.0 - observed * entry.per_sla_ms
             score += W_LATENCY * (0.0 if term < 0.0 else 1.0 if term > 1.0 else term)
         else:
-            unmeasured.append(len(routes))
+            stale.append(len(routes))
         routes.append(entry)
         scores.append(score)
+    if stale:
+        if best_known < 0.0:
+            # nobody measured recently (a quiet caller): the old averages are all it has
+            for n in stale:
+                observed = routes[n].peer.latency_ms
+                if best_known < 0.0 or observed < best_known:
+                    best_known = observed
+                scores[n] += W_LATENCY * _latency_term(observed * routes[n].per_sla_ms)
+        else:
+            unmeasured.extend(stale)
     for n in unmeasured:
         term = (
             UNKNOWN_LATENCY_TERM
@@ -361,11 +396,12 @@ def rank(
 
     An instance whose latency this caller has not observed yet (``peers``) is scored with
     the best latency observed among the candidates, so a new instance gets tried and
-    measured instead of starved.
+    measured instead of starved; so is one whose average is stale (``LATENCY_STALE_SEC``).
     """
     routes: list[RouteEntry] = []
     scores: list[float] = []
-    _score_into(route_entries(instances, capability, peers), exclude, routes, scores)
+    fresh_after = peers.clock.monotonic() - LATENCY_STALE_SEC
+    _score_into(route_entries(instances, capability, peers), exclude, routes, scores, fresh_after)
     return [(score, entry.instance) for score, entry in _ranked(routes, scores, rng)]
 
 
@@ -396,11 +432,12 @@ def choose(
     pool = sample(entries, RANK_SAMPLE) if len(entries) > RANK_ALL else entries
     routes: list[RouteEntry] = []
     scores: list[float] = []
-    _score_into(pool, failed, routes, scores)
+    fresh_after = breakers.clock.monotonic() - LATENCY_STALE_SEC
+    _score_into(pool, failed, routes, scores, fresh_after)
     if not routes and pool is not entries:
-        _score_into(entries, failed, routes, scores)
+        _score_into(entries, failed, routes, scores, fresh_after)
     if not routes and failed:
-        _score_into(entries, (), routes, scores)
+        _score_into(entries, (), routes, scores, fresh_after)
     if not routes:
         if not entries:
             return None, None

@@ -41,7 +41,7 @@ async def test_the_retry_alert_fires_at_the_eleventh_retry_in_a_minute(
 ) -> None:
     agent, _ = make_agent(nats_server.url, "flaky-1", handler=busy_on_first_attempt)
     # half of the attempts fail: the breaker would open (rightly) before the 11th call
-    patient = BreakerConfig(min_calls=100)
+    patient = BreakerConfig(min_calls=100, consecutive_failures=100)
     async with (
         agent,
         ReachClient(

@@ -26,6 +26,11 @@ def make(clock: ManualClock, **config: float) -> CircuitBreaker:
     return CircuitBreaker("agent-a", BreakerConfig(**config), clock)  # type: ignore[arg-type]
 
 
+def ratio_only(clock: ManualClock) -> CircuitBreaker:
+    """A breaker that opens on the failure ratio alone (no run of failures long enough)."""
+    return make(clock, consecutive_failures=1000)
+
+
 def calls(breaker: CircuitBreaker, *, ok: int = 0, failed: int = 0) -> None:
     for _ in range(ok):
         assert breaker.allow()
@@ -36,7 +41,8 @@ def calls(breaker: CircuitBreaker, *, ok: int = 0, failed: int = 0) -> None:
 
 
 def trip(breaker: CircuitBreaker) -> None:
-    calls(breaker, failed=breaker.config.min_calls)
+    config = breaker.config
+    calls(breaker, failed=min(config.min_calls, config.consecutive_failures))
     assert breaker.state is OPEN
 
 
@@ -53,6 +59,7 @@ def half_open(breaker: CircuitBreaker, clock: ManualClock) -> None:
 def test_defaults_follow_the_design() -> None:
     config = BreakerConfig()
     assert (config.window_sec, config.min_calls, config.failure_ratio) == (10.0, 20, 0.5)
+    assert (config.consecutive_failures, config.healthy_open_sec) == (10, 0.5)
     assert (config.half_open_max_calls, config.half_open_successes) == (3, 2)
 
 
@@ -63,6 +70,8 @@ def test_defaults_follow_the_design() -> None:
         {"window_sec": float("nan")},
         {"window_buckets": 0},
         {"min_calls": 0},
+        {"consecutive_failures": 0},
+        {"healthy_open_sec": 0},
         {"failure_ratio": 0},
         {"failure_ratio": 1.5},
         {"open_base_sec": -1},
@@ -83,7 +92,7 @@ def test_bad_config_is_refused_on_construction(bad: dict[str, float]) -> None:
 
 
 def test_opens_at_the_failure_ratio_once_min_calls_are_reached(clock: ManualClock) -> None:
-    breaker = make(clock)
+    breaker = ratio_only(clock)
     calls(breaker, ok=10, failed=9)
     assert breaker.state is CLOSED
     calls(breaker, failed=1)  # 10 of 20 = 50 %
@@ -92,29 +101,60 @@ def test_opens_at_the_failure_ratio_once_min_calls_are_reached(clock: ManualCloc
 
 
 def test_stays_closed_below_min_calls_even_if_all_fail(clock: ManualClock) -> None:
-    breaker = make(clock)
+    breaker = ratio_only(clock)
     calls(breaker, failed=19)
     assert breaker.state is CLOSED
     assert breaker.allow()
 
 
 def test_stays_closed_below_the_failure_ratio(clock: ManualClock) -> None:
-    breaker = make(clock)
+    breaker = ratio_only(clock)
     calls(breaker, ok=11, failed=9)
-    calls(breaker, ok=30, failed=29)  # 38 of 79 < 50 %
+    for _ in range(29):
+        calls(breaker, ok=1, failed=1)
+    calls(breaker, ok=1)  # 38 of 79 < 50 %
     assert breaker.state is CLOSED
 
 
-def test_a_success_that_brings_calls_to_min_calls_can_open_it(clock: ManualClock) -> None:
-    breaker = make(clock)
+def test_a_success_never_opens_it(clock: ManualClock) -> None:
+    breaker = ratio_only(clock)
     calls(breaker, failed=10, ok=9)
     assert breaker.state is CLOSED
-    calls(breaker, ok=1)  # 10 failures of 20 calls
+    calls(breaker, ok=1)  # 10 failures of 20 calls, but the last one succeeded
+    assert breaker.state is CLOSED
+    calls(breaker, failed=1)  # the next failure is judged: 11 of 21
     assert breaker.state is OPEN
 
 
-def test_failures_expire_as_the_window_slides(clock: ManualClock) -> None:
+def test_failures_in_a_row_open_it_whatever_came_before(clock: ManualClock) -> None:
     breaker = make(clock)
+    calls(breaker, ok=500)  # a busy target, healthy until now
+    clock.advance(0.1)
+    calls(breaker, failed=9)
+    assert breaker.state is CLOSED
+    calls(breaker, failed=1)  # 10 in a row: 10 of 510 in the window, but all of the newest
+    assert breaker.state is OPEN
+
+
+def test_a_success_breaks_the_run_of_failures(clock: ManualClock) -> None:
+    breaker = make(clock)
+    calls(breaker, ok=500)
+    calls(breaker, failed=9)
+    calls(breaker, ok=1)
+    calls(breaker, failed=9)
+    assert breaker.state is CLOSED
+
+
+def test_a_run_of_failures_older_than_the_window_starts_again(clock: ManualClock) -> None:
+    breaker = make(clock)
+    calls(breaker, failed=5)
+    clock.advance(10.0)
+    calls(breaker, failed=5)  # 10 in a row, but spread over more than the window
+    assert breaker.state is CLOSED
+
+
+def test_failures_expire_as_the_window_slides(clock: ManualClock) -> None:
+    breaker = ratio_only(clock)
     calls(breaker, failed=19)
     clock.advance(10.0)
     calls(breaker, failed=1)  # the 19 are out of the window
@@ -123,7 +163,7 @@ def test_failures_expire_as_the_window_slides(clock: ManualClock) -> None:
 
 
 def test_failures_within_the_window_still_count(clock: ManualClock) -> None:
-    breaker = make(clock)
+    breaker = ratio_only(clock)
     calls(breaker, failed=10)
     clock.advance(5.0)
     calls(breaker, ok=9)
@@ -134,13 +174,14 @@ def test_failures_within_the_window_still_count(clock: ManualClock) -> None:
 
 
 def test_only_part_of_the_window_expires(clock: ManualClock) -> None:
-    breaker = make(clock)
+    breaker = ratio_only(clock)
     calls(breaker, failed=10)  # t = 0
     clock.advance(6.0)
-    calls(breaker, ok=10)  # t = 6: 10 of 20 failed, but min_calls first reached on a success
+    calls(breaker, ok=9)
+    calls(breaker, failed=1)  # t = 6: 11 of 20 failed
     assert breaker.state is OPEN
 
-    breaker = make(clock)
+    breaker = ratio_only(clock)
     calls(breaker, failed=9)
     clock.advance(6.0)
     calls(breaker, ok=9)
@@ -411,3 +452,65 @@ def test_earliest_retry_at_over_targets(clock: ManualClock) -> None:
     assert board.earliest_retry_at([]) == now  # nothing to wait for
     clock.advance(1.0)
     assert board.earliest_retry_at(["a", "b"]) == clock.monotonic()  # a half-opens now
+
+
+# -- the registry's word -------------------------------------------------------------------
+
+
+def test_the_open_wait_stays_short_while_the_registry_reports_the_target_healthy(
+    clock: ManualClock,
+) -> None:
+    breaker = make(clock)
+    breaker.registry_health(True)
+    waits = []
+    trip(breaker)
+    for n in range(4):
+        if n:
+            calls_fail_trial(breaker)  # trips in a row
+        retry_at = breaker.retry_at
+        assert retry_at is not None
+        waits.append(retry_at - clock.monotonic())
+        half_open(breaker, clock)
+    assert waits == [0.5, 0.5, 0.5, 0.5]
+    breaker.registry_health(False)  # its probes fail now: the wait has grown meanwhile
+    calls_fail_trial(breaker)
+    assert breaker.retry_at == clock.monotonic() + 32.0
+
+
+def calls_fail_trial(breaker: CircuitBreaker) -> None:
+    assert breaker.allow()
+    breaker.record_failure()
+    assert breaker.state is OPEN
+
+
+def test_healthy_again_in_the_registry_half_opens_at_once(clock: ManualClock) -> None:
+    breaker = make(clock)
+    trip(breaker)
+    breaker.registry_health(False)
+    assert not breaker.allow()
+    breaker.registry_health(True)  # its registrar's probe passed again
+    assert breaker.state is HALF_OPEN
+    calls(breaker, ok=2)
+    assert breaker.state is CLOSED
+
+
+def test_healthy_news_while_healthy_changes_no_wait(clock: ManualClock) -> None:
+    breaker = make(clock)
+    breaker.registry_health(True)
+    trip(breaker)
+    breaker.registry_health(True)  # every heartbeat's record says so again
+    assert breaker.state is OPEN
+
+
+def test_the_board_remembers_the_registry_for_breakers_made_later(clock: ManualClock) -> None:
+    board = BreakerBoard(BreakerConfig(), clock)
+    board.registry_health("a", True)
+    board.registry_health("b", True)
+    board.registry_health("b", False)
+    trip(board.get("a"))
+    trip(board.get("b"))
+    now = clock.monotonic()
+    assert (board.get("a").retry_at, board.get("b").retry_at) == (now + 0.5, now + 2.0)
+    board.forget("a")
+    trip(board.get("a"))
+    assert board.get("a").retry_at == now + 2.0

@@ -338,7 +338,7 @@ async def test_retries_back_off_200ms_doubling_and_stop_after_three(
 
 async def test_retry_budget_stops_a_retry_storm(nats_server: NatsServer, registrar: object) -> None:
     agent, _ = make_agent(nats_server.url, "down-2", readiness=lambda: False)
-    budget = RetryBudget(ratio=0.1, min_retries=2)
+    budget = RetryBudget(ratio=0.1, min_retries=2, min_per_sec=0)
     async with agent, ReachClient(servers=nats_server.url, retry_budget=budget) as client:
         await client.routes.wait_for(lambda c: c.get("down-2") is not None, timeout=5)
         outcomes = []
@@ -388,8 +388,8 @@ async def test_breaker_opens_at_threshold_then_half_open_trial_closes_it(
     nats_server: NatsServer, client: ReachClient
 ) -> None:
     clock = ManualClock()
-    client.breakers = BreakerBoard(BreakerConfig(min_calls=20), clock)
-    client.retry_budget = RetryBudget(min_retries=0, ratio=0.0)
+    client.breakers = BreakerBoard(BreakerConfig(min_calls=20, consecutive_failures=20), clock)
+    client.retry_budget = RetryBudget(min_retries=0, ratio=0.0, min_per_sec=0)
     ready = {"ok": False}
     agent, _b = make_agent(nats_server.url, "flaky-1", readiness=lambda: ready["ok"])
     async with agent:

@@ -461,7 +461,7 @@ async def test_the_retry_budget_is_charged_only_for_retries_made(
 
     agent, _ = make_agent(nats_server.url, "a-1", handler=busy)
     # breakers out of the way: every attempt reaches the instance
-    patient = BreakerConfig(min_calls=1000)
+    patient = BreakerConfig(min_calls=1000, consecutive_failures=1000)
     async with (
         agent,
         ReachClient(

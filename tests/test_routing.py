@@ -356,3 +356,105 @@ def test_an_open_breaker_passed_over_is_always_said_even_among_ties() -> None:
         random.setstate(state)
     # the pick falls on "a" about half the time (100 of 200 expected; 50 before)
     assert said > 70
+
+
+# -- no starving instance ------------------------------------------------------------------
+
+
+def test_an_instance_outside_the_band_after_a_spike_gets_its_share_again() -> None:
+    """Three instances at 2 ms; "b" answered four calls in 150 ms (a pause), which puts its
+    average ≈ 0.07 below the others, far outside the tie band. A choice every ms, each
+    call answered in 2 ms before the next."""
+    from reach.clock import ManualClock
+    from reach.resilience import BreakerBoard
+    from reach.routing import LATENCY_STALE_SEC, choose, route_entries
+
+    clock = ManualClock()
+    peers = Peers(clock=clock)
+    for name in "abc":
+        peers.observe(name, 2.0)
+    for _ in range(4):
+        peers.observe("b", 150.0)
+    routes = route_entries([instance(n) for n in "abc"], "echo", peers)
+    board = BreakerBoard(clock=clock)
+    picks: list[str] = []
+    for _ in range(4000):
+        chosen, _ = choose(routes, "echo", breakers=board)
+        assert chosen is not None
+        picks.append(chosen.agent_id)
+        peers.fold(chosen.peer, 2.0)
+        clock.advance(0.001)
+    stale_ms = int(LATENCY_STALE_SEC * 1000)
+    # while its average is fresh it gets nothing (so it cannot show that it recovered) ...
+    assert "b" not in picks[: stale_ms - 10]
+    # ... once it is stale: one call, a fresh measurement, and back in the band
+    then = Counter(picks[stale_ms + 100 :])
+    assert min(then.values()) > 0.25 * sum(then.values()), then
+
+
+def test_a_slow_instance_costs_one_call_per_stale_period() -> None:
+    from reach.clock import ManualClock
+    from reach.resilience import BreakerBoard
+    from reach.routing import choose, route_entries
+
+    clock = ManualClock()
+    peers = Peers(clock=clock)
+    latency = {"a": 2.0, "b": 2.0, "slow": 200.0}
+    for name, ms in latency.items():
+        peers.observe(name, ms)
+    routes = route_entries([instance(n) for n in latency], "echo", peers)
+    board = BreakerBoard(clock=clock)
+    picked: Counter[str] = Counter()
+    for _ in range(5000):  # 5 s, a call each ms, each answered before the next
+        chosen, _ = choose(routes, "echo", breakers=board)
+        assert chosen is not None
+        picked[chosen.agent_id] += 1
+        peers.fold(chosen.peer, latency[chosen.agent_id])
+        clock.advance(0.001)
+    assert 1 <= picked["slow"] <= 6
+
+
+def test_a_stale_instance_with_a_call_in_flight_keeps_its_average() -> None:
+    """The one call that measures a stale instance is enough: while it is out, the
+    instance is scored on its old average, so a hung one gets no flood of calls."""
+    from reach.clock import ManualClock
+
+    clock = ManualClock()
+    peers = Peers(clock=clock)
+    peers.observe("a", 2.0)
+    peers.observe("slow", 300.0)
+    clock.advance(5.0)
+    peers.observe("a", 2.0)
+    instances = [instance("a"), instance("slow")]
+    firsts = [ids(rank(instances, "echo", peers=peers))[0] for _ in range(200)]
+    assert firsts.count("slow") > 40  # stale: scored like an unmeasured instance
+    peers.peer("slow").outstanding = 1
+    firsts = [ids(rank(instances, "echo", peers=peers))[0] for _ in range(200)]
+    assert firsts.count("slow") == 0
+
+
+def test_a_quiet_caller_keeps_its_old_averages() -> None:
+    """Nobody measured recently: the averages it has are all it knows, and they rank."""
+    from reach.clock import ManualClock
+
+    clock = ManualClock()
+    peers = Peers(clock=clock)
+    peers.observe("fast", 2.0)
+    peers.observe("slow", 300.0)
+    clock.advance(60.0)
+    instances = [instance("fast"), instance("slow")]
+    for _ in range(50):
+        assert ids(rank(instances, "echo", peers=peers))[0] == "fast"
+
+
+def test_an_observation_after_a_stale_average_replaces_it() -> None:
+    from reach.clock import ManualClock
+
+    clock = ManualClock()
+    peers = Peers(clock=clock)
+    peers.observe("a", 300.0)
+    peers.observe("a", 2.0)  # fresh: folded in
+    assert peers.latency("a") == pytest.approx(240.4)
+    clock.advance(1.0)
+    peers.observe("a", 2.0)  # the average was old news
+    assert peers.latency("a") == 2.0

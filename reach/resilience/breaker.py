@@ -2,10 +2,23 @@
 
 ::
 
-    closed ──(≥ failure_ratio of ≥ min_calls calls in the window failed)──▶ open
-    open ──(open wait elapsed)──▶ half_open
+    closed ──(a failure: ≥ failure_ratio of ≥ min_calls calls in the window failed,
+              or consecutive_failures calls in a row failed)──▶ open
+    open ──(open wait elapsed, or the registry reports the target healthy again)──▶ half_open
     half_open ──(half_open_successes trial calls succeeded)──▶ closed
     half_open ──(a trial call failed)──▶ open, with the wait doubled (up to open_max_sec)
+
+Failures are judged on a window that reflects now: the ratio over the sliding window
+catches a target that fails often, and a run of ``consecutive_failures`` failures in a
+row (within the window) opens the breaker whatever successes came before it in the
+window, so a target that stops answering is cut off within its first few failures rather
+than once its earlier successes have expired. Only a failure can open the breaker: a
+success never does.
+
+The open wait is short (``healthy_open_sec``) while the registry reports the target
+healthy: its registrar's probes pass, so the caller tests it again soon and a target that
+recovered is back in rotation within about half a second. Otherwise it starts at
+``open_base_sec`` and doubles with each trip in a row, sparing a target that keeps failing.
 
 The breaker never sleeps, never reads the wall clock and never decides which errors count:
 the caller asks :meth:`CircuitBreaker.allow` before a call and reports the outcome with
@@ -63,14 +76,24 @@ class BreakerConfig:
     window_sec: float = 10.0
     #: the window moves in steps of window_sec / window_buckets (1 s by default)
     window_buckets: int = 10
-    #: fewer calls than this in the window never open the breaker (too little evidence)
+    #: fewer calls than this in the window never open the breaker on the failure ratio
+    #: (too little evidence of a share)
     min_calls: int = 20
     #: the breaker opens when failures / calls in the window reach this share
     failure_ratio: float = 0.5
+    #: it also opens when this many calls in a row failed within the window: a target
+    #: that stops answering (hung, dead) fails every call, and waiting for its earlier
+    #: successes to leave the window would keep it in rotation for the whole window.
+    #: Ten in a row from a target that fails one call in three comes about once in
+    #: 60,000 calls.
+    consecutive_failures: int = 10
     #: wait before the first half-open; doubles on each consecutive trip
     open_base_sec: float = 2.0
     #: cap of the doubling wait; the wait falls back to open_base_sec once the breaker closes
     open_max_sec: float = 60.0
+    #: the open wait at most while the registry reports the target healthy (its probes
+    #: pass): a recovered target is tried again, and back in rotation, within about this
+    healthy_open_sec: float = 0.5
     #: trial calls let through at once while half-open
     half_open_max_calls: int = 3
     #: successful trials needed to close. 2, not 1: one lucky call (a cached answer, a cheap
@@ -95,10 +118,12 @@ class BreakerConfig:
         positive("window_sec", self.window_sec)
         at_least_one("window_buckets", self.window_buckets)
         at_least_one("min_calls", self.min_calls)
+        at_least_one("consecutive_failures", self.consecutive_failures)
         if isinstance(self.failure_ratio, bool) or not 0 < self.failure_ratio <= 1:
             problems.append(f"failure_ratio: must be in (0, 1], got {self.failure_ratio!r}")
         positive("open_base_sec", self.open_base_sec)
         positive("open_max_sec", self.open_max_sec)
+        positive("healthy_open_sec", self.healthy_open_sec)
         if not problems and self.open_max_sec < self.open_base_sec:
             problems.append(
                 f"open_max_sec: must be >= open_base_sec ({self.open_base_sec}),"
@@ -140,7 +165,10 @@ class CircuitBreaker:
         "_next_wait",
         "_on_change",
         "_opened_until",
+        "_registry_healthy",
         "_state",
+        "_streak",
+        "_streak_since",
         "_successes",
         "_trials",
         "_window",
@@ -168,6 +196,12 @@ class CircuitBreaker:
         self._successes = 0
         self.trips = 0
         self._consecutive_trips = 0
+        # failures in a row (closed state) and when the run began
+        self._streak = 0
+        self._streak_since = 0.0
+        # whether the registry last said the target is healthy (a breaker without a
+        # registry beside it relies on its own waits alone)
+        self._registry_healthy = False
 
     @property
     def config(self) -> BreakerConfig:
@@ -218,12 +252,12 @@ class CircuitBreaker:
         return True
 
     def record_success(self) -> None:
-        """The call succeeded."""
+        """The call succeeded. Never opens the breaker: a success is no evidence of trouble
+        (failures counted before it were checked as they came)."""
         state = self._state
         if state is CLOSED:
-            now = self._clock.monotonic()
-            self._window.add(now, 1, 0)
-            self._check_trip(now)
+            self._window.add(self._clock.monotonic(), 1, 0)
+            self._streak = 0
         elif state is HALF_OPEN and self._trials:
             self._trials.popleft()
             self._successes += 1
@@ -238,9 +272,25 @@ class CircuitBreaker:
         if state is CLOSED:
             now = self._clock.monotonic()
             self._window.add(now, 1, 1)
+            if self._streak == 0 or now - self._streak_since >= self._config.window_sec:
+                self._streak = 0  # a run older than the window is no evidence of now
+                self._streak_since = now
+            self._streak += 1
             self._check_trip(now)
         elif state is HALF_OPEN and self._trials:
             self._trip(self._clock.monotonic())
+
+    def registry_health(self, healthy: bool) -> None:
+        """What the registry says of the target now (each record the caller receives).
+
+        While it says healthy, the open wait is at most ``healthy_open_sec``; when it says
+        healthy again after saying otherwise (its registrar's probe passed again), an open
+        breaker half-opens at once, so the target gets trial calls without waiting out a
+        wait that grew while it was down."""
+        was = self._registry_healthy
+        self._registry_healthy = healthy
+        if healthy and not was and self._state is OPEN:
+            self._opened_until = self._clock.monotonic()
 
     def release(self) -> None:
         """The call ended with an error that says nothing about the target (a contract or
@@ -277,11 +327,13 @@ class CircuitBreaker:
     # -- transitions ---------------------------------------------------------------------
 
     def _check_trip(self, now: float) -> None:
-        # checked after successes too: a success can bring the calls up to min_calls
+        # after failures only: a success is never what opens a breaker
         window = self._window
         calls = window.first
         config = self._config
-        if calls >= config.min_calls and window.second >= config.failure_ratio * calls:
+        if self._streak >= config.consecutive_failures or (
+            calls >= config.min_calls and window.second >= config.failure_ratio * calls
+        ):
             self._trip(now)
 
     def _expire_trials(self, now: float) -> None:
@@ -292,8 +344,11 @@ class CircuitBreaker:
 
     def _trip(self, now: float) -> None:
         wait = self._next_wait
-        self._opened_until = now + wait
         self._next_wait = min(wait * 2, self._config.open_max_sec)
+        if self._registry_healthy and wait > self._config.healthy_open_sec:
+            wait = self._config.healthy_open_sec
+        self._opened_until = now + wait
+        self._streak = 0
         self.trips += 1
         self._consecutive_trips += 1
         self._window.reset()
@@ -309,6 +364,7 @@ class CircuitBreaker:
     def _close(self) -> None:
         self._next_wait = self._config.open_base_sec
         self._consecutive_trips = 0
+        self._streak = 0
         self._window.reset()
         self._trials.clear()
         self._successes = 0
@@ -329,7 +385,7 @@ class CircuitBreaker:
 class BreakerBoard:
     """The breakers of one caller, by target, created on first use."""
 
-    __slots__ = ("_breakers", "_clock", "_config", "_on_change")
+    __slots__ = ("_breakers", "_clock", "_config", "_healthy", "_on_change")
 
     def __init__(
         self,
@@ -341,6 +397,8 @@ class BreakerBoard:
         self._clock = clock
         self._on_change = on_change
         self._breakers: dict[str, CircuitBreaker] = {}
+        # targets the registry reports healthy now (a breaker created later starts so)
+        self._healthy: set[str] = set()
 
     @property
     def config(self) -> BreakerConfig:
@@ -355,6 +413,8 @@ class BreakerBoard:
         breaker = self._breakers.get(target)
         if breaker is None:
             breaker = CircuitBreaker(target, self._config, self._clock, self._on_change)
+            if target in self._healthy:
+                breaker.registry_health(True)
             self._breakers[target] = breaker
         return breaker
 
@@ -365,6 +425,18 @@ class BreakerBoard:
     def forget(self, target: str) -> None:
         """Drop a target's breaker (the instance left the registry)."""
         self._breakers.pop(target, None)
+        self._healthy.discard(target)
+
+    def registry_health(self, target: str, healthy: bool) -> None:
+        """What the registry says of ``target`` now (see :meth:`CircuitBreaker.registry_health`),
+        kept for a breaker created later."""
+        if healthy:
+            self._healthy.add(target)
+        else:
+            self._healthy.discard(target)
+        breaker = self._breakers.get(target)
+        if breaker is not None:
+            breaker.registry_health(healthy)
 
     def __len__(self) -> int:
         return len(self._breakers)
