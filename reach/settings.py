@@ -7,10 +7,21 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_STORE", "DEFAULT_URL", "resolve_credentials", "resolve_servers"]
+from reach.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_STORE",
+    "DEFAULT_URL",
+    "RECONNECT_FOR_ENV",
+    "resolve_credentials",
+    "resolve_reconnect_for",
+    "resolve_servers",
+]
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_STORE = ".reach"
+#: how long a connection that was up keeps reconnecting per outage: seconds, or "forever"
+RECONNECT_FOR_ENV = "REACH_RECONNECT_FOR"
 
 
 def resolve_servers(
@@ -47,3 +58,24 @@ def resolve_credentials(credentials: str | os.PathLike[str] | None = None) -> Pa
         return Path(env)
     dev = Path(DEFAULT_STORE) / "dev.creds"
     return dev if dev.exists() else None
+
+
+def resolve_reconnect_for(seconds: float | None = None) -> float | None:
+    """How long a lost connection keeps trying to reconnect and log in again: ``seconds``,
+    else ``REACH_RECONNECT_FOR`` (seconds, or ``forever``), else forever (None)."""
+    if seconds is not None:
+        if seconds <= 0:
+            raise ConfigurationError(f"reconnect_for must be positive seconds, not {seconds!r}")
+        return float(seconds)
+    text = os.environ.get(RECONNECT_FOR_ENV, "").strip().lower()
+    if text in ("", "forever", "inf"):
+        return None
+    try:
+        value = float(text.removesuffix("s"))
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(
+            f"{RECONNECT_FOR_ENV}={text!r}: give seconds (such as 30) or 'forever'"
+        )
+    return value
