@@ -950,7 +950,7 @@ class ReachClient:
             return Disconnected(f"the client was closed during the call to {subject}")
         since = time.monotonic() - (time.perf_counter() - started)
         err = conn.denials.explain(exc, subject, since, subject)
-        if isinstance(err, ReachTimeout) and (
+        if isinstance(err, ReachTimeout | Disconnected) and (
             not conn.is_connected or conn.reconnects != reconnects
         ):
             if conn.login_refused is not None:
@@ -960,6 +960,8 @@ class ReachClient:
                     f"NATS refuses this client's login ({conn.login_refused}): its"
                     f" credentials were revoked or changed; the call to {subject} failed"
                 )
+            if conn.link.down:  # says why: the login refused or unanswered, say
+                return Disconnected(f"the call to {subject} failed: {conn.link.describe()}")
             return Disconnected(f"connection to NATS lost during the call to {subject}")
         return err
 

@@ -35,7 +35,7 @@ from nats.aio.client import Client as _NatsClient
 from nats.aio.transport import TcpTransport
 from nats.protocol.parser import AUTHORIZATION_VIOLATION, PERMISSIONS_ERR, STALE_CONNECTION
 
-from reach.errors import AuthenticationFailed, Disconnected, ReachError
+from reach.errors import AuthenticationFailed, Disconnected, LoginUnanswered, ReachError
 
 __all__ = ["Client", "Link", "open_client"]
 
@@ -181,8 +181,11 @@ class Link:
         self.give_up_after = give_up_after
         #: monotonic time the connection went down (None: up)
         self.down_since: float | None = None
-        #: why the server refused the last login (None: it did not)
+        #: why the server refused the last login (None: it did not), and how long after
+        #: the login was sent (a quick refusal is the login gate's verdict on the
+        #: credentials, a slow one the server's own timeout: no gate answered in time)
         self.refused: str | None = None
+        self.refused_after: float | None = None
         #: seconds the last login waited for an answer that did not come (None: it came)
         self.unanswered: float | None = None
         #: seconds after which reconnecting stopped (the connection is closed for good)
@@ -211,16 +214,10 @@ class Link:
         waited (None: it was not sent), ``pending``: for an answer still to come."""
         self.last_error = _reason(exc)
         if is_refusal(exc):
-            reason = _reason(exc)
-            if self.refused is None and self.down_since is not None:
-                log.warning(
-                    "%s: NATS refuses the login of %s while reconnecting (%s): %s; still trying",
-                    self.name,
-                    self.who,
-                    reason,
-                    _refusal_causes(),
-                )
-            self.refused, self.unanswered = reason, None
+            first = self.refused is None
+            self.refused, self.refused_after, self.unanswered = _reason(exc), waited, None
+            if first and self.down_since is not None:
+                log.warning("%s: %s; still trying", self.name, self._refusal())
         elif isinstance(exc, asyncio.TimeoutError) and waited is not None and pending:
             if self.unanswered is None and self.down_since is not None:
                 log.warning(
@@ -259,16 +256,26 @@ class Link:
     def cause(self) -> str:
         """Why the connection is down, in a few words."""
         if self.refused is not None:
-            return (
-                f"the server refused the login of {self.who} while reconnecting"
-                f" ({self.refused}); {_refusal_causes()}"
-            )
+            return self._refusal()
         if self.unanswered is not None:
             return (
                 f"the server did not answer the login of {self.who} in"
                 f" {self.unanswered:.1f}s; is the login gate (reach up) running?"
             )
         return f"connection lost ({self.last_error})" if self.last_error else "connection lost"
+
+    @property
+    def credentials_refused(self) -> bool:
+        """Whether the login gate refused these credentials (revoked, changed) rather than
+        leaving the login unanswered."""
+        return self.refused is not None and not _slow(self.refused_after)
+
+    def _refusal(self) -> str:
+        said = f"the server refused the login of {self.who} while reconnecting ({self.refused})"
+        if not self.credentials_refused:
+            waited = f" after {self.refused_after:.1f}s" if self.refused_after else ""
+            return f"{said}{waited} without an answer from the login gate: is reach up running?"
+        return f"{said}: these credentials were revoked or changed"
 
     def describe(self) -> str:
         """``not connected to NATS at …: <cause>; still retrying`` (or: gave up)."""
@@ -284,28 +291,28 @@ class Link:
     ) -> ReachError:
         """The error of a first connect that failed with ``exc`` (``refused``: the login's
         refusal if that was the end, ``took``: seconds after the login was sent)."""
+        if refused is not None and _slow(took):
+            return LoginUnanswered(
+                f"NATS at {self.where} refused {self.who}: {_reason(refused)}, after"
+                f" {took:.1f}s without an answer from the login gate: is reach up running?"
+            )
         if refused is not None:
-            hint = "check the credentials file"
-            if took is not None and took >= _SLOW_REFUSAL:
-                hint = (
-                    f"after {took:.1f}s without an answer from the login gate: is reach up running?"
-                )
             return AuthenticationFailed(
-                f"NATS at {self.where} refused {self.who}: {_reason(refused)} ({hint})"
+                f"NATS at {self.where} refused {self.who}: {_reason(refused)}"
+                " (check the credentials file)"
             )
         if self.unanswered is not None:
-            return Disconnected(
+            return LoginUnanswered(
                 f"NATS at {self.where} did not answer the login of {self.who} in"
                 f" {self.unanswered:.1f}s: is the login gate (reach up) running?"
             )
         return Disconnected(f"cannot connect to NATS at {self.where}: {_reason(exc)}")
 
 
-def _refusal_causes() -> str:
-    return (
-        "the login gate (reach up) is not running or not answering in time, or these"
-        " credentials were revoked or changed"
-    )
+def _slow(took: float | None) -> bool:
+    """Whether a refusal ``took`` seconds after the login is the server's timeout (None:
+    unknown, taken for the gate's verdict)."""
+    return took is not None and took >= _SLOW_REFUSAL
 
 
 async def open_client(
@@ -324,7 +331,7 @@ async def open_client(
     """A connected ``Client`` that reconnects forever (or for ``link.give_up_after``).
 
     The first connect makes a few quick tries to reach a server and ends at the first
-    refused or unanswered login (AuthenticationFailed, Disconnected naming the login).
+    refused login (AuthenticationFailed) or unanswered one (LoginUnanswered).
     ``on_error`` sees each error first; True: handled (a permissions violation)."""
     nc = Client()
     ended = asyncio.Event()

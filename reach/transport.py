@@ -276,9 +276,10 @@ class Connection:
 
     @property
     def login_refused(self) -> str | None:
-        """Why the server refuses our login while reconnecting (the gate away, a revoked
-        credential), until a reconnect succeeds: requests meanwhile only time out."""
-        return self.link.refused
+        """Why the login gate refuses our login while reconnecting (a revoked credential),
+        until a reconnect succeeds: requests meanwhile only time out. None too while the
+        login is refused only for want of an answer (``link`` says so)."""
+        return self.link.refused if self.link.credentials_refused else None
 
     def _reconnected(self) -> None:
         self.reconnects += 1
@@ -679,7 +680,7 @@ async def connect(
     ``REACH_RECONNECT_FOR``, by default forever; see ``reach.link``).
 
     A first connect whose login is refused raises AuthenticationFailed at once, one whose
-    login is not answered Disconnected naming the login; neither waits for more tries."""
+    login is not answered LoginUnanswered; neither waits for more tries."""
     link = Link(name, servers, user, resolve_reconnect_for(reconnect_for))
     denials = Denials(link)
     made: list[Connection] = []
