@@ -511,6 +511,9 @@ class ReachClient:
             except TimeoutError:  # (the fetch raises no timeout of its own: Unavailable)
                 late = True
         if late:
+            conn = self._conn
+            if conn is not None and conn.link.down:  # why: the login refused, say
+                raise Disconnected(f"{capability}: no call token: {conn.link.describe()}")
             raise ReachTimeout(f"{capability}: no call token from the issuer before the deadline")
         return fetched
 

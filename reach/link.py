@@ -217,7 +217,7 @@ class Link:
             first = self.refused is None
             self.refused, self.refused_after, self.unanswered = _reason(exc), waited, None
             if first and self.down_since is not None:
-                log.warning("%s: %s; still trying", self.name, self._refusal())
+                log.warning("%s: %s (still trying)", self.name, self._refusal())
         elif isinstance(exc, asyncio.TimeoutError) and waited is not None and pending:
             if self.unanswered is None and self.down_since is not None:
                 log.warning(
@@ -278,13 +278,13 @@ class Link:
         return f"{said}: these credentials were revoked or changed"
 
     def describe(self) -> str:
-        """``not connected to NATS at …: <cause>; still retrying`` (or: gave up)."""
+        """``not connected to NATS at …: <cause> (down for …, still retrying)``."""
         if self.gave_up is not None:
             state = f"gave up reconnecting after {self.gave_up:g}s (REACH_RECONNECT_FOR)"
         else:
             down = time.monotonic() - (self.down_since or time.monotonic())
             state = f"down for {down:.1f}s, still retrying"
-        return f"not connected to NATS at {self.where}: {self.cause()}; {state}"
+        return f"not connected to NATS at {self.where}: {self.cause()} ({state})"
 
     def first_connect_error(
         self, exc: BaseException, refused: BaseException | None, took: float | None
