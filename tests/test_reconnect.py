@@ -15,6 +15,7 @@ import pytest
 from reach import link, subjects
 from reach.agent import Agent
 from reach.client import ReachClient
+from reach.embedded import free_port
 from reach.errors import (
     AuthenticationFailed,
     ConfigurationError,
@@ -46,6 +47,8 @@ class SecureFabric:
     issuer: TokenService
     registrar: Registrar
     gate: LoginGate | None = None
+    #: where the gate connects (None: the one server)
+    gate_servers: list[str] | None = None
 
     @property
     def url(self) -> str:
@@ -59,7 +62,7 @@ class SecureFabric:
         assert self.gate is None
         assert self.issuer.credentials is not None
         self.gate = LoginGate(self.setup, self.issuer.credentials)
-        await self.gate.start([self.url])
+        await self.gate.start(self.gate_servers or [self.url])
 
     async def stop_gate(self) -> None:
         if self.gate is not None:
@@ -300,3 +303,112 @@ def test_each_state_change_is_logged_once(caplog: pytest.LogCaptureFixture) -> N
     asyncio.run(run())
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 4, said  # disconnected, unanswered, refused, reconnected
+
+
+@dataclass
+class SecureCluster:
+    nodes: list[NatsServer]
+    fabric: SecureFabric
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+
+@pytest.fixture
+async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
+    """Three nats-servers as one JetStream cluster, secured as `reach up --cluster 3`
+    secures it, with one login gate answering for all (the callout crosses the routes)."""
+    from reach.cli.up import _cluster_ready
+
+    store = tmp_path / "store"
+    store.mkdir()
+    setup = natsconf.prepare(store)
+    password = natsconf.route_user(store).password
+    members = [
+        natsconf.ClusterNode(f"node-{i}", "127.0.0.1", free_port(), free_port()) for i in range(3)
+    ]
+    nodes = []
+    for i, member in enumerate(members):
+        node = NatsServer(store_dir=store / member.name, port=member.port, name=member.name)
+        node.config_file = natsconf.write_config(
+            setup,
+            store / f"{member.name}.conf",
+            port=member.port,
+            store_dir=None,
+            server_name=member.name,
+            cluster=natsconf.ClusterPeers.of(members, i, password),
+        )
+        nodes.append(node)
+    try:
+        await asyncio.gather(*(node.start(timeout=30.0) for node in nodes))
+        urls = [node.url for node in nodes]
+        user = setup.registrar_user
+        conn = await connect(urls, name="reach-up", user=user.name, password=user.password)
+        await _cluster_ready(conn, 3)
+        issuer = TokenService(conn, key_file=store / "signing.key", replicas=3)
+        await issuer.start()
+        await ensure_first_credentials(issuer, store, urls[0])
+        registrar = Registrar(conn, RegistrarConfig(replicas=3, liveness_interval_sec=0.2))
+        fabric = SecureFabric(nodes[0], setup, store, conn, issuer, registrar)
+        fabric.gate_servers = urls
+        await fabric.start_gate()
+        await registrar.start()
+        try:
+            yield SecureCluster(nodes, fabric)
+        finally:
+            await registrar.stop()
+            await fabric.stop_gate()
+            await issuer.stop()
+            await conn.close()
+    finally:
+        for node in nodes:
+            node.cleanup()
+
+
+@pytest.mark.slow
+async def test_a_cluster_node_lost_while_logins_are_refused(
+    secure_cluster: SecureCluster,
+) -> None:
+    """The node an agent and a client are connected to dies while no gate answers: the
+    other nodes (which they learnt of from the first) refuse their logins for a few
+    seconds, then let them in; they are registered again and serve calls."""
+    fabric = secure_cluster.fabric
+    first = secure_cluster.urls[0]
+    agent, served = make_agent(first, "roamer-1", capability("work", idempotent=True))
+    agent.credentials = fabric.dev
+    await agent.start()
+    client = ReachClient(servers=first, credentials=fabric.dev)
+    await client.connect()
+    try:
+
+        async def listed() -> bool:
+            return [i.agent_id for i in client.routes.find("work")] == ["roamer-1"]
+
+        await _until(listed, 10.0, "the route cache lists the agent")
+        await client.call("work", {"n": 1})
+
+        await fabric.stop_gate()
+        secure_cluster.nodes[0].kill()
+        conns = [client.connection, agent.connection]
+
+        async def refused() -> bool:
+            return all(c.link.refused is not None or c.link.unanswered for c in conns)
+
+        await _until(refused, 15.0, "the other nodes refused the logins")
+        fabric.gate_servers = secure_cluster.urls[1:]
+        await fabric.start_gate()
+
+        async def back() -> bool:
+            return all(c.is_connected for c in conns)
+
+        await _until(back, 15.0, "the agent and the client logged in to another node")
+        assert all(c.connected_url != first for c in conns)
+        await _until(listed, 15.0, "the route cache lists the agent")
+        calls = served.calls
+        for _ in range(10):
+            await client.call("work", {"n": 2})
+        assert served.calls >= calls + 10
+    finally:
+        await client.close()
+        await agent.stop()
