@@ -44,9 +44,9 @@ from reach.errors import (
     ReachError,
     ReachTimeout,
     RegistrationRefused,
-    TransportError,
 )
 from reach.jobs import JobStore
+from reach.joining import run_step
 from reach.messages import decode_model, encode_model
 from reach.models import (
     FEATURES,
@@ -76,7 +76,6 @@ log = logging.getLogger("reach.agent")
 Handler = Callable[[Any], Awaitable[Any]]
 ReadinessCheck = Callable[[], "Readiness | bool | Awaitable[Readiness | bool]"]
 H = TypeVar("H", bound=Handler)
-T = TypeVar("T")
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
@@ -242,13 +241,14 @@ class Agent:
         self._stopped.clear()
         self._started_at = self._clock.time()
         deadline = time.monotonic() + self._join_timeout
-        conn, creds = await self._step(
+        conn, creds = await run_step(
+            self.agent_id,
             "connect and log in to NATS",
             deadline,
             lambda: connect_as(
                 self.servers, name=f"agent:{self.agent_id}", credentials=self.credentials
             ),
-            LoginUnanswered,
+            (LoginUnanswered,),
         )
         self._conn = conn
         conn.on_reconnect(self._wake.set)
@@ -270,52 +270,12 @@ class Agent:
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
 
-    async def _step(
-        self,
-        step: str,
-        deadline: float,
-        attempt: Callable[[], Awaitable[T]],
-        transient: type[BaseException] | tuple[type[BaseException], ...] = (
-            TransportError,
-            TimeoutError,
-        ),
-    ) -> T:
-        """One step of joining, tried again after a ``transient`` failure until
-        ``deadline`` (monotonic); its error names the step (a bare timeout becomes
-        ReachTimeout)."""
-        delay = 0.1
-        while True:
-            # no await inside the except blocks: compiled by mypyc, an await there loses
-            # track of which exception is being handled
-            try:
-                return await attempt()
-            except transient as exc:
-                failure: BaseException = exc
-            except ReachError as exc:
-                raise self._at_step(step, exc)  # noqa: B904 - the same error, its step named
-            except TimeoutError as exc:
-                raise self._at_step(step, exc) from exc
-            if time.monotonic() + delay > deadline:
-                raise self._at_step(step, failure) from failure
-            log.info("%s: %s failed (%s); trying again", self.agent_id, step, failure)
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 2.0)
-
-    def _at_step(self, step: str, exc: BaseException) -> ReachError:
-        """``exc`` as the error of joining at ``step``: its own type and message, which
-        now begins with the agent and the step."""
-        said = str(exc) or type(exc).__name__
-        where = f"{self.agent_id} cannot join the fabric: {step}: "
-        if not isinstance(exc, ReachError):
-            return ReachTimeout(f"{where}no answer in time ({said})")
-        exc.args = (where + said, *exc.args[1:])
-        return exc
-
     async def _join(self, creds: CredentialsFile | None, deadline: float) -> None:
         """Token session and key follow, audit writer, job store, announce, then
         subscriptions."""
         conn = self.connection
-        self._security = await self._step(
+        self._security = await run_step(
+            self.agent_id,
             "token session and key follow (REACH_KEYS)",
             deadline,
             lambda: FabricSecurity.join(conn, creds, verify=self._verify_tokens, clock=self._clock),
@@ -324,16 +284,16 @@ class Agent:
         self._server.max_reply_bytes = conn.max_payload - REPLY_FRAMING
         if self._audit_enabled:
             self.audit = AuditWriter(conn)
-            await self._step("audit writer (REACH_AUDIT)", deadline, self.audit.start)
+            await run_step(self.agent_id, "audit writer (REACH_AUDIT)", deadline, self.audit.start)
             self._server.on_denied = self._audit_denial
         if self.manifest.mode == "async":
-            self._server.jobs = await self._step(
-                "job store (REACH_JOBS)", deadline, lambda: self._open_jobs(conn)
+            self._server.jobs = await run_step(
+                self.agent_id, "job store (REACH_JOBS)", deadline, lambda: self._open_jobs(conn)
             )
-        await self._step("announce", deadline, self._announce, ())
+        await run_step(self.agent_id, "announce", deadline, self._announce, ())
         # Probe and call subscriptions only once accepted: a refused duplicate never
         # answers for the live instance.
-        await self._step("subscribe", deadline, self._subscribe)
+        await run_step(self.agent_id, "subscribe", deadline, self._subscribe)
 
     async def _open_jobs(self, conn: Connection) -> JobStore:
         try:
@@ -362,8 +322,9 @@ class Agent:
                     subjects.capability_instance(name, self.agent_id), self._call_handler(own)
                 )
             )
-        if self._probe_sub is None:
-            self._probe_sub = await conn.subscribe(subjects.probe(self.agent_id), self._on_probe)
+        if self._probe_sub is not None:
+            await self._probe_sub.unsubscribe()
+        self._probe_sub = await conn.subscribe(subjects.probe(self.agent_id), self._on_probe)
         await conn.flush()
 
     async def serve_forever(self) -> None:

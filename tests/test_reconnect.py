@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from reach.errors import (
     Disconnected,
     LoginUnanswered,
     ReachError,
+    ReachTimeout,
 )
 from reach.registry import Registrar, RegistrarConfig
 from reach.security import natsconf
@@ -33,6 +35,7 @@ from reach.testing import NatsServer
 from reach.transport import Connection, connect
 
 from .calls_helpers import Behaviour, capability, make_agent
+from .conftest import Fabric
 
 
 @dataclass
@@ -412,3 +415,38 @@ async def test_a_cluster_node_lost_while_logins_are_refused(
     finally:
         await client.close()
         await agent.stop()
+
+
+async def test_a_join_step_that_times_out_is_tried_again_then_named(
+    fabric: Fabric, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key follow of REACH_KEYS timing out right after a node loss (a bare
+    TimeoutError from its wait) is tried again within the join's deadline; if it never
+    catches up, the agent's error is a ReachTimeout naming the step."""
+    from reach import agent as agent_module
+
+    real_join = agent_module.FabricSecurity.join
+    timeouts = [1]
+
+    async def join_late(*args: Any, **kwargs: Any) -> Any:
+        if timeouts[0] > 0:
+            timeouts[0] -= 1
+            raise TimeoutError
+        return await real_join(*args, **kwargs)
+
+    monkeypatch.setattr(agent_module.FabricSecurity, "join", join_late)
+    agent, _ = make_agent(fabric.url, "vault-1", capability("customer_orders", level=3))
+    agent.credentials = fabric.creds["vault"]
+    await agent.start()
+    await agent.stop()
+    assert timeouts == [0]
+
+    timeouts[0] = 1000
+    agent._join_timeout = 0.5
+    with pytest.raises(ReachTimeout) as caught:
+        await agent.start()
+    said = str(caught.value)
+    assert said.startswith(
+        "vault-1 cannot join the fabric: token session and key follow (REACH_KEYS): no answer"
+    ), said
+    assert isinstance(caught.value.__cause__, TimeoutError)
