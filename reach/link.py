@@ -105,6 +105,14 @@ class Client(_NatsClient):
         self.keep_trying = False
         self._reconnecting: set[asyncio.Future[None]] = set()
 
+    async def close(self) -> None:
+        self.keep_trying = False
+        await super().close()
+
+    async def drain(self) -> None:
+        self.keep_trying = False
+        await super().drain()
+
     def login_waited(self) -> float | None:
         """Seconds the login of the current attempt has waited for its answer, or waited
         until it came (None: not sent)."""
@@ -354,6 +362,10 @@ async def open_client(
             link.disconnected()
         await on_disconnect()
 
+    async def _closed_cb() -> None:
+        if nc.keep_trying:  # not by close(): a way of nats-py's to give up this client left
+            log.error("%s: the NATS client closed itself (%s)", name, nc.last_error)
+
     async def _reconnected_cb() -> None:
         link.reconnected()
         await on_reconnect()
@@ -373,6 +385,7 @@ async def open_client(
                 error_cb=_error_cb,
                 reconnected_cb=_reconnected_cb,
                 disconnected_cb=_disconnected_cb,
+                closed_cb=_closed_cb,
                 allow_reconnect=True,
                 user=user,
                 password=password,
