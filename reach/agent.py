@@ -39,12 +39,14 @@ from reach.errors import (
     CodecError,
     ConfigurationError,
     DiscoveryError,
+    LoginUnanswered,
     NoResponders,
     ReachError,
     ReachTimeout,
     RegistrationRefused,
 )
 from reach.jobs import JobStore
+from reach.joining import run_step
 from reach.messages import decode_model, encode_model
 from reach.models import (
     FEATURES,
@@ -111,6 +113,7 @@ class Agent:
         readiness: ReadinessCheck | None = None,
         clock: Clock = system_clock,
         announce_timeout: float = 10.0,
+        join_timeout: float = 30.0,
         drain_timeout: float = 10.0,
         verify_tokens: bool = True,
         audit: bool = True,
@@ -123,6 +126,10 @@ class Agent:
         self._readiness_check = readiness
         self._clock = clock
         self._announce_timeout = announce_timeout
+        #: how long ``start`` retries a step of joining that failed for a transient reason
+        self._join_timeout = join_timeout
+        #: set on a reconnect: the next heartbeat goes out at once (and re-announces)
+        self._wake = asyncio.Event()
         self._drain_timeout = drain_timeout
         #: False only to measure the token check's cost (bench): calls are then not checked
         self._verify_tokens = verify_tokens
@@ -224,17 +231,30 @@ class Agent:
         await self.stop()
 
     async def start(self) -> None:
+        """Join the fabric: connect and log in, token session and key follow, audit
+        writer, job store, announce, subscriptions. A step that fails for a transient
+        reason (a timeout, a lost connection, a login no gate answered) is tried again
+        until ``join_timeout``; the error that ends ``start`` names the step."""
         missing = [c.name for c in self.manifest.capabilities if c.name not in self._endpoints]
         if missing:
             raise ConfigurationError(f"no handler registered for: {', '.join(missing)}")
         self._stopped.clear()
         self._started_at = self._clock.time()
-        self._conn, creds = await connect_as(
-            self.servers, name=f"agent:{self.agent_id}", credentials=self.credentials
+        deadline = time.monotonic() + self._join_timeout
+        conn, creds = await run_step(
+            self.agent_id,
+            "connect and log in to NATS",
+            deadline,
+            lambda: connect_as(
+                self.servers, name=f"agent:{self.agent_id}", credentials=self.credentials
+            ),
+            (LoginUnanswered,),
         )
+        self._conn = conn
+        conn.on_reconnect(self._wake.set)
         failure: BaseException | None = None
         try:
-            await self._join(creds)
+            await self._join(creds, deadline)
         except BaseException as exc:  # no await in here: compiled, it would leak the error
             failure = exc
         if failure is not None:
@@ -243,51 +263,69 @@ class Agent:
                 await self.audit.stop(timeout=1.0)
                 self.audit = None
             await self._security.close()
-            await self._conn.close()
+            await conn.close()
             self._conn = None
             raise failure
         self._accepting = True
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
 
-    async def _join(self, creds: CredentialsFile | None) -> None:
-        """Token session, audit writer, job store, announce, then subscriptions."""
-        assert self._conn is not None
-        self._security = await FabricSecurity.join(
-            self._conn, creds, verify=self._verify_tokens, clock=self._clock
+    async def _join(self, creds: CredentialsFile | None, deadline: float) -> None:
+        """Token session and key follow, audit writer, job store, announce, then
+        subscriptions."""
+        conn = self.connection
+        self._security = await run_step(
+            self.agent_id,
+            "token session and key follow (REACH_KEYS)",
+            deadline,
+            lambda: FabricSecurity.join(conn, creds, verify=self._verify_tokens, clock=self._clock),
         )
         self._server.verifier = self._security.verifier
-        self._server.max_reply_bytes = self._conn.max_payload - REPLY_FRAMING
+        self._server.max_reply_bytes = conn.max_payload - REPLY_FRAMING
         if self._audit_enabled:
-            self.audit = AuditWriter(self._conn, servers=self.servers)
-            await self.audit.start()
+            self.audit = AuditWriter(conn, servers=self.servers)
+            await run_step(self.agent_id, "audit writer (REACH_AUDIT)", deadline, self.audit.start)
             self._server.on_denied = self._audit_denial
         if self.manifest.mode == "async":
-            try:
-                self._server.jobs = await JobStore.open(self._conn)
-            except ConfigurationError:
-                raise ConfigurationError(
-                    f"{self.agent_id} runs in async mode but the REACH_JOBS bucket does"
-                    " not exist: is `reach up` running?"
-                ) from None
-        await self._announce()
+            self._server.jobs = await run_step(
+                self.agent_id, "job store (REACH_JOBS)", deadline, lambda: self._open_jobs(conn)
+            )
+        await run_step(self.agent_id, "announce", deadline, self._announce, ())
         # Probe and call subscriptions only once accepted: a refused duplicate never
         # answers for the live instance.
+        await run_step(self.agent_id, "subscribe", deadline, self._subscribe)
+
+    async def _open_jobs(self, conn: Connection) -> JobStore:
+        try:
+            return await JobStore.open(conn)
+        except ConfigurationError:
+            raise ConfigurationError(
+                f"{self.agent_id} runs in async mode but the REACH_JOBS bucket does"
+                " not exist: is `reach up` running?"
+            ) from None
+
+    async def _subscribe(self) -> None:
+        conn = self.connection
+        for sub in self._cap_subs:  # a failed attempt before leaves none behind
+            await sub.unsubscribe()
+        self._cap_subs.clear()
         for name, endpoint in self._endpoints.items():
             # each subject takes the tokens made for it: on its own subject this
             # instance's, on the queue group's the capability's (see call_audience)
             queue = self._call_handler(dataclasses.replace(endpoint, audience=call_audience(name)))
             self._cap_subs.append(
-                await self._conn.subscribe_inline(subjects.capability(name), queue, queue=name)
+                await conn.subscribe_inline(subjects.capability(name), queue, queue=name)
             )
             own = dataclasses.replace(endpoint, audience=call_audience(name, self.agent_id))
             self._cap_subs.append(
-                await self._conn.subscribe_inline(
+                await conn.subscribe_inline(
                     subjects.capability_instance(name, self.agent_id), self._call_handler(own)
                 )
             )
-        self._probe_sub = await self._conn.subscribe(subjects.probe(self.agent_id), self._on_probe)
-        await self._conn.flush()
+        if self._probe_sub is not None:
+            await self._probe_sub.unsubscribe()
+        self._probe_sub = await conn.subscribe(subjects.probe(self.agent_id), self._on_probe)
+        await conn.flush()
 
     async def serve_forever(self) -> None:
         """Wait until ``stop()`` is called (or the task is cancelled)."""
@@ -389,7 +427,13 @@ class Agent:
     async def _heartbeat_loop(self) -> None:
         health = self.manifest.health
         while self._conn is not None:
-            await asyncio.sleep(health.interval_sec * random.uniform(0.9, 1.0))
+            # the interval, or at once after a reconnect: the registrar may have evicted
+            # this instance while it was away, and the heartbeat's answer says so
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), health.interval_sec * random.uniform(0.9, 1.0)
+                )
+            self._wake.clear()
             try:
                 await self._send_heartbeat()
             except asyncio.CancelledError:

@@ -542,6 +542,9 @@ class ReachClient:
             except TimeoutError:  # (the fetch raises no timeout of its own: Unavailable)
                 late = True
         if late:
+            conn = self._conn
+            if conn is not None and conn.link.down:  # why: the login refused, say
+                raise Disconnected(f"{capability}: no call token: {conn.link.describe()}")
             raise ReachTimeout(f"{capability}: no call token from the issuer before the deadline")
         return fetched
 
@@ -1011,7 +1014,7 @@ class ReachClient:
             return Disconnected(f"the client was closed during the call to {subject}")
         since = time.monotonic() - (time.perf_counter() - started)
         err = conn.denials.explain(exc, subject, since, subject)
-        if isinstance(err, ReachTimeout) and (
+        if isinstance(err, ReachTimeout | Disconnected) and (
             not conn.is_connected or conn.reconnects != reconnects
         ):
             if conn.login_refused is not None:
@@ -1021,6 +1024,8 @@ class ReachClient:
                     f"NATS refuses this client's login ({conn.login_refused}): its"
                     f" credentials were revoked or changed; the call to {subject} failed"
                 )
+            if conn.link.down:  # says why: the login refused or unanswered, say
+                return Disconnected(f"the call to {subject} failed: {conn.link.describe()}")
             return Disconnected(f"connection to NATS lost during the call to {subject}")
         return err
 

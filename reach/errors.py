@@ -15,6 +15,7 @@ contract mismatch from a routing failure without reading logs::
     │   ├── NoResponders                         nobody listens on the subject
     │   ├── ReachTimeout (also TimeoutError)     no reply before the deadline
     │   └── Disconnected                         the NATS connection is gone
+    │       └── LoginUnanswered                  no login gate answered the login in time
     ├── Unavailable                              (retryable) instance alive but not taking calls
     ├── CircuitOpen(target, retry_at)            every candidate's breaker is open
     ├── RetriesExhausted(attempts, last)         last (= __cause__) is the last error
@@ -43,6 +44,7 @@ __all__ = [
     "Disconnected",
     "DiscoveryError",
     "InternalError",
+    "LoginUnanswered",
     "NoHealthyInstance",
     "NoResponders",
     "NotAuthorized",
@@ -143,6 +145,12 @@ class ReachTimeout(TransportError, TimeoutError):
 
 class Disconnected(TransportError):
     """The connection to NATS is closed or was lost during the call."""
+
+
+class LoginUnanswered(Disconnected):
+    """The server did not answer the login in time, or refused it only when its own wait
+    for the login gate ended: no verdict on the credentials, a gate away (trying again
+    can succeed)."""
 
 
 class Unavailable(ReachError):

@@ -13,9 +13,11 @@ __all__ = [
     "AUDIT_SPOOL_MAX_BYTES",
     "DEFAULT_STORE",
     "DEFAULT_URL",
+    "RECONNECT_FOR_ENV",
     "resolve_audit_spool",
     "resolve_audit_spool_max",
     "resolve_credentials",
+    "resolve_reconnect_for",
     "resolve_servers",
 ]
 
@@ -23,6 +25,8 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_STORE = ".reach"
 #: what one audit writer's spool file may hold by default (``REACH_AUDIT_SPOOL_MAX_MB``)
 AUDIT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
+#: how long a connection that was up keeps reconnecting per outage: seconds, or "forever"
+RECONNECT_FOR_ENV = "REACH_RECONNECT_FOR"
 
 
 def resolve_servers(
@@ -92,5 +96,26 @@ def resolve_audit_spool_max(max_bytes: int | None = None) -> int:
     if value <= 0:
         raise ConfigurationError(
             f"REACH_AUDIT_SPOOL_MAX_MB must be a positive number of MiB, not {env!r}"
+        )
+    return value
+
+
+def resolve_reconnect_for(seconds: float | None = None) -> float | None:
+    """How long a lost connection keeps trying to reconnect and log in again: ``seconds``,
+    else ``REACH_RECONNECT_FOR`` (seconds, or ``forever``), else forever (None)."""
+    if seconds is not None:
+        if seconds <= 0:
+            raise ConfigurationError(f"reconnect_for must be positive seconds, not {seconds!r}")
+        return float(seconds)
+    text = os.environ.get(RECONNECT_FOR_ENV, "").strip().lower()
+    if text in ("", "forever", "inf"):
+        return None
+    try:
+        value = float(text.removesuffix("s"))
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(
+            f"{RECONNECT_FOR_ENV}={text!r}: give seconds (such as 30) or 'forever'"
         )
     return value

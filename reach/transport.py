@@ -13,7 +13,6 @@ import contextlib
 import datetime
 import logging
 import os
-import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -39,7 +38,6 @@ from nats.js.kv import KeyValue
 
 from reach import kvfollow, subjects
 from reach.errors import (
-    AuthenticationFailed,
     ConfigurationError,
     Disconnected,
     NoResponders,
@@ -49,6 +47,8 @@ from reach.errors import (
     TransportError,
 )
 from reach.kvfollow import KVEntry, republish_prefix
+from reach.link import Link, open_client
+from reach.settings import resolve_reconnect_for
 from reach.wire import ReplyBatch, ReplyMux, Writer, barrier, batch_bytes, subscribe_inline
 
 __all__ = [
@@ -70,11 +70,6 @@ log = logging.getLogger("reach.transport")
 
 _T = TypeVar("_T")
 
-#: reconnect back-off: base doubling per failed attempt, capped, plus jitter (thundering herd)
-_RECONNECT_BASE = 0.1
-_RECONNECT_CAP = 2.0
-_FIRST_CONNECT_ATTEMPTS = 3
-_FIRST_CONNECT_WAIT = 0.2
 #: reading a stream's history: wait for stragglers when none are pending, or for the next
 _HISTORY_QUIET = 0.3
 _HISTORY_STALL = 10.0
@@ -117,13 +112,6 @@ class Subscription:
             await self._sub.drain()  # type: ignore[no-untyped-call]
 
 
-def _jittered_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
-    server = random.choice(servers)
-    attempts = max(0, int(getattr(server, "reconnects", 0)))
-    delay = min(_RECONNECT_CAP, _RECONNECT_BASE * 2 ** min(attempts, 10))
-    return server, delay * (0.5 + random.random())
-
-
 def translate_error(exc: BaseException, what: str) -> ReachError:
     """The Agent-Reach error for an exception nats-py raised while doing ``what``."""
     if isinstance(exc, nats.errors.NoRespondersError):
@@ -155,9 +143,11 @@ class Denials:
     error, so a request to it would otherwise end as a plain timeout. ``guard`` ends an
     operation as soon as the refusal arrives instead."""
 
-    __slots__ = ("_seen", "_waiting")
+    __slots__ = ("_link", "_seen", "_waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, link: Link | None = None) -> None:
+        #: the connection's state: an operation that failed while it was down says why
+        self._link = link
         self._seen: deque[tuple[float, str]] = deque(maxlen=32)
         #: operations in ``guard``: what to call on a refusal, and which refusals end it
         self._waiting: dict[Callable[[str], None], Callable[[str], bool]] = {}
@@ -183,12 +173,15 @@ class Denials:
     def explain(
         self, exc: BaseException, what: str, started: float, subject: str | None = None
     ) -> ReachError:
-        """``translate_error``, but a timeout after a refusal is the refusal."""
+        """``translate_error``, but a timeout after a refusal is the refusal, and a timeout
+        or a lost connection while the connection is down says why it is down."""
         err = translate_error(exc, what)
         if isinstance(err, ReachTimeout):
             refused = self.since(started, subject)
             if refused is not None:
                 return _denied(what, refused)
+        if isinstance(err, ReachTimeout | Disconnected) and self._link and self._link.down:
+            return Disconnected(f"{what}: {self._link.describe()}")
         return err
 
     async def guard(
@@ -258,8 +251,11 @@ class Connection:
         denials: Denials | None = None,
         user: str | None = None,
         inbox_prefix: str = "_INBOX",
+        link: Link | None = None,
     ) -> None:
         self._nc = nc
+        #: up, or down since when and why (``describe`` words it for errors)
+        self.link = link or Link(str(nc.options.get("name") or ""), [], user, None)
         #: the token this connection writes audit batches under: the NATS user the server
         #: logged it in as (a client id, the registrar's service user), on an open fabric
         #: ``subjects.ANONYMOUS``; the server's permissions hold each client to its own
@@ -273,17 +269,20 @@ class Connection:
         #: times the connection came back after a disconnect (a request that spans one
         #: may have been lost with the old socket: not its target's fault)
         self.reconnects = 0
-        #: why the server refused our login while reconnecting (a revoked credential), until
-        #: a reconnect succeeds: nats-py keeps trying, requests would only time out
-        self.login_refused: str | None = None
 
     def on_reconnect(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` each time the connection is back after a disconnect."""
         self._reconnect_listeners.append(listener)
 
+    @property
+    def login_refused(self) -> str | None:
+        """Why the login gate refuses our login while reconnecting (a revoked credential),
+        until a reconnect succeeds: requests meanwhile only time out. None too while the
+        login is refused only for want of an answer (``link`` says so)."""
+        return self.link.refused if self.link.credentials_refused else None
+
     def _reconnected(self) -> None:
         self.reconnects += 1
-        self.login_refused = None
         for listener in self._reconnect_listeners:
             try:
                 listener()
@@ -673,120 +672,53 @@ async def connect(
     inbox_prefix: str | None = None,
     on_reconnect: Callable[[], Awaitable[None]] | None = None,
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
+    reconnect_for: float | None = None,
 ) -> Connection:
-    """Connect to NATS and keep reconnecting forever (with jittered back-off) once connected."""
+    """Connect to NATS; once connected, reconnect and log in again whatever the server
+    answers (a refused login during a failover, or while the login gate is away, is
+    transient), with jittered back-off, for ``reconnect_for`` seconds per outage (None:
+    ``REACH_RECONNECT_FOR``, by default forever; see ``reach.link``).
 
-    seen: list[Exception] = []
-    refused = asyncio.Event()
-    refusals = 0
+    A first connect whose login is refused raises AuthenticationFailed at once, one whose
+    login is not answered LoginUnanswered; neither waits for more tries."""
+    link = Link(name, servers, user, resolve_reconnect_for(reconnect_for))
+    denials = Denials(link)
+    made: list[Connection] = []
 
-    denials = Denials()
-
-    async def _error_cb(exc: Exception) -> None:
-        nonlocal refusals
+    def _on_error(exc: Exception) -> bool:
         if _permission_error(exc):
             log.warning("%s: %s", name, exc)
             denials.add(str(exc))
-            return
-        if len(seen) < 8:
-            seen.append(exc)
-        log.debug("nats: %s: %s", type(exc).__name__, exc)
-        if made and _is_refusal(exc):
-            if made[0].login_refused is None:  # once per outage, not per attempt
-                log.warning(
-                    "%s: NATS refused the login of %s on reconnecting: %s (revoked"
-                    " credentials?); still trying",
-                    name,
-                    f"user {user!r}" if user else "an anonymous client",
-                    exc,
-                )
-            made[0].login_refused = str(exc) or type(exc).__name__
-        if not refused.is_set() and _is_refusal(exc):
-            refusals += 1
-            # nats-py gives up on a server after its attempts, but a cluster's other nodes
-            # name it again (INFO connect_urls) and it comes back as new: a refused login
-            # would be retried forever
-            if refusals > _FIRST_CONNECT_ATTEMPTS:
-                refused.set()
-
-    made: list[Connection] = []
+            return True
+        return False
 
     async def _reconnected() -> None:
-        log.info("%s reconnected", name)
         for conn in made:
             conn._reconnected()
         if on_reconnect is not None:
             await on_reconnect()
 
     async def _disconnected() -> None:
-        log.info("%s disconnected", name)
         if on_disconnect is not None:
             await on_disconnect()
 
     # every connection's inbox is a prefix of its own (``_INBOX.<client_id>`` on a secured
     # fabric, a random token otherwise): call replies go to ``<prefix>.r.…`` (reach.wire)
     inbox_prefix = inbox_prefix or f"_INBOX.{os.urandom(8).hex()}"
-    nc = _NatsClient()
-    try:
-        await _until_refused(
-            refused,
-            nc.connect(
-                servers=list(servers),
-                name=name,
-                connect_timeout=max(1, int(connect_timeout)),
-                # A few quick tries for the first connect (nats-py would retry it forever and,
-                # with no wait, spin); once connected, reconnect forever (set below).
-                max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
-                reconnect_time_wait=_FIRST_CONNECT_WAIT,  # type: ignore[arg-type]  # float works
-                reconnect_to_server_handler=_jittered_reconnect,
-                error_cb=_error_cb,
-                reconnected_cb=_reconnected,
-                disconnected_cb=_disconnected,
-                allow_reconnect=True,
-                user=user,
-                password=password,
-                inbox_prefix=inbox_prefix,
-            ),
-        )
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            await nc.close()
-        where = ", ".join(servers)
-        reason = str(exc) or type(exc).__name__
-        refused_by = [e for e in (exc, *seen) if _is_refusal(e)]
-        if refused_by:
-            reason = str(refused_by[0])
-            who = f"user {user!r}" if user else "an anonymous client"
-            raise AuthenticationFailed(
-                f"NATS at {where} refused {who}: {reason} (check the credentials file)"
-            ) from exc
-        raise Disconnected(f"cannot connect to NATS at {where}: {reason}") from exc
-    nc.options["max_reconnect_attempts"] = -1
-    made.append(Connection(nc, denials, user, inbox_prefix))
+    nc = await open_client(
+        servers,
+        link=link,
+        name=name,
+        connect_timeout=connect_timeout,
+        user=user,
+        password=password,
+        inbox_prefix=inbox_prefix,
+        on_error=_on_error,
+        on_reconnect=_reconnected,
+        on_disconnect=_disconnected,
+    )
+    made.append(Connection(nc, denials, user, inbox_prefix, link))
     return made[0]
-
-
-def _is_refusal(exc: BaseException) -> bool:
-    """Did the server refuse the login (Authorization Violation, or an auth timeout)?"""
-    return isinstance(exc, nats.errors.AuthorizationError) or "authoriz" in str(exc).lower()
-
-
-async def _until_refused(refused: asyncio.Event, connecting: Awaitable[None]) -> None:
-    """Await ``connecting``; if ``refused`` is set first, stop it and raise AuthorizationError."""
-    task = asyncio.ensure_future(connecting)
-    waiter = asyncio.ensure_future(refused.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # cancelled: stop connecting too
-        task.cancel()
-        raise
-    finally:
-        waiter.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.wait({task})
-        raise nats.errors.AuthorizationError
-    task.result()
 
 
 @dataclass(frozen=True, slots=True)
