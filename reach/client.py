@@ -39,6 +39,7 @@ from reach.errors import (
     Disconnected,
     DiscoveryError,
     InternalError,
+    NoHealthyInstance,
     NoResponders,
     NotAuthorized,
     NotFound,
@@ -481,7 +482,7 @@ class ReachClient:
                 value = await self._attempt(state, meta, body)
             except ReachError as exc:
                 first = exc
-            if isinstance(first, NoResponders) and self._settling():
+            if first is not None and _waits_for_instance(first, state) and self._settling():
                 value, first = await self._wait_for_instance(first, state, meta, body)
             if first is not None:
                 value = await self._retry(first, state, meta, body)
@@ -822,13 +823,14 @@ class ReachClient:
     async def _wait_for_instance(
         self, error: ReachError, state: _Attempt, meta: envelope.RequestMeta, body: bytes
     ) -> tuple[Any, ReachError | None]:
-        """While the fabric settles after a reconnect, a call that reached nobody waits
-        for an instance within its deadline instead of failing: another candidate at
-        once, else the same ones again after a short pause (growing to a few tenths of a
-        second), as long as the deadline leaves room. Returns the value, or the last
-        error (None: served)."""
+        """While the fabric settles after a reconnect (or the connection is away), a call
+        that reached nobody, or whose request was lost with the old socket where a retry
+        is safe, waits for an instance within its deadline instead of failing: another
+        candidate at once, else the same ones again after a short pause (growing to a few
+        tenths of a second), as long as the deadline leaves room. Returns the value, or
+        the last error (None: served)."""
         pause = _SETTLE_PAUSE
-        while isinstance(error, NoResponders) and self._settling() and not self._closing:
+        while _waits_for_instance(error, state) and self._settling() and not self._closing:
             if not _has_other(state):
                 left = state.deadline - self._clock.time()
                 if left <= pause:
@@ -927,8 +929,10 @@ class ReachClient:
                 remaining = min(state.deadline - now, state.attempt_timeout)
                 meta.deadline_ms = int((now + remaining) * 1000)
             meta.token = token
-        peer.outstanding += 1
         conn = self._conn
+        if conn is not None and not conn.is_connected:
+            remaining = await self._until_connected(conn, state, meta)
+        peer.outstanding += 1
         reconnects = conn.reconnects if conn is not None else 0
         started = time.perf_counter()
         try:
@@ -1003,6 +1007,20 @@ class ReachClient:
             else:
                 breaker.release()
         raise error
+
+    async def _until_connected(
+        self, conn: Connection, state: _Attempt, meta: envelope.RequestMeta
+    ) -> float:
+        """Wait within the call's deadline for the connection to come back (the request is
+        not sent yet: waiting is safe for any call); the attempt's time left after it."""
+        if not await conn.wait_connected(state.deadline - self._clock.time()):
+            if conn.is_closed:
+                raise Disconnected(f"{state.capability}: the client's connection is closed")
+            raise Disconnected(f"{state.capability}: {conn.link.describe()}")
+        now = self._clock.time()
+        remaining = min(state.deadline - now, state.attempt_timeout)
+        meta.deadline_ms = int((now + remaining) * 1000)
+        return remaining
 
     def _explain(self, exc: Exception, subject: str, started: float, reconnects: int) -> ReachError:
         """The typed error of a request that failed in transport: a timeout is a refusal
@@ -1099,6 +1117,16 @@ class ReachClient:
             latency_ms=(time.perf_counter() - started) * 1000,
             fallback=FallbackInfo(source=source, reason=reason, age_sec=age),
         )
+
+
+def _waits_for_instance(error: ReachError, state: _Attempt) -> bool:
+    """Whether a call may wait for an instance while the fabric settles after ``error``:
+    it reached nobody, or found every instance unhealthy (probed while they were still
+    reconnecting), or it was lost with a connection and is safe to send again (where a
+    timeout would be retried)."""
+    return isinstance(error, NoResponders | NoHealthyInstance) or (
+        isinstance(error, Disconnected) and state.retry_timeouts
+    )
 
 
 def _has_other(state: _Attempt) -> bool:

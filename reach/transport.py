@@ -450,6 +450,21 @@ class Connection:
         except Exception as exc:
             raise self.denials.explain(exc, f"update KV bucket {bucket}", started) from exc
 
+    async def wait_connected(self, timeout: float) -> bool:
+        """Whether the connection is up, waiting up to ``timeout`` seconds for it to come
+        back if it is away (False at once once closed)."""
+        if self._nc.is_connected:
+            return True
+        if self._nc.is_closed or timeout <= 0:
+            return False
+        back, forget = self._reconnect_event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(back.wait(), timeout)
+        finally:
+            forget()
+        return bool(self._nc.is_connected)
+
     def _reconnect_event(self) -> tuple[asyncio.Event, Callable[[], None]]:
         """An event set on every reconnect, and the function that stops setting it."""
         event = asyncio.Event()

@@ -70,7 +70,7 @@ class Timing:
 BENCH = Timing()
 QUICK = Timing(rate=50.0, pre_sec=2.0, post_sec=3.0, gate_down_sec=4.0, long_pause_sec=3.0)
 #: the tests': a few seconds of load each, the targets of the issue unchanged
-TESTS = Timing(rate=40.0, pre_sec=2.0, post_sec=3.0, gate_down_sec=6.0, established_sec=8.0)
+TESTS = Timing(rate=40.0, pre_sec=2.0, post_sec=5.0, gate_down_sec=6.0, established_sec=8.0)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from bench.faults.analysis import (
     Call,
@@ -118,6 +118,17 @@ def _fair_share(bed: Bed, fault: Fault, calls: Sequence[Call], _b: object) -> li
         f" {t.share_window_sec:g}s window first {'never' if fair is None else f'after {fair:.2f}s'}"
     )
     return [Check("each instance's share after the pause", not low, detail)]
+
+
+def _no_breaker_opened(
+    bed: Bed, fault: Fault, calls: Sequence[Call], breakers: object
+) -> list[Check]:
+    """The caller's breakers stay closed through a server restart: instances that have
+    not reconnected yet are not failing (item 9 of the issue)."""
+    samples = cast(Sequence[Sequence[Any]], breakers)
+    opened = sorted({str(who) for t, who, state in samples if t >= fault.at and state == "open"})
+    detail = "none opened" if not opened else f"opened: {', '.join(opened)}"
+    return [Check("no breaker opens while the fabric comes back", not opened, detail)]
 
 
 def _breaker_timing(bed: Bed, fault: Fault, calls: Sequence[Call], breakers: object) -> list[Check]:
@@ -332,7 +343,13 @@ SCENARIOS: dict[str, Scenario] = {
             _gate_down_across_server_restart,
             call_timeout=lambda t: t.gate_down_sec + t.call_timeout_sec,
         ),
-        Scenario("kill-server", "single node: SIGKILL nats-server", "single", _kill_server),
+        Scenario(
+            "kill-server",
+            "single node: SIGKILL nats-server",
+            "single",
+            _kill_server,
+            extra=_no_breaker_opened,
+        ),
         Scenario(
             "pause-short",
             "a 150 ms SIGSTOP of 1 of 3 instances",
@@ -346,6 +363,8 @@ SCENARIOS: dict[str, Scenario] = {
             "single",
             _pause(lambda t: t.long_pause_sec),
             extra=_breaker_timing,
+            # the issue's rate: how soon failures add up to an open breaker depends on it
+            rate_at_least=200.0,
         ),
         Scenario(
             "kill-non-idempotent",

@@ -26,7 +26,14 @@ from reach.audit.streams import StreamSettings, ensure_streams
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
 from reach.codec import Limits
-from reach.errors import AuthenticationFailed, AuthError, CodecError, ContractError, ReachError
+from reach.errors import (
+    AuthenticationFailed,
+    AuthError,
+    CodecError,
+    ContractError,
+    NoResponders,
+    ReachError,
+)
 from reach.jobs import JOB_RETENTION_SEC, JobStore
 from reach.messages import decode_model, encode_model
 from reach.models import (
@@ -43,7 +50,7 @@ from reach.models import (
     Transition,
     clip_reason,
 )
-from reach.registry.probe import probe
+from reach.registry.probe import ProbeResult, probe
 from reach.registry.store import RegistryStore
 from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR, CredentialStore
 from reach.security.fabric import FabricSecurity
@@ -583,6 +590,8 @@ class Registrar:
                         }
                     )
                     return self._with_status(updated, status, reason, now)
+                if self._settling(cur, now, result):
+                    return None
                 failures = cur.consecutive_failures + 1
                 updated = cur.model_copy(
                     update={"consecutive_failures": failures, "last_probe_at": now}
@@ -706,6 +715,17 @@ class Registrar:
         started or before it last had trouble keeping the registry current."""
         heard = max(inst.last_heartbeat_at, self._unrecorded.get(inst.agent_id, 0.0))
         return now - max(heard, self._started_at, self._trouble_at)
+
+    def _settling(self, inst: Instance, now: float, result: ProbeResult) -> bool:
+        """A probe nobody received, soon after this registrar's own trouble (its connection
+        back after a server restart, say) or start: the instance may not have reconnected yet,
+        which its heartbeats will show, as they do when they stop. Not a failure until
+        the instance has had the time a silence would be given."""
+        if not isinstance(result.error, NoResponders):
+            return False
+        health = inst.manifest.health
+        since = max(self._trouble_at, self._started_at)
+        return now - since < health.interval_sec * health.failures_before_unhealthy
 
     def _trouble(self) -> None:
         self._trouble_at = self._clock.time()
