@@ -831,8 +831,10 @@ class ReachClient:
         the last error (None: served)."""
         pause = _SETTLE_PAUSE
         while _waits_for_instance(error, state) and self._settling() and not self._closing:
+            left = state.deadline - self._clock.time()
+            if left <= 0:
+                break  # the last error says why, not a deadline passed
             if not _has_other(state):
-                left = state.deadline - self._clock.time()
                 if left <= pause:
                     break
                 await asyncio.sleep(pause)
@@ -998,7 +1000,10 @@ class ReachClient:
         error = _remote_error(reply, target)
         state.route.append((reply.by or target, state.score, error_class(error), elapsed_ms))
         if error.retryable:
-            self._failed(state, target, breaker)
+            # an answer (overloaded, unavailable): the target is reachable, if busy
+            state.failed.add(target)
+            if breaker is not None:
+                breaker.record_failure(answered=True)
         elif breaker is not None:
             if isinstance(error, RemoteError):
                 # the instance answered: a business or handler error says nothing of reach
@@ -1012,13 +1017,27 @@ class ReachClient:
         self, conn: Connection, state: _Attempt, meta: envelope.RequestMeta
     ) -> float:
         """Wait within the call's deadline for the connection to come back (the request is
-        not sent yet: waiting is safe for any call); the attempt's time left after it."""
-        if not await conn.wait_connected(state.deadline - self._clock.time()):
-            if conn.is_closed:
-                raise Disconnected(f"{state.capability}: the client's connection is closed")
-            raise Disconnected(f"{state.capability}: {conn.link.describe()}")
+        not sent yet: waiting is safe for any call); the attempt's time left after it. A
+        login the gate refuses (revoked or changed credentials) ends the wait at once."""
+        while not conn.is_connected:
+            if conn.login_refused is not None:
+                raise AuthenticationFailed(
+                    f"{state.capability}: NATS refuses this client's login"
+                    f" ({conn.login_refused}): its credentials were revoked or changed"
+                )
+            left = state.deadline - self._clock.time()
+            if conn.is_closed or left <= 0:
+                raise Disconnected(
+                    f"{state.capability}: the client's connection is closed"
+                    if conn.is_closed
+                    else f"{state.capability}: {conn.link.describe()}"
+                )
+            # in slices: a refusal arrives as an error, not as a reconnect
+            await conn.wait_connected(min(left, _CONNECT_WAIT_SLICE))
         now = self._clock.time()
         remaining = min(state.deadline - now, state.attempt_timeout)
+        if remaining <= 0:
+            raise ReachTimeout(f"{state.capability}: deadline passed waiting for the connection")
         meta.deadline_ms = int((now + remaining) * 1000)
         return remaining
 
@@ -1139,6 +1158,8 @@ async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool)
 
 
 _BACKOFF_BASE = 0.2
+#: how often a call waiting for its connection checks whether the login was refused
+_CONNECT_WAIT_SLICE = 0.25
 #: the first pause of a call waiting for an instance while the fabric settles, and its cap
 _SETTLE_PAUSE = 0.05
 _SETTLE_PAUSE_MAX = 0.4

@@ -245,7 +245,10 @@ class ServiceProcess:
         )
         if self.pid_file is not None:
             tmp = self.pid_file.with_name(f".{self.pid_file.name}.tmp")
-            tmp.write_text(f"{proc.pid}\n")
+            # owner only, as everything in the store
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(f"{proc.pid}\n")
             tmp.replace(self.pid_file)
         return proc
 

@@ -145,6 +145,25 @@ def test_a_success_breaks_the_run_of_failures(clock: ManualClock) -> None:
     assert breaker.state is CLOSED
 
 
+def test_failures_the_target_answered_count_for_the_ratio_but_make_no_run(
+    clock: ManualClock,
+) -> None:
+    """A burst of "overloaded" replies (one batch refused) is an answering target: no run
+    of silence; enough of them still open it by the ratio."""
+    breaker = make(clock)
+    calls(breaker, ok=100)
+    for _ in range(30):
+        assert breaker.allow()
+        breaker.record_failure(answered=True)
+    assert breaker.state is CLOSED
+    calls(breaker, failed=9)  # a run starts after the last answer
+    assert breaker.state is CLOSED
+    for _ in range(61):  # 100 of 200 failed: the ratio
+        assert breaker.allow()
+        breaker.record_failure(answered=True)
+    assert breaker.state is OPEN
+
+
 def test_a_run_of_failures_older_than_the_window_starts_again(clock: ManualClock) -> None:
     breaker = make(clock)
     calls(breaker, failed=5)

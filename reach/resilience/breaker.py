@@ -12,8 +12,9 @@ Failures are judged on a window that reflects now: the ratio over the sliding wi
 catches a target that fails often, and a run of ``consecutive_failures`` failures in a
 row (within the window) opens the breaker whatever successes came before it in the
 window, so a target that stops answering is cut off within its first few failures rather
-than once its earlier successes have expired. Only a failure can open the breaker: a
-success never does.
+than once its earlier successes have expired. A failure the target answered itself (a
+retryable error reply: overloaded, unavailable) counts toward the ratio and ends a run:
+the target is answering. Only a failure can open the breaker: a success never does.
 
 The open wait is short (``healthy_open_sec``) while the registry reports the target
 healthy: its registrar's probes pass, so the caller tests it again soon and a target that
@@ -266,12 +267,21 @@ class CircuitBreaker:
         # open, or half-open without trials: a call let through before the breaker opened
         # reports late; its outcome is old news
 
-    def record_failure(self) -> None:
-        """The call failed with an error that counts against the target's health."""
+    def record_failure(self, *, answered: bool = False) -> None:
+        """The call failed with an error that counts against the target's health.
+
+        ``answered``: the target replied, with a retryable error (overloaded,
+        unavailable): the failure counts toward the window's ratio, but a reply ends a
+        run of failures in a row, which stands for a target that stopped answering (a
+        burst of "overloaded" replies to one batch is not a hang)."""
         state = self._state
         if state is CLOSED:
             now = self._clock.monotonic()
             self._window.add(now, 1, 1)
+            if answered:
+                self._streak = 0
+                self._check_trip(now)
+                return
             if self._streak == 0 or now - self._streak_since >= self._config.window_sec:
                 self._streak = 0  # a run older than the window is no evidence of now
                 self._streak_since = now

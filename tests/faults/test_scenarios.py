@@ -36,6 +36,7 @@ async def _scenario(name: str, fabric: Fabric, tmp_path: Path) -> dict[str, Any]
     return outcome
 
 
+@pytest.mark.faults_long
 async def test_baseline_every_call_succeeds_and_is_audited(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -43,6 +44,7 @@ async def test_baseline_every_call_succeeds_and_is_audited(
     assert outcome["ok"] == outcome["sent"] == outcome["audit_kept"]
 
 
+@pytest.mark.faults_long
 async def test_sigkill_of_one_of_three_idempotent_instances_fails_no_call(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -51,6 +53,7 @@ async def test_sigkill_of_one_of_three_idempotent_instances_fails_no_call(
     assert outcome["back_in_rotation_sec"] is not None
 
 
+@pytest.mark.faults_long
 async def test_sigkill_of_a_non_idempotent_instance_fails_only_its_calls_in_flight(
     single_node: Fabric, tmp_path: Path
 ) -> None:
