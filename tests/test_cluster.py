@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from bench.faults.fabric import stream_info
 from reach import subjects
 from reach.agent import Agent
 from reach.audit import WriterConfig, read_events
@@ -95,20 +95,10 @@ async def _until(check: Callable[[], bool | Awaitable[bool]], what: str, timeout
         await asyncio.sleep(0.1)
 
 
-async def _stream_info(conn: Connection, stream: str) -> dict[str, Any]:
-    try:
-        reply: dict[str, Any] = json.loads(
-            await conn.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=2.0)
-        )
-    except ReachError:
-        return {}
-    return reply
-
-
 async def _replicated_on_all(conn: Connection) -> bool:
     """Every replicated stream has 3 replicas: a leader and two current followers."""
     for stream in REPLICATED:
-        info = await _stream_info(conn, stream)
+        info = await stream_info(conn, stream)
         group = info.get("cluster", {})
         followers = group.get("replicas", [])
         if info.get("config", {}).get("num_replicas") != 3 or not group.get("leader"):
@@ -173,7 +163,7 @@ def _port(url: str) -> int:
 
 async def _credentials_leader_port(admin: Connection, cluster: Cluster) -> int:
     """Client port of the node leading REACH_CREDENTIALS (node reach-N has the Nth URL)."""
-    info = await _stream_info(admin, f"KV_{subjects.CREDENTIALS_BUCKET}")
+    info = await stream_info(admin, f"KV_{subjects.CREDENTIALS_BUCKET}")
     leader: str = info["cluster"]["leader"]
     return _port(cluster.urls[int(leader.rsplit("-", 1)[1]) - 1])
 

@@ -397,15 +397,22 @@ def _stop(proc: subprocess.Popen[bytes]) -> str:
     return err.decode()
 
 
+def _single_up(reach_up: Spawn, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, str]:
+    """A single-node ``reach up`` on a free port with store ``store``, once it is up:
+    the process, the store and the URL."""
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    proc = reach_up("--port", str(port), "--store", "store")
+    line = _read_line(proc)
+    assert line.startswith(f"Agent-Reach up: {url} (store store, registrar reg-")
+    return proc, tmp_path / "store", url
+
+
 @pytest.mark.slow
 def test_a_killed_nats_server_is_started_again_and_the_registrar_recovers(
     reach_up: Spawn, tmp_path: Path
 ) -> None:
-    store = tmp_path / "store"
-    port = free_port()
-    url = f"nats://127.0.0.1:{port}"
-    proc = reach_up("--port", str(port), "--store", "store")
-    _read_line(proc)
+    proc, store, url = _single_up(reach_up, tmp_path)
     (server,) = _nats_children(proc.pid)
     registrar = _registrar_pid(store)
 
@@ -430,12 +437,7 @@ def test_a_killed_nats_server_is_started_again_and_the_registrar_recovers(
 def test_a_killed_registrar_is_started_again_and_nats_server_runs_on(
     reach_up: Spawn, tmp_path: Path
 ) -> None:
-    store = tmp_path / "store"
-    port = free_port()
-    url = f"nats://127.0.0.1:{port}"
-    proc = reach_up("--port", str(port), "--store", "store")
-    line = _read_line(proc)
-    assert line.startswith(f"Agent-Reach up: {url} (store store, registrar reg-")
+    proc, store, url = _single_up(reach_up, tmp_path)
     (server,) = _nats_children(proc.pid)
     registrar = _registrar_pid(store)
 

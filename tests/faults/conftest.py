@@ -15,32 +15,31 @@ import pytest
 from bench.faults.fabric import Fabric, start_fabric
 
 
-@pytest.fixture
-async def single_node(tmp_path: Path) -> AsyncIterator[Fabric]:
-    """``reach up`` with its own nats-server."""
-    fabric = await start_fabric("single", tmp_path)
+async def _running(kind: str, tmp_path: Path) -> AsyncIterator[Fabric]:
+    fabric = await start_fabric(kind, tmp_path)
     try:
         yield fabric
     finally:
         await fabric.stop()
+
+
+@pytest.fixture
+async def single_node(tmp_path: Path) -> AsyncIterator[Fabric]:
+    """``reach up`` with its own nats-server."""
+    async for fabric in _running("single", tmp_path):
+        yield fabric
 
 
 @pytest.fixture
 async def cluster3(tmp_path: Path) -> AsyncIterator[Fabric]:
     """``reach up --cluster 3``: three nats-servers as one JetStream cluster."""
-    fabric = await start_fabric("cluster", tmp_path)
-    try:
+    async for fabric in _running("cluster", tmp_path):
         yield fabric
-    finally:
-        await fabric.stop()
 
 
 @pytest.fixture
 async def operator_fabric(tmp_path: Path) -> AsyncIterator[Fabric]:
     """A nats-server with the login gate's config, and ``reach up --servers URL
     --auth-callout`` beside it as a process of its own."""
-    fabric = await start_fabric("operator", tmp_path)
-    try:
+    async for fabric in _running("operator", tmp_path):
         yield fabric
-    finally:
-        await fabric.stop()
