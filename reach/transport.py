@@ -440,7 +440,7 @@ class Connection:
         # ``direct_gets``, where readers may read only some keys, and NATS permissions
         # can name a key only in a direct get's subject
         kv = KeyValue(bucket, stream, f"$KV.{bucket}.", self._js, direct_gets and follow)
-        return KVBucket(bucket, kv, self.denials, self if follow else None)
+        return KVBucket(bucket, kv, self.denials, self if follow else None, self)
 
     async def _make_public(self, config: StreamConfig, bucket: str, started: float) -> None:
         config.allow_direct = True
@@ -544,6 +544,37 @@ class Connection:
                 await self._nc.drain()
 
 
+_RECONNECTED = object()
+_ENDED = object()
+
+
+def _noop() -> None:
+    return None
+
+
+async def _next_unless(entries: AsyncIterator[Any], reconnected: asyncio.Event) -> Any:
+    """The next item of ``entries``; ``_RECONNECTED`` if ``reconnected`` is set first,
+    ``_ENDED`` when they end."""
+    following = asyncio.ensure_future(anext(entries))
+    back = asyncio.ensure_future(reconnected.wait())
+    try:
+        await asyncio.wait({following, back}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled: the read goes too
+        following.cancel()
+        raise
+    finally:
+        back.cancel()
+    if not following.done():
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await following
+        return _RECONNECTED
+    try:
+        return following.result()
+    except StopAsyncIteration:
+        return _ENDED
+
+
 def _republish(bucket: str) -> RePublish:
     return RePublish(src=f"$KV.{bucket}.>", dest=f"{republish_prefix(bucket)}.>")
 
@@ -574,6 +605,7 @@ class KVBucket:
         kv: Any,
         denials: Denials | None = None,
         follower: Connection | None = None,
+        conn: Connection | None = None,
     ) -> None:
         self._denials = denials or Denials()
         self.name = name
@@ -581,6 +613,8 @@ class KVBucket:
         #: the connection that follows this public bucket without a consumer (None: it
         #: is watched with an ordered consumer, as a bucket of secrets is by admins)
         self._follower = follower
+        #: the bucket's connection: an ordered consumer's watch ends when it reconnects
+        self._conn = conn
 
     async def get(self, key: str) -> KVEntry | None:
         started = time.monotonic()
@@ -652,14 +686,29 @@ class KVBucket:
             raise self._denials.explain(
                 exc, started=started, what=f"KV watch {self.name}/{keys}"
             ) from exc
+        # after a reconnect the server may have lost the consumer (a restart) and nats-py
+        # notices only when its heartbeats stay away for a while: the watch ends at once
+        # instead, and its reader watches again
+        reconnected, forget = (
+            self._conn._reconnect_event() if self._conn is not None else (asyncio.Event(), _noop)
+        )
+        entries = aiter(watcher)
         try:
-            async for entry in watcher:
+            while True:
+                entry = await _next_unless(entries, reconnected)
+                if entry is _RECONNECTED:
+                    raise Disconnected(
+                        f"KV watch {self.name}/{keys} ended: the connection came back; watch again"
+                    )
+                if entry is _ENDED:
+                    return
                 if entry is None:
                     yield None
                     continue
                 deleted = entry.operation in ("DEL", "PURGE")
                 yield KVEntry(entry.key, bytes(entry.value or b""), int(entry.revision), deleted)
         finally:
+            forget()
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
