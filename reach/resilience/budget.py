@@ -47,7 +47,7 @@ class RetryBudget:
         ratio: float = 0.1,
         window_sec: float = 60.0,
         min_retries: int = 10,
-        min_per_sec: int = 10,
+        min_per_sec: float = 10,
         clock: Clock = system_clock,
         buckets: int = 60,
     ) -> None:
@@ -58,7 +58,14 @@ class RetryBudget:
             problems.append(f"window_sec: must be a finite number > 0, got {window_sec!r}")
         if isinstance(min_retries, bool) or not isinstance(min_retries, int) or min_retries < 0:
             problems.append(f"min_retries: must be an integer >= 0, got {min_retries!r}")
-        if isinstance(min_per_sec, bool) or not isinstance(min_per_sec, int) or min_per_sec < 0:
+        # typed float so that a compiled build refuses a fraction here too, with the
+        # same ConfigurationError, rather than with a TypeError at the call
+        if (
+            isinstance(min_per_sec, bool)
+            or not isinstance(min_per_sec, int | float)
+            or not (math.isfinite(min_per_sec) and min_per_sec >= 0)
+            or min_per_sec != int(min_per_sec)
+        ):
             problems.append(f"min_per_sec: must be an integer >= 0, got {min_per_sec!r}")
         if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
             problems.append(f"buckets: must be an integer >= 1, got {buckets!r}")
@@ -67,7 +74,7 @@ class RetryBudget:
         self.ratio = ratio
         self.window_sec = window_sec
         self.min_retries = min_retries
-        self.min_per_sec = min_per_sec
+        self.min_per_sec = int(min_per_sec)
         self._clock = clock
         # the whole second (monotonic) the per-second floor counts in, and its retries
         self._second = -1

@@ -27,7 +27,8 @@ import pytest
 from bench.faults import TESTS, report, run_scenario
 from bench.faults.fabric import Fabric
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# every scenario runs in `make test-faults` (CI runs it after `make test`)
+pytestmark = [pytest.mark.slow, pytest.mark.faults_long, pytest.mark.timeout(300)]
 
 
 async def _scenario(name: str, fabric: Fabric, tmp_path: Path) -> dict[str, Any]:
@@ -36,7 +37,6 @@ async def _scenario(name: str, fabric: Fabric, tmp_path: Path) -> dict[str, Any]
     return outcome
 
 
-@pytest.mark.faults_long
 async def test_baseline_every_call_succeeds_and_is_audited(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -44,7 +44,6 @@ async def test_baseline_every_call_succeeds_and_is_audited(
     assert outcome["ok"] == outcome["sent"] == outcome["audit_kept"]
 
 
-@pytest.mark.faults_long
 async def test_sigkill_of_one_of_three_idempotent_instances_fails_no_call(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -53,7 +52,6 @@ async def test_sigkill_of_one_of_three_idempotent_instances_fails_no_call(
     assert outcome["back_in_rotation_sec"] is not None
 
 
-@pytest.mark.faults_long
 async def test_sigkill_of_a_non_idempotent_instance_fails_only_its_calls_in_flight(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -80,7 +78,6 @@ async def test_sigkill_of_the_registrar_part_leaves_the_server_and_calls_alone(
     await _scenario("kill-registrar", single_node, tmp_path)
 
 
-@pytest.mark.faults_long
 async def test_after_a_150ms_pause_every_instance_gets_its_share_again(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -89,7 +86,6 @@ async def test_after_a_150ms_pause_every_instance_gets_its_share_again(
     await _scenario("pause-short", single_node, tmp_path)
 
 
-@pytest.mark.faults_long
 async def test_a_10s_hang_opens_its_breaker_during_the_hang_and_not_after(
     single_node: Fabric, tmp_path: Path
 ) -> None:
@@ -98,7 +94,6 @@ async def test_a_10s_hang_opens_its_breaker_during_the_hang_and_not_after(
     await _scenario("hang-long", single_node, tmp_path)
 
 
-@pytest.mark.faults_long
 async def test_the_login_gate_down_across_a_server_restart_closes_no_connection_for_good(
     operator_fabric: Fabric, tmp_path: Path
 ) -> None:
@@ -107,7 +102,6 @@ async def test_the_login_gate_down_across_a_server_restart_closes_no_connection_
     await _scenario("gate-down-server-restart", operator_fabric, tmp_path)
 
 
-@pytest.mark.faults_long
 async def test_sigkill_of_the_node_leading_the_credentials_is_survived(
     cluster3: Fabric, tmp_path: Path
 ) -> None:
