@@ -25,7 +25,7 @@ from reach.security import (
 from reach.security.issuer import _upgrade_from
 from reach.security.verifiers import is_slow, scrypt_hash
 from reach.testing import NatsServer
-from reach.transport import Connection
+from reach.transport import Connection, KVEntry
 
 # -- the cache (real nats-server) --------------------------------------------------------
 
@@ -271,3 +271,49 @@ async def test_reach_up_upgrades_its_own_credentials_at_start(
     CredentialsFile(url="nats://h:1", client_id="dev", secret=new_secret()).write(path)
     await _upgrade_from(store, path)
     assert await store.get("dev") == upgraded
+
+
+# -- a watch that calls itself caught up too early (a failover) -------------------------
+
+
+class _EarlyCaughtUp:
+    """The part of a KV bucket the cache reads: each watch says "caught up" before any
+    record came (as one set up on a replica still catching up can), and ``get`` answers
+    from what the bucket really holds."""
+
+    def __init__(self, held: dict[str, bytes]) -> None:
+        self.held = held
+        self.watches = 0
+
+    async def watch(self, keys: str) -> AsyncIterator[KVEntry | None]:
+        self.watches += 1
+        if self.watches == 1:  # the first watch sees everything
+            for n, (key, value) in enumerate(self.held.items(), start=1):
+                yield KVEntry(key, value, n)
+        yield None
+        if self.watches == 1:
+            raise ReachError("the connection came back; watch again")
+        await asyncio.Event().wait()  # nothing more comes
+
+    async def get(self, key: str) -> KVEntry | None:
+        value = self.held.get(key)
+        return None if value is None else KVEntry(key, value, 1)
+
+
+async def test_a_record_a_new_watch_missed_is_kept_unless_the_bucket_lost_it() -> None:
+    records = {
+        cid: ClientRecord(client_id=cid, secret_hash="hs256$x$y", level=1, created_at=1.0)
+        for cid in ("kept", "deleted")
+    }
+    bucket = _EarlyCaughtUp({f"client.{c}": encode_model(r) for c, r in records.items()})
+    cache = CredentialCache(bucket)  # type: ignore[arg-type]
+    await cache.start()
+    assert cache.get("kept") is not None
+    assert cache.get("deleted") is not None
+    del bucket.held["client.deleted"]  # deleted while the watch was away
+    try:
+        await until(cache, lambda: bucket.watches >= 2 and cache.get("deleted") is None)
+        assert cache.get("kept") is not None  # still in the bucket: still answers logins
+        assert cache.ready
+    finally:
+        await cache.stop()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Final
 
 from reach.clock import Clock, system_clock
-from reach.errors import CodecError
+from reach.errors import CodecError, ReachError
 from reach.messages import decode_record
 from reach.security.credentials import ClientRecord
 from reach.tasks import cancel_and_wait
@@ -68,6 +68,8 @@ class CredentialCache:
         self._callbacks: list[ChangeCallback] = []
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: confirmations in the bucket of records a new watch did not deliver
+        self._checks: set[asyncio.Task[None]] = set()
         self._rate = miss_reads_per_sec
         self._tokens = miss_reads_per_sec
         self._refilled = clock.monotonic()
@@ -124,6 +126,8 @@ class CredentialCache:
         if self._task is not None:
             await cancel_and_wait([self._task])
             self._task = None
+        if self._checks:
+            await cancel_and_wait(list(self._checks))
         self._ready.clear()
         self._following = False
 
@@ -155,9 +159,13 @@ class CredentialCache:
             if entry is None:
                 if caught_up:
                     continue
-                # caught up: ids no longer in the bucket (deleted while not watching) go
-                for client_id in [c for c in self._records if c not in loaded]:
-                    self._apply(client_id, None)
+                # caught up: ids no longer in the bucket (deleted while not watching) go,
+                # once the bucket confirms it: a watch set up during a failover can call
+                # itself caught up before every record has come, and a record dropped
+                # wrongly here would refuse its client's logins
+                missing = [c for c in self._records if c not in loaded]
+                if missing:
+                    self._checks.add(asyncio.create_task(self._drop_if_gone(missing)))
                 caught_up = True
                 if self._ready.is_set() and not self._following:
                     log.info("credential watch caught up again (%d records)", len(self._records))
@@ -168,6 +176,24 @@ class CredentialCache:
             if not caught_up:
                 loaded.add(client_id)
             self._apply(client_id, self._decode(entry))
+
+    async def _drop_if_gone(self, client_ids: list[str]) -> None:
+        """Forget each of ``client_ids`` whose key the bucket says is gone (deleted); keep
+        those it still holds (their watch delivers them) or cannot say of now."""
+        try:
+            for client_id in client_ids:
+                try:
+                    entry = await self._bucket.get(_PREFIX + client_id)
+                except ReachError as exc:
+                    log.info("credential %s kept: the bucket cannot say now (%s)", client_id, exc)
+                    continue
+                gone = entry is None or entry.deleted or not entry.value
+                if gone and client_id in self._records:
+                    self._apply(client_id, None)
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._checks.discard(task)
 
     @staticmethod
     def _decode(entry: KVEntry) -> ClientRecord | None:
