@@ -201,13 +201,19 @@ async def fabric_state(fabric: UpFabric) -> dict[str, Any]:
         state: dict[str, Any] = {}
         for bucket in ("REACH_CREDENTIALS", "REACH_KEYS"):
             kv = await js.key_value(bucket)
+            # the keys as the stream's leader counts them (nats-py's kv.keys() reads them
+            # with a fresh consumer, which can call itself done before the first key)
+            prefix = f"$KV.{bucket}."
+            info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
             keys: dict[str, int] = {}
-            try:
-                for key in await kv.keys():
+            for subject in sorted(info.state.subjects or {}):
+                key = subject.removeprefix(prefix)
+                try:
                     entry = await kv.get(key)
-                    keys[key] = entry.revision or 0
-            except nats.js.errors.NoKeysError:
-                pass
+                except nats.js.errors.KeyNotFoundError:  # deleted: its marker is kept
+                    keys[key] = -1
+                    continue
+                keys[key] = entry.revision or 0
             state[bucket] = keys
         info = await js.stream_info("REACH_AUDIT")
         state["REACH_AUDIT"] = (info.config.subjects, info.config.deny_delete)
