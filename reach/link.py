@@ -44,6 +44,17 @@ log = logging.getLogger("reach.transport")
 #: reconnect back-off: base doubling per failed attempt, capped, plus jitter (thundering herd)
 _RECONNECT_BASE = 0.1
 _RECONNECT_CAP = 2.0
+#: the wait between reconnect attempts of a connection that others' logins depend on (a
+#: login gate's): a server that is back sends a login it gets before the gate has
+#: subscribed again nowhere, and that login waits out the server's whole auth timeout.
+#: A handful of such connections per fabric, so no herd to spread.
+_PROMPT_RECONNECT = 0.05
+#: how long a login sent while reconnecting waits for its answer before the attempt is
+#: given up and made again: a login the server sent to no gate (one still reconnecting)
+#: is never answered, only refused at the server's auth timeout. Doubles with each
+#: unanswered attempt up to the first connect's timeout, so that a gate slow under a
+#: crowd of logins is not sent each one again and again.
+_LOGIN_PATIENCE = 2.0
 #: the first connect: a few quick tries to reach a server (a refused or unanswered login
 #: ends it at once: a wrong secret must not keep a command waiting)
 _FIRST_CONNECT_ATTEMPTS = 3
@@ -161,6 +172,10 @@ def _jittered_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, 
     attempts = max(0, int(getattr(server, "reconnects", 0)))
     delay = min(_RECONNECT_CAP, _RECONNECT_BASE * 2 ** min(attempts, 10))
     return server, delay * (0.5 + random.random())
+
+
+def _prompt_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+    return random.choice(servers), _PROMPT_RECONNECT * (0.5 + random.random())
 
 
 def is_refusal(exc: BaseException) -> bool:
@@ -335,13 +350,16 @@ async def open_client(
     on_error: Callable[[Exception], bool],
     on_reconnect: Callable[[], Awaitable[None]],
     on_disconnect: Callable[[], Awaitable[None]],
+    prompt: bool = False,
 ) -> Client:
     """A connected ``Client`` that reconnects forever (or for ``link.give_up_after``).
 
     The first connect makes a few quick tries to reach a server and ends at the first
     refused login (AuthenticationFailed) or unanswered one (LoginUnanswered).
-    ``on_error`` sees each error first; True: handled (a permissions violation)."""
+    ``on_error`` sees each error first; True: handled (a permissions violation).
+    ``prompt``: reconnect without back-off (see ``_PROMPT_RECONNECT``)."""
     nc = Client()
+    patience = min(_LOGIN_PATIENCE, float(connect_timeout))
     ended = asyncio.Event()
     #: the refusal that ended the first connect, and seconds after the login was sent
     refusal: list[tuple[BaseException, float | None]] = []
@@ -352,6 +370,10 @@ async def open_client(
         log.debug("nats: %s: %s", type(exc).__name__, exc)
         waited, pending = nc.login_waited(), nc.login_pending
         link.attempt_failed(exc, waited, pending)
+        if nc.keep_trying and pending and isinstance(exc, asyncio.TimeoutError):
+            nc.options["connect_timeout"] = min(
+                2 * nc.options["connect_timeout"], max(patience, connect_timeout)
+            )
         if not nc.keep_trying and (is_refusal(exc) or link.unanswered is not None):
             if is_refusal(exc):
                 refusal.append((exc, waited))
@@ -367,6 +389,7 @@ async def open_client(
             log.error("%s: the NATS client closed itself (%s)", name, nc.last_error)
 
     async def _reconnected_cb() -> None:
+        nc.options["connect_timeout"] = patience
         link.reconnected()
         await on_reconnect()
 
@@ -381,7 +404,7 @@ async def open_client(
                 # and, with no wait, spin); once connected, reconnect forever (set below)
                 max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
                 reconnect_time_wait=_FIRST_CONNECT_WAIT,  # type: ignore[arg-type]  # float works
-                reconnect_to_server_handler=_jittered_reconnect,
+                reconnect_to_server_handler=_prompt_reconnect if prompt else _jittered_reconnect,
                 error_cb=_error_cb,
                 reconnected_cb=_reconnected_cb,
                 disconnected_cb=_disconnected_cb,
@@ -398,6 +421,7 @@ async def open_client(
         refused, took = refusal[0] if refusal else (None, None)
         raise link.first_connect_error(exc, refused, took) from exc
     nc.options["max_reconnect_attempts"] = -1
+    nc.options["connect_timeout"] = patience
     nc.keep_trying = True
     link.close = nc.close
     return nc

@@ -737,11 +737,14 @@ async def connect(
     on_reconnect: Callable[[], Awaitable[None]] | None = None,
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
     reconnect_for: float | None = None,
+    prompt_reconnect: bool = False,
 ) -> Connection:
     """Connect to NATS; once connected, reconnect and log in again whatever the server
     answers (a refused login during a failover, or while the login gate is away, is
     transient), with jittered back-off, for ``reconnect_for`` seconds per outage (None:
     ``REACH_RECONNECT_FOR``, by default forever; see ``reach.link``).
+    ``prompt_reconnect``: try again every few tens of milliseconds instead, for a
+    connection others' logins wait for (a login gate's).
 
     A first connect whose login is refused raises AuthenticationFailed at once, one whose
     login is not answered LoginUnanswered; neither waits for more tries."""
@@ -780,6 +783,7 @@ async def connect(
         on_error=_on_error,
         on_reconnect=_reconnected,
         on_disconnect=_disconnected,
+        prompt=prompt_reconnect,
     )
     made.append(Connection(nc, denials, user, inbox_prefix, link))
     return made[0]

@@ -193,6 +193,59 @@ async def test_agents_and_clients_come_back_after_a_restart_while_the_gate_was_d
             await agent.stop()
 
 
+async def test_a_login_no_gate_answers_is_sent_again_before_the_servers_timeout(
+    secure: SecureFabric,
+) -> None:
+    """A restarted server sends a login it gets before the gate is back to nobody, and
+    refuses it only at its auth timeout. A reconnecting client gives such a login up
+    sooner and sends it again, waiting longer each time (a gate slow under a crowd of
+    logins is not sent each again and again), and is in once the gate is back."""
+    conn, _ = await connect_as([secure.url], name="patient", credentials=secure.dev)
+    try:
+        await secure.stop_gate()
+        secure.server.kill()
+        await secure.server.start()
+        waits: list[float] = []
+
+        async def two_unanswered() -> bool:
+            waited = conn.link.unanswered
+            if waited is not None and (not waits or waits[-1] != waited):
+                waits.append(waited)
+            return len(waits) >= 2
+
+        await _until(two_unanswered, 20.0, "two logins went unanswered")
+        auth_timeout = secure.setup.auth_timeout
+        assert waits[0] < auth_timeout - 1.0, waits  # given up before the server's timeout
+        assert waits[1] > waits[0] + 1.0, waits
+        await secure.start_gate()
+
+        async def back() -> bool:
+            return conn.is_connected
+
+        await _until(back, 15.0, "the client logged in again")
+    finally:
+        await conn.close()
+
+
+async def test_the_login_gate_is_back_as_soon_as_its_server_is(secure: SecureFabric) -> None:
+    """The gate's connection does not back off as clients' do: a server that has been
+    down a while and comes back has its gate at once, so the logins it gets are answered
+    rather than sent to nobody."""
+    assert secure.gate is not None
+    assert secure.gate.connection is not None
+    gate = secure.gate.connection
+    secure.server.kill()
+    await asyncio.sleep(1.5)  # long enough for a backing-off client to wait seconds
+    await secure.server.start()
+
+    async def gate_back() -> bool:
+        return gate.is_connected
+
+    await _until(gate_back, 0.5, "the login gate reconnected")
+    conn, _ = await connect_as([secure.url], name="right-after", credentials=secure.dev)
+    await conn.close()
+
+
 @pytest.mark.parametrize("auth_timeout", [2.0])
 async def test_a_fresh_connect_and_an_agent_start_name_the_login_while_the_gate_is_down(
     secure: SecureFabric,

@@ -63,8 +63,13 @@ class LoginGate:
 
     async def start(self, servers: list[str]) -> None:
         user = self._setup.callout_user
+        # prompt: every login a restarted server gets before the gate is back is lost
         self._conn = await connect(
-            servers, name="reach-login-gate", user=user.name, password=user.password
+            servers,
+            name="reach-login-gate",
+            user=user.name,
+            password=user.password,
+            prompt_reconnect=True,
         )
         await self._start_revocations(servers)
         self._callout = AuthCallout(
