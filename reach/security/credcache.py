@@ -175,7 +175,9 @@ class CredentialCache:
             client_id = entry.key.removeprefix(_PREFIX)
             if not caught_up:
                 loaded.add(client_id)
-            self._apply(client_id, self._decode(entry))
+            record = self._decode(entry)
+            why = "" if record else f"deleted or unreadable at revision {entry.revision}"
+            self._apply(client_id, record, why)
 
     async def _drop_if_gone(self, client_ids: list[str]) -> None:
         """Forget each of ``client_ids`` whose key the bucket says is gone (deleted); keep
@@ -189,7 +191,7 @@ class CredentialCache:
                     continue
                 gone = entry is None or entry.deleted or not entry.value
                 if gone and client_id in self._records:
-                    self._apply(client_id, None)
+                    self._apply(client_id, None, "the bucket confirms it is gone")
         finally:
             task = asyncio.current_task()
             if task is not None:
@@ -205,12 +207,13 @@ class CredentialCache:
             log.warning("credential record %s unreadable: %s", entry.key, exc)
             return None
 
-    def _apply(self, client_id: str, record: ClientRecord | None) -> None:
+    def _apply(self, client_id: str, record: ClientRecord | None, why: str) -> None:
         if record is not None and record.client_id != client_id:
             record = None  # a record filed under another id's key is not that id's record
         if record is None:
             if self._records.pop(client_id, None) is None:
                 return
+            log.info("credential %s forgotten (%s): its logins are refused", client_id, why)
         else:
             self._records[client_id] = record
         for callback in list(self._callbacks):
