@@ -59,6 +59,8 @@ _LOGIN_PATIENCE = 2.0
 #: ends it at once: a wrong secret must not keep a command waiting)
 _FIRST_CONNECT_ATTEMPTS = 3
 _FIRST_CONNECT_WAIT = 0.2
+#: the first connect sends a login that got no answer this many times in all
+_FIRST_CONNECT_LOGINS = 2
 #: a refusal that took longer than this after the login was sent is the server's own
 #: timeout (no login gate answered), not the gate's verdict on the credentials
 _SLOW_REFUSAL = 1.0
@@ -355,7 +357,9 @@ async def open_client(
     """A connected ``Client`` that reconnects forever (or for ``link.give_up_after``).
 
     The first connect makes a few quick tries to reach a server and ends at the first
-    refused login (AuthenticationFailed) or unanswered one (LoginUnanswered).
+    refused login (AuthenticationFailed) or at the second unanswered one
+    (LoginUnanswered): a login request can be lost on its way to a gate (one whose node
+    or process just died), so one without an answer is sent once more.
     ``on_error`` sees each error first; True: handled (a permissions violation).
     ``prompt``: reconnect without back-off (see ``_PROMPT_RECONNECT``)."""
     nc = Client()
@@ -363,6 +367,7 @@ async def open_client(
     ended = asyncio.Event()
     #: the refusal that ended the first connect, and seconds after the login was sent
     refusal: list[tuple[BaseException, float | None]] = []
+    unanswered = [0]
 
     async def _error_cb(exc: Exception) -> None:
         if on_error(exc):
@@ -370,13 +375,25 @@ async def open_client(
         log.debug("nats: %s: %s", type(exc).__name__, exc)
         waited, pending = nc.login_waited(), nc.login_pending
         link.attempt_failed(exc, waited, pending)
-        if nc.keep_trying and pending and isinstance(exc, asyncio.TimeoutError):
-            nc.options["connect_timeout"] = min(
-                2 * nc.options["connect_timeout"], max(patience, connect_timeout)
-            )
-        if not nc.keep_trying and (is_refusal(exc) or link.unanswered is not None):
-            if is_refusal(exc):
-                refusal.append((exc, waited))
+        # no answer: nobody got the login (pending past our patience), or the server's
+        # own auth timeout refused it (a slow refusal); a quick refusal is the gate's
+        lost = (pending and isinstance(exc, asyncio.TimeoutError)) or (
+            is_refusal(exc) and _slow(waited)
+        )
+        if nc.keep_trying:
+            if lost:
+                nc.options["connect_timeout"] = min(
+                    2 * nc.options["connect_timeout"], max(patience, connect_timeout)
+                )
+            return
+        if lost:
+            unanswered[0] += 1
+            if unanswered[0] < _FIRST_CONNECT_LOGINS:
+                return
+        if is_refusal(exc):
+            refusal.append((exc, waited))
+            ended.set()
+        elif lost:
             ended.set()
 
     async def _disconnected_cb() -> None:
@@ -399,7 +416,7 @@ async def open_client(
             nc.connect(
                 servers=list(servers),
                 name=name,
-                connect_timeout=max(1, int(connect_timeout)),
+                connect_timeout=max(1, int(patience)),
                 # a few quick tries for the first connect (nats-py would retry it forever
                 # and, with no wait, spin); once connected, reconnect forever (set below)
                 max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,

@@ -47,7 +47,7 @@ from reach.errors import (
     TransportError,
 )
 from reach.kvfollow import KVEntry, republish_prefix
-from reach.link import Link, open_client
+from reach.link import Client, Link, open_client
 from reach.settings import resolve_reconnect_for
 from reach.wire import ReplyBatch, ReplyMux, Writer, barrier, batch_bytes, subscribe_inline
 
@@ -301,6 +301,13 @@ class Connection:
     def connected_url(self) -> str:
         url = self._nc.connected_url
         return url.geturl() if url else ""
+
+    @property
+    def login_took(self) -> float | None:
+        """Seconds the server took to answer this connection's current login (the login
+        gate's answer on a secured fabric); None if unknown."""
+        nc = self._nc
+        return nc.login_waited() if isinstance(nc, Client) else None
 
     @property
     def max_payload(self) -> int:

@@ -330,19 +330,14 @@ LOGIN_BOUND = 1.5
 ELECTION_WINDOW = 8.0
 
 
-@pytest.mark.xfail(
-    reason=(
-        "intermittent (1 run in 20): a login on a surviving node can be refused right"
-        " after the node leading KV_REACH_CREDENTIALS is killed; its cause is not found yet"
-    ),
-    strict=False,
-)
 async def test_logins_are_answered_while_the_credentials_elect_a_leader(
     cluster: Cluster,
 ) -> None:
     """SIGKILL the node leading KV_REACH_CREDENTIALS: while that stream elects a new
     leader, every new login on the surviving nodes is answered from the gates' memory,
-    quickly, and none is refused."""
+    quickly, and none is refused. A server hands each login to any gate of the queue
+    group, one behind a route too; one handed to the killed node's gate before the
+    route's loss was noticed goes unanswered and is sent again by the client."""
     creds = cluster.store / "dev.creds"
     admin, _ = await connect_as(
         cluster.urls, name="test-admin", credentials=cluster.store / "admin.creds"
@@ -355,21 +350,26 @@ async def test_logins_are_answered_while_the_credentials_elect_a_leader(
     survivors = [url for url in cluster.urls if _port(url) != leader]
     os.kill(cluster.node_pids()[leader], signal.SIGKILL)
 
-    logins: list[tuple[str, float, str]] = []
+    # (url, started after the kill, took in all, the gate's answer took, error)
+    logins: list[tuple[str, float, float, float, str]] = []
     loop = asyncio.get_running_loop()
-    end = loop.time() + ELECTION_WINDOW
-    while loop.time() < end:
+    killed = loop.time()
+    while loop.time() < killed + ELECTION_WINDOW:
         for url in survivors:
             started = loop.time()
             try:
                 conn, _ = await connect_as([url], name="test-login", credentials=creds)
             except ReachError as exc:
-                logins.append((url, loop.time() - started, str(exc)))
+                logins.append((url, started - killed, loop.time() - started, 0.0, str(exc)))
                 continue
-            logins.append((url, loop.time() - started, ""))
+            answer = conn.login_took
+            assert answer is not None
+            logins.append((url, started - killed, loop.time() - started, answer, ""))
             await conn.close()
-    refused = [login for login in logins if login[2]]
-    slow = [login for login in logins if login[1] > LOGIN_BOUND]
     assert len(logins) >= 2 * len(survivors)
-    assert refused == []
-    assert slow == []
+    assert [login for login in logins if login[4]] == []  # none refused
+    assert [login for login in logins if login[3] > LOGIN_BOUND] == []  # the gate is quick
+    # a login whose request the server gave to the killed node's gate in the instant
+    # before it learnt that node was gone is lost, and sent again: only right after it
+    resent = [login for login in logins if login[2] > LOGIN_BOUND]
+    assert all(login[1] < 1.0 for login in resent), resent
