@@ -6,6 +6,9 @@ its own trouble) and checks the record it decides, as the registrar would write 
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from reach.clock import ManualClock
@@ -19,6 +22,7 @@ from reach.models import (
     Readiness,
     Transition,
 )
+from reach.registry import health, ownership
 from reach.registry.health import HealthPolicy
 from reach.registry.probe import ProbeResult
 
@@ -381,3 +385,22 @@ def test_a_long_reason_is_clipped(policy: HealthPolicy, clock: ManualClock) -> N
     after = policy.with_status(_record(clock.time()), "degraded", "x" * 5000, clock.time())
     assert 0 < len(after.status_reason) < 5000
     assert after.transitions[-1].reason == after.status_reason
+
+
+# -- no I/O -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [health, ownership], ids=lambda m: m.__name__)
+def test_the_policies_import_nothing_that_does_io(module: object) -> None:
+    """The health policy and ownership depend on the clock, the models and the errors
+    only: no NATS, no asyncio, no other part of the registrar."""
+    path = Path(str(getattr(module, "__file__", "")))
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    allowed = {"__future__", "dataclasses", "hashlib", "logging", "typing"}
+    allowed |= {"reach.clock", "reach.errors", "reach.models"}
+    assert imported <= allowed, sorted(imported - allowed)

@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from reach.clock import Clock
-from reach.errors import NoResponders
-from reach.models import HealthStatus, Heartbeat, Instance, Readiness, Transition, clip_reason
+from reach.errors import NoResponders, ReachError
+from reach.models import (
+    HealthStatus,
+    Heartbeat,
+    Instance,
+    ProbeReply,
+    Readiness,
+    Transition,
+    clip_reason,
+)
 
-if TYPE_CHECKING:
-    from reach.registry.probe import ProbeResult
-
-__all__ = ["HealthPolicy", "UnwrittenProbe", "Verdict"]
+__all__ = ["HealthPolicy", "ProbeOutcome", "UnwrittenProbe", "Verdict"]
 
 log = logging.getLogger("reach.registrar")
 
@@ -34,6 +39,19 @@ _BEHIND_WARNING_EVERY_SEC = 10.0
 
 #: (when, ms) of a successful probe that changed nothing and so was not written
 UnwrittenProbe = tuple[float, float]
+
+
+class ProbeOutcome(Protocol):
+    """What the policy reads of a probe (:class:`reach.registry.probe.ProbeResult`)."""
+
+    @property
+    def reply(self) -> ProbeReply | None: ...
+    @property
+    def latency_ms(self) -> float: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def error(self) -> ReachError | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +221,7 @@ class HealthPolicy:
         self._last_probe[agent_id] = now
 
     def after_probe(
-        self, cur: Instance, instance_id: str, result: ProbeResult, now: float
+        self, cur: Instance, instance_id: str, result: ProbeOutcome, now: float
     ) -> Instance | None:
         """The record after a probe of instance ``instance_id`` (None: nothing to write).
 
@@ -236,7 +254,7 @@ class HealthPolicy:
             return self.with_status(updated, "unhealthy", reason, now)
         return updated
 
-    def settling(self, inst: Instance, now: float, result: ProbeResult) -> bool:
+    def settling(self, inst: Instance, now: float, result: ProbeOutcome) -> bool:
         """A probe nobody received, soon after this registrar's own trouble (its connection
         back after a server restart, say) or start: the instance may not have reconnected
         yet, which its heartbeats will show, as they do when they stop. Not a failure until
