@@ -1,0 +1,299 @@
+"""The registrar's answers to announces, heartbeats and byes (``reach.v1.announce.*``,
+``reach.v1.heartbeat.*``, ``reach.v1.bye.*``).
+
+Each message is checked (:mod:`reach.registry.message_auth`), turned into a change of the
+instance's record by the health policy (:mod:`reach.registry.health`) and written with
+compare-and-set (:mod:`reach.registry.records`). A live agent_id is never shared: an
+announce of another instance replaces the record only once its instance is dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from reach import envelope, subjects
+from reach.audit.events import REGISTRY_CAPABILITY, denial_event
+from reach.audit.writer import AuditWriter
+from reach.clock import Clock
+from reach.codec import Limits
+from reach.errors import CodecError, ContractError, ReachError
+from reach.messages import encode_model
+from reach.models import (
+    AnnounceReply,
+    AnnounceRequest,
+    Bye,
+    Heartbeat,
+    HeartbeatReply,
+    Instance,
+    Transition,
+)
+from reach.registry.health import HealthPolicy
+from reach.registry.message_auth import Denied, MessageAuth
+from reach.registry.probe import probe
+from reach.registry.records import CAS_ATTEMPTS, RecordView
+from reach.transport import Connection, KVConflict, Message
+
+__all__ = ["ControlHandlers", "MessageHandler"]
+
+log = logging.getLogger("reach.registrar")
+
+MessageHandler = Callable[[Message], Awaitable[None]]
+
+
+class ControlHandlers:
+    """Handles the control messages of agents for one registrar."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        registrar_id: str,
+        *,
+        view: RecordView,
+        policy: HealthPolicy,
+        auth: MessageAuth,
+        limits: Limits,
+        duplicate_grace_sec: float,
+    ) -> None:
+        self._conn = conn
+        self.registrar_id = registrar_id
+        self._view = view
+        self._policy = policy
+        self._auth = auth
+        self._limits = limits
+        self._duplicate_grace_sec = duplicate_grace_sec
+        self._clock: Clock = policy.clock
+        #: where denials are audited, once the registrar has started its writer
+        self.audit: AuditWriter | None = None
+        #: control messages refused for their token or mandate
+        self.denials = 0
+        #: heartbeats being handled now (see ``RegistrarConfig.max_backlog``)
+        self.handling = 0
+        #: set when the registrar stops: messages then arriving are dropped
+        self.stopping = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def spawning(self, handler: MessageHandler, *, counted: bool = False) -> MessageHandler:
+        """``handler`` run in a task of its own per message, so one slow announce (which
+        may probe) never holds up heartbeats; errors are logged, never raised into the
+        client library. ``counted``: the tasks in flight make the backlog."""
+
+        async def run(msg: Message) -> None:
+            try:
+                await handler(msg)
+            except ReachError as exc:
+                # NATS busy or away (a KV write timed out): one line, the sender retries;
+                # a traceback per message would only add load when load is the problem
+                log.warning("registrar could not handle %s: %s", msg.subject, exc)
+            except Exception:
+                log.exception("registrar failed on %s", msg.subject)
+
+        def handled(task: asyncio.Task[None]) -> None:
+            self.tasks.discard(task)
+            self.handling -= 1
+
+        async def dispatch(msg: Message) -> None:
+            if self.stopping:
+                return
+            task = asyncio.create_task(run(msg))
+            self.tasks.add(task)
+            if counted:
+                self.handling += 1
+                task.add_done_callback(handled)
+            else:
+                task.add_done_callback(self.tasks.discard)
+
+        return dispatch
+
+    async def _respond_ok(self, msg: Message, reply: AnnounceReply | HeartbeatReply) -> None:
+        await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
+
+    async def reply_bad_message(self, msg: Message, exc: ReachError) -> None:
+        """Answer a message that was refused (:class:`Denied`, audited) or malformed."""
+        if isinstance(exc, Denied):
+            self.denials += 1
+            log.warning("denied %s: %s (%s)", msg.subject, exc, exc.code)
+            if self.audit is not None:
+                self.audit.record(
+                    denial_event(
+                        side="registrar",
+                        ts=self._clock.time(),
+                        capability=REGISTRY_CAPABILITY,
+                        callee=subjects.last_token(msg.subject),
+                        call_id=exc.call_id,
+                        code=exc.code,
+                        description=f"{msg.subject}: {exc}",
+                        caller=exc.client_id,
+                    )
+                )
+            if msg.reply:
+                await self._conn.respond(
+                    msg, envelope.pack_error("denied", exc.code, str(exc), self.registrar_id)
+                )
+            return
+        log.warning("dropped malformed message on %s: %s", msg.subject, exc)
+        if msg.reply:
+            await self._conn.respond(
+                msg, envelope.pack_error("contract", "invalid_message", str(exc), self.registrar_id)
+            )
+
+    # -- announce ------------------------------------------------------------------------
+
+    async def on_announce(self, msg: Message) -> None:
+        failure: ReachError | None = None
+        try:
+            req, claims = self._auth.decode_with_claims(AnnounceRequest, msg)
+            await self._auth.check_mandate(claims, req.manifest)
+        except (CodecError, ContractError, Denied) as exc:
+            failure = exc
+        if failure is not None:
+            await self.reply_bad_message(msg, failure)
+            return
+        agent_id = req.manifest.agent_id
+        if subjects.last_token(msg.subject) != agent_id:
+            reply = self._refused(
+                agent_id, f"announced on {msg.subject} but the manifest says agent_id {agent_id!r}"
+            )
+        else:
+            reply = await self._register(req)
+        await self._respond_ok(msg, reply)
+
+    async def _register(self, req: AnnounceRequest) -> AnnounceReply:
+        agent_id = req.manifest.agent_id
+        now = self._clock.time()
+        fresh = self._new_instance(req, now)
+        store = self._view.store
+        for _ in range(CAS_ATTEMPTS):
+            current = self._view.get(agent_id) or await store.get(agent_id)
+            try:
+                if current is None:
+                    self._view.remember(fresh, await store.create(fresh))
+                    log.info("registered %s (%s)", agent_id, req.instance_id)
+                    return self._accepted(agent_id)
+                inst, rev = current
+                if inst.instance_id == req.instance_id:
+                    # the same process announcing again (after a reconnect or an eviction)
+                    renewed = fresh.model_copy(update={"registered_at": inst.registered_at})
+                    self._view.remember(renewed, await store.update(renewed, rev))
+                    return self._accepted(agent_id)
+                live_reason = await self._still_live(inst, now)
+                if live_reason:
+                    return self._refused(
+                        agent_id,
+                        f"agent_id {agent_id!r} is already live (instance {inst.instance_id},"
+                        f" {live_reason}); a live agent_id is never shared: give this"
+                        " instance its own agent_id",
+                    )
+                replaced = self._replacing(fresh, inst, now)
+                self._view.remember(replaced, await store.update(replaced, rev))
+                log.info("replaced dead %s (%s → %s)", agent_id, inst.instance_id, req.instance_id)
+                return self._accepted(agent_id)
+            except KVConflict:
+                await self._view.reload(agent_id)
+        return self._refused(
+            agent_id, "the registry record kept changing under concurrent writes; announce again"
+        )
+
+    def _accepted(self, agent_id: str) -> AnnounceReply:
+        return AnnounceReply(accepted=True, agent_id=agent_id, registrar_id=self.registrar_id)
+
+    def _refused(self, agent_id: str, reason: str) -> AnnounceReply:
+        return AnnounceReply(
+            accepted=False, agent_id=agent_id, reason=reason, registrar_id=self.registrar_id
+        )
+
+    def _new_instance(self, req: AnnounceRequest, now: float) -> Instance:
+        status, reason = self._policy.announced(req.readiness)
+        return Instance(
+            manifest=req.manifest,
+            instance_id=req.instance_id,
+            status=status,
+            status_reason=reason,
+            registered_at=now,
+            last_heartbeat_at=now,
+            max_concurrency=req.manifest.max_concurrency,
+            readiness=req.readiness,
+            registrar_id=self.registrar_id,
+            transitions=[Transition(at=now, status=status, reason=reason)],
+            features=req.features,
+        )
+
+    def _replacing(self, fresh: Instance, dead: Instance, now: float) -> Instance:
+        """``fresh`` taking the record of ``dead``, whose transitions it keeps."""
+        replaced = Transition(
+            at=now, status=fresh.status, reason=f"replaced dead instance {dead.instance_id}"
+        )
+        return fresh.model_copy(
+            update={"transitions": self._policy.with_transition(dead.transitions, replaced)}
+        )
+
+    async def _still_live(self, inst: Instance, now: float) -> str:
+        """Why the registered instance counts as live, or "" if it is dead and may be replaced."""
+        if now - inst.registered_at < self._duplicate_grace_sec:
+            return f"registered {now - inst.registered_at:.1f}s ago"
+        if (await probe(self._conn, inst, limits=self._limits, clock=self._clock)).ok:
+            return "it answered a probe just now"
+        return ""
+
+    # -- heartbeat and bye ---------------------------------------------------------------
+
+    async def on_heartbeat(self, msg: Message) -> None:
+        try:
+            hb = self._auth.decode(Heartbeat, msg)
+        except (CodecError, ContractError, Denied) as exc:
+            await self.reply_bad_message(msg, exc)
+            return
+        try:
+            reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
+        except ReachError as exc:
+            # it is alive, the registry could not take it (a JetStream leader election):
+            # its silence is not counted from the record's older heartbeat
+            if self._view.get(hb.agent_id) is not None:
+                self._policy.heard_unrecorded(hb.agent_id)
+            if msg.reply:  # told, not left to time out
+                await self._conn.respond(
+                    msg,
+                    envelope.pack_error("unavailable", "not_recorded", str(exc), self.registrar_id),
+                )
+            raise
+        if msg.reply:
+            await self._respond_ok(msg, reply)
+
+    async def _heartbeat(self, hb: Heartbeat, subject_id: str) -> HeartbeatReply:
+        if hb.agent_id != subject_id:
+            return HeartbeatReply(ok=False, reason=f"heartbeat for {hb.agent_id} on {subject_id}")
+        current = self._view.get(hb.agent_id)
+        if current is None:
+            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+        if current[0].instance_id != hb.instance_id:
+            return HeartbeatReply(
+                ok=False,
+                reason=f"agent_id {hb.agent_id} belongs to instance {current[0].instance_id}",
+            )
+        now = self._clock.time()
+        policy = self._policy
+        probed = policy.unwritten_probe(hb.agent_id)
+        result = await self._view.mutate(
+            hb.agent_id, lambda inst: policy.after_heartbeat(inst, hb, now, probed)
+        )
+        if result is None:
+            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+        policy.probe_written(hb.agent_id, probed)
+        return HeartbeatReply(ok=True)
+
+    async def on_bye(self, msg: Message) -> None:
+        try:
+            bye = self._auth.decode(Bye, msg)
+        except (CodecError, ContractError, Denied) as exc:
+            await self.reply_bad_message(msg, exc)
+            return
+        ok = False
+        if subjects.last_token(msg.subject) == bye.agent_id:
+            ok = await self._view.remove(
+                bye.agent_id, bye.instance_id, f"deregistered: {bye.reason}"
+            )
+        if msg.reply:
+            await self._respond_ok(
+                msg, HeartbeatReply(ok=ok, reason="" if ok else "no such instance")
+            )

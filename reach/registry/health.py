@@ -1,0 +1,302 @@
+"""The registrar's health policy: healthy, degraded, unhealthy or evicted, and when to probe.
+
+A state machine on a :class:`~reach.clock.Clock` that does no I/O. The registrar's
+message handlers and its sweep tell it what they heard (heartbeats, probe results, their
+own trouble keeping the registry current) and ask it what an instance's record becomes;
+they do the KV writes. Every decision on a record is a pure function of the record and
+this policy's state, so a compare-and-set that meets a newer record asks again.
+
+Silence is counted from the latest heartbeat this registrar knows of, never from before
+it started or last had trouble (its watch failing, a failed sweep, a backlog of messages,
+its connection coming back): heartbeats may have arrived then and been lost, and an
+instance is not evicted for the registrar's own trouble.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from reach.clock import Clock
+from reach.errors import NoResponders, ReachError
+from reach.models import (
+    HealthStatus,
+    Heartbeat,
+    Instance,
+    ProbeReply,
+    Readiness,
+    Transition,
+    clip_reason,
+)
+
+__all__ = ["HealthPolicy", "ProbeOutcome", "UnwrittenProbe", "Verdict"]
+
+log = logging.getLogger("reach.registrar")
+
+#: while behind on its messages, a registrar says so at most this often
+_BEHIND_WARNING_EVERY_SEC = 10.0
+
+#: (when, ms) of a successful probe that changed nothing and so was not written
+UnwrittenProbe = tuple[float, float]
+
+
+class ProbeOutcome(Protocol):
+    """What the policy reads of a probe (:class:`reach.registry.probe.ProbeResult`)."""
+
+    @property
+    def reply(self) -> ProbeReply | None: ...
+    @property
+    def latency_ms(self) -> float: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def error(self) -> ReachError | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a sweep does about one instance it owns.
+
+    ``keep``: nothing for its silence; ``evict``: remove it if the record as it is at the
+    write is still silent for ``limit`` seconds; ``unhealthy``: mark it so, with ``reason``.
+    """
+
+    action: Literal["keep", "evict", "unhealthy"] = "keep"
+    reason: str = ""
+    limit: float = 0.0
+
+
+class HealthPolicy:
+    """Health transitions of the instances one registrar keeps, on an injected clock."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        evict_after_intervals: float = 3.0,
+        new_agent_window_sec: float = 24 * 3600.0,
+        transitions_kept: int = 20,
+        max_backlog: int = 1000,
+    ) -> None:
+        self.clock = clock
+        self.evict_after_intervals = evict_after_intervals
+        self.new_agent_window_sec = new_agent_window_sec
+        self.transitions_kept = transitions_kept
+        self.max_backlog = max_backlog
+        #: when this registrar started keeping the registry (0 until it does)
+        self.started_at = 0.0
+        #: when it last could not keep the registry current (see the module's docstring)
+        self.trouble_at = 0.0
+        #: per instance: when a heartbeat of it arrived that could not be written
+        self._unrecorded: dict[str, float] = {}
+        #: per instance: its latest successful probe that changed nothing and so was not
+        #: written; the next heartbeat's write carries it (no write of its own)
+        self._probed: dict[str, UnwrittenProbe] = {}
+        #: per instance: when its latest probe started
+        self._last_probe: dict[str, float] = {}
+
+    # -- this registrar's own state ----------------------------------------------------
+
+    def start(self) -> None:
+        """The registrar starts keeping the registry: no silence is counted from before."""
+        self.started_at = self.clock.time()
+
+    def trouble(self) -> None:
+        """The registrar could not keep the registry current: silence counts from now."""
+        self.trouble_at = self.clock.time()
+
+    def check_backlog(self, handling: int, now: float) -> None:
+        """With more than ``max_backlog`` messages being handled the registrar is behind:
+        the heartbeats that would refresh the records may be among them, so it is trouble
+        (nobody is evicted or marked unhealthy for silence until it has caught up)."""
+        if handling <= self.max_backlog:
+            return
+        if now - self.trouble_at > _BEHIND_WARNING_EVERY_SEC:
+            log.warning(
+                "registrar behind: %d messages being handled; no eviction until caught up",
+                handling,
+            )
+        self.trouble()
+
+    def forget(self, agent_id: str) -> None:
+        """The record is gone: drop what this policy kept about it."""
+        self._last_probe.pop(agent_id, None)
+        self._probed.pop(agent_id, None)
+        self._unrecorded.pop(agent_id, None)
+
+    # -- statuses ------------------------------------------------------------------------
+
+    @staticmethod
+    def status_from(readiness: Readiness, source: str) -> tuple[HealthStatus, str]:
+        """The status an answer (``source``: heartbeat, probe) with ``readiness`` gives."""
+        if readiness.ready:
+            return "healthy", f"{source} ok"
+        return "degraded", f"not ready: {readiness.reason or 'readiness check failed'}"
+
+    @staticmethod
+    def announced(readiness: Readiness) -> tuple[HealthStatus, str]:
+        """The status of a freshly announced instance."""
+        if readiness.ready:
+            return "healthy", "announced"
+        return "degraded", f"not ready: {readiness.reason}"
+
+    def with_transition(self, transitions: list[Transition], new: Transition) -> list[Transition]:
+        """``transitions`` with ``new`` appended, the latest ``transitions_kept`` kept."""
+        return [*transitions, new][-self.transitions_kept :]
+
+    def with_status(
+        self, inst: Instance, status: HealthStatus, reason: str, now: float
+    ) -> Instance:
+        """``inst`` in ``status`` (a transition recorded), or ``inst`` itself if already so."""
+        if inst.status == status:
+            return inst
+        reason = clip_reason(reason)
+        log.info("%s: %s → %s (%s)", inst.agent_id, inst.status, status, reason)
+        return inst.model_copy(
+            update={
+                "status": status,
+                "status_reason": reason,
+                "transitions": self.with_transition(
+                    inst.transitions, Transition(at=now, status=status, reason=reason)
+                ),
+            }
+        )
+
+    # -- heartbeats ----------------------------------------------------------------------
+
+    def unwritten_probe(self, agent_id: str) -> UnwrittenProbe | None:
+        """The probe result the next heartbeat's write of ``agent_id`` carries, if any."""
+        return self._probed.get(agent_id)
+
+    def after_heartbeat(
+        self, inst: Instance, hb: Heartbeat, now: float, probed: UnwrittenProbe | None
+    ) -> Instance | None:
+        """The record after heartbeat ``hb`` (None: not this instance's record).
+
+        A heartbeat says the process lives, not that it answers: an instance whose probes
+        fail stays unhealthy until a probe succeeds, else its health would flap."""
+        if inst.instance_id != hb.instance_id:
+            return None
+        update: dict[str, Any] = {
+            "last_heartbeat_at": now,
+            "in_flight": hb.in_flight,
+            "max_concurrency": hb.max_concurrency,
+            "completed": hb.completed,
+            "last_completion_at": hb.last_completion_at,
+            "memory_bytes": hb.memory_bytes,
+            "readiness": hb.readiness,
+        }
+        if probed is not None and probed[0] > (inst.last_probe_at or 0.0):
+            update["last_probe_at"], update["last_probe_ms"] = probed
+        updated = inst.model_copy(update=update)
+        if inst.consecutive_failures >= inst.manifest.health.failures_before_unhealthy:
+            return updated
+        return self.with_status(updated, *self.status_from(hb.readiness, "heartbeat"), now)
+
+    def probe_written(self, agent_id: str, probed: UnwrittenProbe | None) -> None:
+        """A heartbeat's write carried ``probed``: unless a newer probe came meanwhile,
+        nothing is left to write."""
+        if probed is not None and self._probed.get(agent_id) == probed:
+            del self._probed[agent_id]
+
+    def heard_unrecorded(self, agent_id: str) -> None:
+        """A heartbeat of ``agent_id`` arrived and could not be written (the registry
+        could not take it): its silence is not counted from the record's older heartbeat."""
+        self._unrecorded[agent_id] = self.clock.time()
+
+    # -- probes --------------------------------------------------------------------------
+
+    def probe_due(self, inst: Instance, now: float) -> bool:
+        """Whether ``inst`` is due a probe: every health interval, twice as often while it
+        is younger than ``new_agent_window_sec``."""
+        health = inst.manifest.health
+        probe_every = health.interval_sec
+        if inst.age(now) < self.new_agent_window_sec:
+            probe_every /= 2
+        last = self._last_probe.get(inst.agent_id, inst.registered_at)
+        return now - last >= probe_every
+
+    def probe_started(self, agent_id: str, now: float) -> None:
+        self._last_probe[agent_id] = now
+
+    def after_probe(
+        self, cur: Instance, instance_id: str, result: ProbeOutcome, now: float
+    ) -> Instance | None:
+        """The record after a probe of instance ``instance_id`` (None: nothing to write).
+
+        A success that changes nothing is not written: the next heartbeat carries it.
+        ``failures_before_unhealthy`` failures in a row make the instance unhealthy; a
+        probe nobody received while the fabric settles is no failure (:meth:`settling`)."""
+        if cur.instance_id != instance_id:
+            return None
+        if result.reply is not None:
+            status, reason = self.status_from(result.reply.readiness, "probe")
+            if cur.status == status and cur.consecutive_failures == 0:
+                self._probed[cur.agent_id] = (now, result.latency_ms)
+                return None
+            updated = cur.model_copy(
+                update={
+                    "consecutive_failures": 0,
+                    "last_probe_at": now,
+                    "last_probe_ms": result.latency_ms,
+                    "readiness": result.reply.readiness,
+                    "in_flight": result.reply.in_flight,
+                }
+            )
+            return self.with_status(updated, status, reason, now)
+        if self.settling(cur, now, result):
+            return None
+        failures = cur.consecutive_failures + 1
+        updated = cur.model_copy(update={"consecutive_failures": failures, "last_probe_at": now})
+        if failures >= cur.manifest.health.failures_before_unhealthy:
+            reason = f"{failures} consecutive probe failures, last: {result.reason}"
+            return self.with_status(updated, "unhealthy", reason, now)
+        return updated
+
+    def settling(self, inst: Instance, now: float, result: ProbeOutcome) -> bool:
+        """A probe nobody received, soon after this registrar's own trouble (its connection
+        back after a server restart, say) or start: the instance may not have reconnected
+        yet, which its heartbeats will show, as they do when they stop. Not a failure until
+        the instance has had the time a silence would be given."""
+        if not isinstance(result.error, NoResponders):
+            return False
+        health = inst.manifest.health
+        since = max(self.trouble_at, self.started_at)
+        return now - since < health.interval_sec * health.failures_before_unhealthy
+
+    # -- silence -------------------------------------------------------------------------
+
+    def silence(self, inst: Instance, now: float) -> float:
+        """How long the instance has not been heard from, as far as this registrar knows:
+        since its last heartbeat, recorded or not, but never counting time before this
+        registrar started or before it last had trouble keeping the registry current."""
+        heard = max(inst.last_heartbeat_at, self._unrecorded.get(inst.agent_id, 0.0))
+        return now - max(heard, self.started_at, self.trouble_at)
+
+    def review(self, inst: Instance, now: float) -> Verdict:
+        """What a sweep does about ``inst`` for its silence: evicted once silent for
+        ``evict_after_intervals`` intervals, unhealthy once it missed
+        ``failures_before_unhealthy`` heartbeats."""
+        health = inst.manifest.health
+        silence = self.silence(inst, now)
+        evict_after = self.evict_after_intervals * health.interval_sec
+        if silence >= evict_after:
+            return Verdict("evict", f"silent for {silence:.1f}s: evicted", evict_after)
+        missed = int(silence / health.interval_sec)
+        if missed >= health.failures_before_unhealthy and inst.status != "unhealthy":
+            return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
+        return Verdict()
+
+    def still_silent(self, cur: Instance, now: float, limit: float) -> bool:
+        """Whether the record as it is now (a heartbeat another registrar wrote may have
+        come in since the review) is still silent for ``limit`` seconds."""
+        return self.silence(cur, now) >= limit
+
+    def missed_heartbeats(self, cur: Instance, reason: str, now: float) -> Instance:
+        """The record marked unhealthy for its missed heartbeats, unless the record as it
+        is now shows a heartbeat that came in meanwhile."""
+        health = cur.manifest.health
+        if self.silence(cur, now) < health.interval_sec * health.failures_before_unhealthy:
+            return cur
+        return self.with_status(cur, "unhealthy", reason, now)
