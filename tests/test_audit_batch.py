@@ -2,8 +2,7 @@
 
 The oracle is the row layout of batch version 1, which every reader still reads: a batch
 made by ``encode_batch`` (columns where it can) must decode to the very events that the
-same rows, written as plain rows, decode to. Every test runs with the columns in Python
-and with the columns in C (where ``make build`` built them).
+same rows, written as plain rows, decode to.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ TRACE = st.one_of(
 )
 FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
-KINDS = [columns.Columns, *([columns.NATIVE_COLUMNS] if columns.NATIVE_COLUMNS else [])]
+KINDS = [columns.Columns]
 
 
 @pytest.fixture(autouse=True, scope="module", params=KINDS, ids=lambda kind: kind.__module__)

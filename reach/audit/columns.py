@@ -8,13 +8,6 @@ index into the batch's candidate sets. Recording one is a handful of list append
 tuple, no msgpack call, nothing for the garbage collector), and it takes about a third of
 the bytes of a row, which the server stores and every reader reads.
 
-``make build`` also builds the same columns in C (``reach/audit/_columns.c``), which keep
-no Python object per call: new batches use those where they exist (``new_columns``).
-Measured at 128 calls in flight (both kinds switched on the same processes), they cut
-the caller's CPU for auditing from +2.1 to +0.9 µs a call. ``Columns`` here is what a
-pure install uses, and the reference the C columns are tested against
-(tests/test_audit_columns.py).
-
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
 row (``reach.audit.events``). The format is ``AuditPlain`` in ``reach.audit.records``
 (``schemas/audit-batch.schema.json``).
@@ -62,7 +55,7 @@ ColumnLists = tuple[
 
 
 class PlainColumns(Protocol):
-    """What a batch keeps its plain calls in: ``Columns``, or the same in C."""
+    """What a batch keeps its plain calls in: ``Columns``."""
 
     @property
     def size(self) -> int: ...
@@ -256,24 +249,12 @@ class Columns:
         }
 
 
-def _native_columns() -> type[PlainColumns] | None:
-    try:
-        from reach.audit._columns import Columns as native
-    except ImportError:  # a pure install: ``make build`` builds it
-        return None
-    return native
-
-
-#: ``Columns`` in C (reach/audit/_columns.c), where ``make build`` built it: the same
-#: columns, without a Python object per call (a list per column keeps every id and float
-#: of a batch alive until it is written, which costs the call path more than recording)
-NATIVE_COLUMNS = _native_columns()
-#: what new batches keep their plain calls in (a benchmark may switch it to compare)
-columns_type: type[PlainColumns] = NATIVE_COLUMNS or Columns
+#: what new batches keep their plain calls in
+columns_type: type[PlainColumns] = Columns
 
 
 def new_columns() -> PlainColumns:
-    """Columns for a new batch: the C ones where they were built."""
+    """Columns for a new batch."""
     return columns_type()
 
 
