@@ -18,6 +18,7 @@ from setuptools import setup
 #: CLI, the demo and the test helpers, where speed does not matter.
 COMPILED = [
     "reach/agent.py",
+    "reach/audit/batch.py",
     "reach/audit/columns.py",
     "reach/audit/events.py",
     "reach/audit/writer.py",
