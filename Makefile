@@ -22,7 +22,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 # sources; rebuilt when any source changes, since mypyc compiles against the types of
 # everything they import (about a minute). Tests, demo and benchmarks run compiled;
 # `make pure` removes the compiled modules (the same code then runs as plain Python).
-SOURCES := $(shell find reach -name '*.py' -o -name '*.c')
+SOURCES := $(shell find reach -name '*.py')
 NATIVE := $(VENV)/.native
 $(NATIVE): $(STAMP) setup.py $(SOURCES)
 	find reach -name '*.so' -delete  # a module no longer compiled must not linger

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from setuptools import Extension, setup
+from setuptools import setup
 
 #: what every call passes through on the caller and the callee, and what they import for
 #: it. Not here: modules with async generators (mypyc does not compile them yet), the
 #: CLI, the demo and the test helpers, where speed does not matter.
 COMPILED = [
     "reach/agent.py",
+    "reach/audit/batch.py",
     "reach/audit/columns.py",
     "reach/audit/events.py",
     "reach/audit/writer.py",
@@ -38,18 +39,13 @@ COMPILED = [
 ]
 
 
-#: written in C: an audit batch's plain calls as arrays (reach/audit/columns.py has the
-#: same in Python, which a pure install uses)
-C_EXTENSIONS = [Extension("reach.audit._columns", ["reach/audit/_columns.c"])]
-
-
 def _extensions() -> list[Any]:
     if os.environ.get("REACH_COMPILE") != "1":
         return []
     from mypyc.build import mypycify  # only needed here: the build's own dependency
 
     # one shared library inside the package (reach/_native__mypyc…so), not at top level
-    return [*mypycify(COMPILED, opt_level="3", group_name="reach._native"), *C_EXTENSIONS]
+    return list(mypycify(COMPILED, opt_level="3", group_name="reach._native"))
 
 
 setup(ext_modules=_extensions())

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from reach import codec, envelope, subjects
-from reach.audit.events import EventRow, error_class, make_event
+from reach.audit.events import CallEvent, ErrorClass, Outcome, error_class
 from reach.audit.writer import AuditWriter, WriterConfig
 from reach.clock import Clock, system_clock
 from reach.context import current_call
@@ -504,7 +504,7 @@ class ReachClient:
         if state.span is not None or self.telemetry.metrics_on:
             self._record(capability, state, meta, started, None, latency_ms=latency_ms, route=route)
         elif self.audit is not None:  # the common case
-            self._audit_success(self.audit, capability, state, meta, latency_ms, route)
+            self.audit.record(self._event(capability, state, meta, latency_ms, route))
         if isinstance(value, JobHandle):
             return CallResult(
                 value={"job_id": value.job_id},
@@ -549,39 +549,6 @@ class ReachClient:
             raise ReachTimeout(f"{capability}: no call token from the issuer before the deadline")
         return fetched
 
-    def _audit_success(
-        self,
-        audit: AuditWriter,
-        capability: str,
-        state: _Attempt,
-        meta: envelope.RequestMeta,
-        latency_ms: float,
-        route: tuple[tuple[str, float | None, str, float], ...],
-    ) -> None:
-        """The audit event of a call that succeeded: a plain call (one attempt, nothing
-        skipped) goes into the writer's columns without building a row."""
-        if len(route) == 1 and not state.skipped:
-            agent_id, score, outcome, attempt_ms = route[0]
-            if agent_id == state.last_target and outcome == "ok":
-                candidates = state.candidates
-                audit.record_call(
-                    capability,
-                    state.started_at,
-                    meta.call_id,
-                    trace_id_of(meta.traceparent),
-                    self._client_id,
-                    meta.caller,  # the agent whose handler made this call, if any
-                    agent_id,
-                    latency_ms,
-                    # the first few by name and how many: not a walk over every instance
-                    self._first_names(capability, state.tags, candidates),
-                    len(candidates),
-                    score,
-                    attempt_ms,
-                )
-                return
-        audit.record(self._event(capability, state, meta, latency_ms, route))
-
     def _first_names(
         self, capability: str, tags: tuple[str, ...], candidates: Sequence[RouteEntry]
     ) -> tuple[str, ...]:
@@ -597,37 +564,35 @@ class ReachClient:
         meta: envelope.RequestMeta,
         latency_ms: float,
         route: tuple[tuple[str, float | None, str, float], ...],
-        outcome: str = "ok",
-        error: str | None = None,
+        outcome: Outcome = "ok",
+        error: ErrorClass | None = None,
         code: str = "",
         description: str = "",
         fallback: FallbackInfo | None = None,
-    ) -> EventRow:
-        """The caller's audit event of a call: a row in EVENT_FIELDS order
-        (reach.audit.events), cheap to build and to pack."""
+    ) -> CallEvent:
+        """The caller's audit event of a call (the writer keeps a plain call, answered at
+        the first attempt, as a few column slots)."""
         candidates = state.candidates
-        # the first few by name and how many: not a walk over every instance of the capability
-        first = self._first_names(capability, state.tags, candidates)
-        return (
-            "caller",
-            state.started_at,
-            capability,
-            meta.call_id,
-            trace_id_of(meta.traceparent),
-            self._client_id,
-            meta.caller,  # the agent whose handler made this call, if any
-            state.last_target,
-            outcome,
-            error,
-            code,
-            description,
-            latency_ms,
-            first,
-            len(candidates),
-            tuple(state.skipped),
-            route,
-            fallback.source if fallback is not None else None,
-            fallback.reason if fallback is not None else "",
+        return CallEvent(
+            ts=state.started_at,
+            capability=capability,
+            call_id=meta.call_id,
+            trace_id=trace_id_of(meta.traceparent),
+            caller=self._client_id,
+            caller_agent=meta.caller,  # the agent whose handler made this call, if any
+            callee=state.last_target,
+            outcome=outcome,
+            error=error,
+            code=code,
+            description=description,
+            latency_ms=latency_ms,
+            # the first few by name and how many: not a walk over every instance
+            candidates=self._first_names(capability, state.tags, candidates),
+            n_candidates=len(candidates),
+            skipped=tuple(state.skipped),
+            attempts=route,
+            fallback=fallback.source if fallback is not None else None,
+            fallback_reason=fallback.reason if fallback is not None else "",
         )
 
     def _record(
@@ -649,7 +614,7 @@ class ReachClient:
             end_span(state.span, error)
         if self.audit is None and not self.telemetry.metrics_on:
             return
-        outcome = "ok" if exc is None else "error" if fallback is None else "fallback"
+        outcome: Outcome = "ok" if exc is None else "error" if fallback is None else "fallback"
         code = (getattr(exc, "code", "") or "") if exc is not None else ""
         description = (exc.description if isinstance(exc, RemoteError) else str(exc)) if exc else ""
         if state is not None and meta is not None:
@@ -667,7 +632,7 @@ class ReachClient:
             )
         else:  # it failed before it was sent (its payload broke the contract, say)
             parent = current_call()
-            event = make_event(
+            event = CallEvent(
                 ts=self._clock.time() - latency_ms / 1000,
                 capability=capability,
                 caller=self._client_id,

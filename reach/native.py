@@ -1,10 +1,10 @@
 """Whether this install runs the compiled call path, and whether it is out of date.
 
-``make build`` compiles the call path's modules with mypyc (setup.py lists them), and
-the one written in C, into extension modules next to their sources; Python then imports
-those instead of the ``.py`` files. A source edited after the build is not what runs
-until the next build: ``stale_sources`` names such files, so the test suite and the
-benchmarks can refuse to measure old code.
+``make build`` compiles the call path's modules with mypyc (setup.py lists them) into
+extension modules next to their sources; Python then imports those instead of the
+``.py`` files. A source edited after the build is not what runs until the next build:
+``stale_sources`` names such files, so the test suite and the benchmarks can refuse to
+measure old code.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def stale_sources() -> list[str]:
     oldest = min(p.stat().st_mtime for p in built)
     return sorted(
         str(p.relative_to(_PACKAGE.parent))
-        for pattern in ("*.py", "*.c")
-        for p in _PACKAGE.rglob(pattern)
+        for p in _PACKAGE.rglob("*.py")
         if p.stat().st_mtime > oldest
     )
 

@@ -20,8 +20,8 @@ decided once, when they start (so an unconfigured process pays nothing per call)
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sized
+from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
@@ -29,6 +29,25 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = ["Span", "Telemetry", "end_span", "new_traceparent", "trace_id_of", "traceparent_of"]
+
+
+class CallFacts(Protocol):
+    """What the call metrics read from a call's audit event
+    (``reach.audit.events.CallEvent``)."""
+
+    @property
+    def capability(self) -> str: ...
+    @property
+    def callee(self) -> str: ...
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def latency_ms(self) -> float: ...
+    @property
+    def attempts(self) -> Sized: ...
+
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _rand = random.Random()
@@ -111,15 +130,20 @@ class Telemetry:
 
     # -- caller ------------------------------------------------------------------------
 
-    def record_call(self, event: tuple[Any, ...]) -> None:
-        """Metrics of one finished call, from its audit event row (``EVENT_FIELDS`` order)."""
-        capability, callee, outcome, error = event[2], event[7], event[8], event[9]
+    def record_call(self, event: CallFacts) -> None:
+        """Metrics of one finished call, from its audit event."""
+        capability, callee = event.capability, event.callee
         self._calls.add(
             1,
-            {"capability": capability, "callee": callee, "outcome": outcome, "error": error or ""},
+            {
+                "capability": capability,
+                "callee": callee,
+                "outcome": event.outcome,
+                "error": event.error or "",
+            },
         )
-        self._duration.record(event[12], {"capability": capability})
-        retries = len(event[16]) - 1
+        self._duration.record(event.latency_ms, {"capability": capability})
+        retries = len(event.attempts) - 1
         if retries > 0:
             self._retries.add(retries, {"capability": capability, "callee": callee})
 

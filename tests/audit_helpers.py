@@ -1,4 +1,4 @@
-"""Shared by the audit tests: an event row with sensible defaults, and waiting for the
+"""Shared by the audit tests: audit events with sensible defaults, and waiting for the
 alert watcher to fire."""
 
 from __future__ import annotations
@@ -8,10 +8,21 @@ import time
 from typing import Any
 
 from reach.audit.alerts import AlertWatcher
-from reach.audit.events import EventRow, make_event
+from reach.audit.events import CallEvent, attempt
 
 
-def event(n: int, capability: str = "echo", **fields: Any) -> EventRow:
+def make_event(**fields: Any) -> CallEvent:
+    """A ``CallEvent`` from test-friendly fields: attempts may be maps of
+    ``reach.audit.events.attempt``'s fields, candidates and skipped names lists."""
+    attempts = fields.get("attempts", ())
+    fields["attempts"] = tuple(a if isinstance(a, tuple) else attempt(**a) for a in attempts)
+    for name in ("candidates", "skipped"):
+        if name in fields:
+            fields[name] = tuple(fields[name])
+    return CallEvent(**fields)
+
+
+def event(n: int, capability: str = "echo", **fields: Any) -> CallEvent:
     """Call ``c-<n>`` of ``capability`` from "tester" to echo-1, answered at once."""
     values: dict[str, Any] = {
         "ts": time.time(),

@@ -158,9 +158,13 @@ def test_bad_rules_are_refused() -> None:
 
 
 def test_batches_from_the_stream_count_like_single_events() -> None:
-    from reach.audit.events import encode_batch, make_event
+    import msgpack
 
-    def row(retried: bool, error: str | None = None) -> tuple[Any, ...]:
+    from reach.audit.batch import encode_batch
+    from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
+    from tests.audit_helpers import make_event
+
+    def row(retried: bool, error: str | None = None) -> CallEvent:
         attempts = [{"agent_id": "dq-1", "outcome": "timeout"}] if retried else []
         return make_event(
             ts=0.0,
@@ -179,26 +183,27 @@ def test_batches_from_the_stream_count_like_single_events() -> None:
     alerts = engine.observe_batch(encode_batch([row(False, "breaker")] * 7))
     assert [a.rule for a in alerts] == ["breaker_rejections"]
     assert engine.observe_batch(b"\xc1") == []
-    assert engine.observe_batch(encode_batch([("short",)])) == []
+    short = {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": [["x"]]}
+    assert engine.observe_batch(msgpack.packb(short)) == []
 
 
 def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
     import msgpack
 
-    from reach.audit.events import (
-        ATTEMPT_FIELDS,
+    from reach.audit.batch import (
         CALLS_HEADER,
-        EVENT_FIELDS,
         NOTABLE_HEADER,
         RowSummary,
         encode_batch,
-        make_event,
+        event_row,
         read_counts,
         read_header_counts,
         summary_headers,
     )
+    from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
+    from tests.audit_helpers import make_event
 
-    def row(error: str | None = None, capability: str = "query") -> tuple[Any, ...]:
+    def row(error: str | None = None, capability: str = "query") -> CallEvent:
         return make_event(ts=0.0, capability=capability, caller="sched", error=error,
                           outcome="ok" if error is None else "error")  # fmt: skip
 
@@ -207,7 +212,7 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
     assert read_counts(encode_batch([row("breaker")])) is None  # its rows must be read
     old_writer = msgpack.packb(
         {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS,
-         "events": [row()] * 30}
+         "events": [event_row(row())] * 30}
     )  # fmt: skip
     assert read_counts(old_writer) is None
     assert read_counts(b"\xc1") is None
@@ -249,7 +254,8 @@ def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
     rows: list[Any],
 ) -> None:
     """Plain calls become columns, the rest rows; the batch's summary counts them all."""
-    from reach.audit.events import BatchBuilder, make_event, read_counts
+    from reach.audit.batch import BatchBuilder, read_counts
+    from tests.audit_helpers import make_event
 
     events = [
         make_event(
@@ -264,7 +270,7 @@ def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
     ]
     builder = BatchBuilder("query")
     for event in events:
-        builder.add_row(event)
+        builder.add(event)
     data, summary, _ = builder.encode()
     expected_calls: dict[str, int] = {}
     for side, cap, _, _ in rows:

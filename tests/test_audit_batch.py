@@ -2,13 +2,11 @@
 
 The oracle is the row layout of batch version 1, which every reader still reads: a batch
 made by ``encode_batch`` (columns where it can) must decode to the very events that the
-same rows, written as plain rows, decode to. Every test runs with the columns in Python
-and with the columns in C (where ``make build`` built them).
+same events, written as plain rows, decode to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -16,20 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach.audit import columns
 from reach.audit.alerts import AlertEngine
-from reach.audit.events import (
-    ATTEMPT_FIELDS,
-    EVENT_FIELDS,
-    BatchBuilder,
-    EventRow,
-    decode_events,
-    encode_batch,
-    make_event,
-    read_counts,
-)
+from reach.audit.batch import BatchBuilder, decode_events, encode_batch, event_row, read_counts
+from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
 from reach.audit.records import AuditBatch, decode_batch
 from reach.clock import ManualClock
+from tests.audit_helpers import make_event
 
 NAMES = st.sampled_from(["echo-1", "echo-2", "report-7", "", "é-ü"])
 TRACE = st.one_of(
@@ -40,30 +30,23 @@ TRACE = st.one_of(
 )
 FLOAT = st.floats(allow_nan=False, allow_infinity=False, width=64)
 
-KINDS = [columns.Columns, *([columns.NATIVE_COLUMNS] if columns.NATIVE_COLUMNS else [])]
 
-
-@pytest.fixture(autouse=True, scope="module", params=KINDS, ids=lambda kind: kind.__module__)
-def columns_kind(request: pytest.FixtureRequest) -> Iterator[None]:
-    """New batches keep their plain calls in this kind of columns."""
-    before = columns.columns_type
-    columns.columns_type = request.param
-    try:
-        yield
-    finally:
-        columns.columns_type = before
-
-
-def rows_v1(events: list[EventRow]) -> bytes:
+def rows_v1(events: list[CallEvent]) -> bytes:
     """The same events in batch version 1: rows only."""
+    rows = [event_row(e) for e in events]
     return msgpack.packb(
-        {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": events},
+        {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": rows},
         use_bin_type=True,
     )
 
 
+def changed(event: CallEvent, **changes: Any) -> CallEvent:
+    """``event`` with some of its fields changed."""
+    return CallEvent(**{**{name: getattr(event, name) for name in EVENT_FIELDS}, **changes})
+
+
 @st.composite
-def events(draw: st.DrawFn) -> EventRow:
+def events(draw: st.DrawFn) -> CallEvent:
     callee = draw(NAMES)
     plain = draw(st.booleans())  # half of them built to be plain calls, the rest anything
     attempt = st.tuples(
@@ -97,7 +80,7 @@ def events(draw: st.DrawFn) -> EventRow:
 @settings(max_examples=300, deadline=None)
 @given(batch=st.lists(events(), max_size=40))
 def test_columns_and_rows_read_back_as_the_same_events_in_the_same_order(
-    batch: list[EventRow],
+    batch: list[CallEvent],
 ) -> None:
     data = encode_batch(batch)
     assert decode_batch(data) == decode_batch(rows_v1(batch))
@@ -106,7 +89,7 @@ def test_columns_and_rows_read_back_as_the_same_events_in_the_same_order(
         AuditBatch.model_validate(msgpack.unpackb(data, raw=False))  # the documented shape
 
 
-def plain(n: int, capability: str = "query") -> EventRow:
+def plain(n: int, capability: str = "query") -> CallEvent:
     return make_event(
         ts=1_764_000_000.0 + n / 1000,
         capability=capability,
@@ -127,7 +110,7 @@ def test_plain_calls_take_well_under_half_the_bytes_of_rows() -> None:
     data = encode_batch(batch)
     assert len(msgpack.unpackb(data)["events"]) == 0  # every one of them in the columns
     assert len(data) < 0.45 * len(rows_v1(batch))
-    assert [e.call_id for e in decode_batch(data)[0]] == [plain(n)[3] for n in range(1000)]
+    assert [e.call_id for e in decode_batch(data)[0]] == [plain(n).call_id for n in range(1000)]
 
 
 def test_rows_fall_in_their_place_among_plain_calls() -> None:
@@ -138,7 +121,7 @@ def test_rows_fall_in_their_place_among_plain_calls() -> None:
     other = plain(99, capability="other")  # plain, but not of the batch's capability
     batch = [retried, plain(1), plain(2), other, plain(3), retried]
     ids = [e.call_id for e in decode_batch(encode_batch(batch))[0]]
-    assert ids == ["r", plain(1)[3], plain(2)[3], other[3], plain(3)[3], "r"]
+    assert ids == ["r", plain(1).call_id, plain(2).call_id, other.call_id, plain(3).call_id, "r"]
 
 
 def corrupt(**changes: Any) -> bytes:
@@ -184,12 +167,13 @@ def test_damaged_positions_keep_every_event() -> None:
     for positions in ([7], [0, 1], ["1"], None):
         batch["positions"] = positions
         events, bad = decode_batch(msgpack.packb(batch, use_bin_type=True))
-        assert sorted(e.call_id for e in events) == sorted([plain(0)[3], plain(1)[3], "r"])
+        ids = sorted(e.call_id for e in events)
+        assert ids == sorted([plain(0).call_id, plain(1).call_id, "r"])
         assert bad == 0
 
 
 def test_alerts_count_plain_calls_beside_the_rows_they_read() -> None:
-    def breaker() -> EventRow:
+    def breaker() -> CallEvent:
         return make_event(ts=0.0, capability="query", outcome="error", error="breaker")
 
     engine = AlertEngine(clock=ManualClock())
@@ -203,10 +187,10 @@ def test_alerts_count_plain_calls_beside_the_rows_they_read() -> None:
 
 def test_a_builder_refuses_nothing_it_cannot_pack_silently() -> None:
     builder = BatchBuilder("query")
-    with pytest.raises(TypeError):
-        builder.add_row(make_event(ts=0.0, capability="query", outcome="ok", code=object()))
+    with pytest.raises(ValueError, match="surrogates"):
+        builder.add(make_event(ts=0.0, capability="query", outcome="ok", code="x\udcff"))
     assert builder.count == 0
-    builder.add_row(plain(1))
+    builder.add(plain(1))
     assert (builder.count, len(builder.positions)) == (1, 0)
 
 
@@ -214,19 +198,18 @@ def test_a_name_that_cannot_be_packed_costs_only_its_own_event() -> None:
     """Columns are packed when the batch is sealed: one of them that cannot be (a lone
     surrogate is not UTF-8) turns the batch into rows, and only that event is lost."""
     builder = BatchBuilder("query")
-    bad = list(plain(2))
-    bad[EVENT_FIELDS.index("caller_agent")] = "x\udcff"
+    bad = changed(plain(2), caller_agent="x\udcff")
     retried = make_event(
         ts=1.0, capability="query", call_id="r", outcome="ok",
         attempts=[{"agent_id": "query-1", "outcome": "timeout"}, {"agent_id": "query-2"}],
     )  # fmt: skip
-    for row in (plain(1), retried, tuple(bad), plain(3)):
-        builder.add_row(row)
+    for event in (plain(1), retried, bad, plain(3)):
+        builder.add(event)
     data, summary, lost = builder.encode()
     assert lost == 1
     events, bad_count = decode_batch(data)
     assert bad_count == 0
-    assert sorted(e.call_id for e in events) == sorted([plain(1)[3], "r", plain(3)[3]])
+    assert sorted(e.call_id for e in events) == sorted([plain(1).call_id, "r", plain(3).call_id])
     assert summary.calls == {"query": 3}
     assert decode_batch(data) == decode_batch(rows_v1([retried, plain(1), plain(3)]))
 
@@ -234,13 +217,11 @@ def test_a_name_that_cannot_be_packed_costs_only_its_own_event() -> None:
 @pytest.mark.parametrize("field", ["call_id", "trace_id"])
 def test_an_id_that_cannot_be_packed_costs_only_its_own_event(field: str) -> None:
     builder = BatchBuilder("query")
-    bad = list(plain(2))
-    bad[EVENT_FIELDS.index(field)] = "x\udcff"
-    for row in (plain(1), tuple(bad), plain(3)):
-        builder.add_row(row)
+    for event in (plain(1), changed(plain(2), **{field: "x\udcff"}), plain(3)):
+        builder.add(event)
     data, summary, lost = builder.encode()
     assert lost == 1
-    assert [e.call_id for e in decode_batch(data)[0]] == [plain(1)[3], plain(3)[3]]
+    assert [e.call_id for e in decode_batch(data)[0]] == [plain(1).call_id, plain(3).call_id]
     assert summary.calls == {"query": 2}
 
 
@@ -255,7 +236,7 @@ def test_field_names_that_are_not_names_make_a_bad_batch_not_a_crash() -> None:
 def test_a_builder_with_its_tables_full_keeps_the_rest_as_rows() -> None:
     builder = BatchBuilder("query")
     for n in range(70_000):
-        builder.add_row(make_event(ts=0.0, capability="query", caller=f"c{n}", outcome="ok",
+        builder.add(make_event(ts=0.0, capability="query", caller=f"c{n}", outcome="ok",
                                    attempts=[{"agent_id": ""}]))  # fmt: skip
     assert len(builder.columns) < 0xFFFF < builder.count
     events, bad = decode_batch(builder.encode()[0])

@@ -9,12 +9,13 @@ import pytest
 
 from reach import subjects
 from reach.audit.alerts import AlertEngine
-from reach.audit.events import encode_batch, make_event
+from reach.audit.batch import encode_batch
 from reach.audit.provenance import REGISTRAR_WRITER, verdict
 from reach.audit.reader import format_event
 from reach.audit.records import AuditEvent
 from reach.clock import ManualClock
 from reach.security.natsconf import REGISTRAR_USER
+from tests.audit_helpers import make_event
 
 
 def test_audit_subjects_carry_the_writer_as_their_last_token() -> None:

@@ -13,7 +13,7 @@ import pytest
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.alerts import decode_alert
-from reach.audit.events import RowSummary
+from reach.audit.batch import RowSummary
 from reach.audit.records import AuditNotice, decode_notice
 from reach.audit.spool import MAGIC, SUFFIX, Batch, Spool, survey
 from reach.doctor import conclude, gather

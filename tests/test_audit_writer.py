@@ -11,7 +11,8 @@ import pytest
 
 from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
-from reach.audit.events import EVENT_FIELDS, encode_batch, make_event
+from reach.audit.batch import encode_batch, event_row
+from reach.audit.events import EVENT_FIELDS, CallEvent, attempt
 from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ReachError
 from reach.testing import NatsServer
@@ -126,18 +127,29 @@ async def test_a_full_buffer_without_a_spool_drops_new_events_and_counts_them(
 async def test_a_plain_call_recorded_as_columns_reads_back_as_the_same_event(
     conn: Connection,
 ) -> None:
-    """``record_call`` (the call path's way, no row built) and ``record`` of the same
-    event's row store the same event; a call with a retry stays a full row among them,
-    in the order recorded."""
+    """Plain calls (one attempt, answered by the instance it went to) are kept as columns
+    and read back as the events recorded; a call with a retry stays a full row among
+    them, in the order recorded."""
     await ensure_streams(conn)
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
     trace = "0af7651916cd43dd8448eb211c80319c"
     for n in range(3):
-        writer.record_call(
-            "echo", 1000.5 + n, f"c-{n}", trace, "tester", None, "echo-1", 1.25,
-            ("echo-1", "echo-2"), 5, 0.75, 1.0,
-        )  # fmt: skip
+        writer.record(
+            CallEvent(
+                ts=1000.5 + n,
+                capability="echo",
+                call_id=f"c-{n}",
+                trace_id=trace,
+                caller="tester",
+                callee="echo-1",
+                outcome="ok",
+                latency_ms=1.25,
+                candidates=("echo-1", "echo-2"),
+                n_candidates=5,
+                attempts=(attempt(agent_id="echo-1", score=0.75, latency_ms=1.0),),
+            )
+        )
     retried = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
     writer.record(event(3, attempts=retried))
     writer.record(
@@ -154,10 +166,12 @@ async def test_a_plain_call_recorded_as_columns_reads_back_as_the_same_event(
     assert bad == 0
     assert [e.call_id for e in events] == ["c-0", "c-1", "c-2", "c-3", "c-4"]
     assert len(msgpack.unpackb(message.data)["events"]) == 1  # the retried call alone
-    first, row = events[0], events[4]
-    assert first.model_dump(exclude={"call_id", "ts"}) == row.model_dump(exclude={"call_id", "ts"})
-    assert (first.ts, row.ts) == (1000.5, 1003.5)
+    first, last = events[0], events[4]
+    assert first.model_dump(exclude={"call_id", "ts"}) == last.model_dump(exclude={"call_id", "ts"})
+    assert (first.ts, last.ts) == (1000.5, 1003.5)
     assert first.trace_id == trace
+    assert first.candidates == ["echo-1", "echo-2"]
+    assert first.n_candidates == 5
     assert first.attempts[0].model_dump() == {
         "agent_id": "echo-1", "score": 0.75, "outcome": "ok", "latency_ms": 1.0,
     }  # fmt: skip
@@ -184,23 +198,21 @@ async def test_an_unpackable_plain_call_is_dropped_and_counted_and_the_writer_go
     assert sorted(e.call_id for e in await count_events(conn)) == ["c-0", "c-2", "c-3"]
 
 
-async def test_a_call_recorded_with_a_wrong_argument_is_counted_and_never_raises(
+async def test_a_plain_call_the_columns_cannot_hold_is_written_as_a_row(
     conn: Connection,
 ) -> None:
-    """``record_call`` never raises into the call it records: a wrong argument (a bug in
-    who called; the C columns refuse it at once, the Python ones when packing) costs that
-    event alone, counted in ``dropped``."""
+    """A count of candidates past the columns' four bytes is kept as a row: written and
+    read back as recorded, nothing dropped."""
     await ensure_streams(conn)
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
-    for n, count in enumerate([3, -1, 3]):  # a count no reader takes
-        writer.record_call(
-            "echo", 1000.5 + n, f"c-{n}", "t", "tester", None, "echo-1", 1.25,
-            ("echo-1",), count, 0.75, 1.0,
-        )  # fmt: skip
+    writer.record_all([event(n, n_candidates=count) for n, count in enumerate([3, 2**40, 3])])
     await writer.stop()
-    assert (writer.written, writer.dropped, writer.pending) == (2, 1, 0)
-    assert sorted(e.call_id for e in await count_events(conn)) == ["c-0", "c-2"]
+    assert (writer.written, writer.dropped, writer.pending) == (3, 0, 0)
+    stored = await count_events(conn)
+    assert [(e.call_id, e.n_candidates) for e in stored] == [
+        ("c-0", 3), ("c-1", 2**40), ("c-2", 3),
+    ]  # fmt: skip
 
 
 async def test_events_recorded_together_keep_to_batch_max_and_an_unpackable_one_is_counted(
@@ -210,7 +222,7 @@ async def test_events_recorded_together_keep_to_batch_max_and_an_unpackable_one_
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01, batch_max=7))
     await writer.start()
     events = [event(n, "echo" if n % 4 else "report") for n in range(40)]
-    events[9] = event(9, description=object())  # msgpack cannot pack it: the rest is kept
+    events[9] = event(9, description="x\udcff")  # not UTF-8, cannot be packed: the rest is kept
     writer.record_all(events)
     assert writer.dropped == 1
     await asyncio.wait_for(writer.flush(), 10)
@@ -263,11 +275,11 @@ async def test_rows_of_any_size_never_make_a_batch_over_its_limit_nor_stall_the_
     await writer.start()
     writer.record_all([event(n, "small") for n in range(10)])  # rows of ~150 bytes seen
     big = [event(n, "big", description="x" * 2000) for n in range(10, 400)]
-    big[7] = event(17, "big", description=object())  # cannot be packed
+    big[7] = event(17, "big", description="x\udcff")  # cannot be packed
     big[9] = event(19, "big", description="y" * (2 * limit))  # alone over the limit
     writer.record_all(big)
-    writer.record_all([("caller",), event(400, "small")])  # a row without a capability
-    assert writer.dropped == 3  # each counted once
+    writer.record(event(400, "small"))
+    assert writer.dropped == 2  # each counted once
     await asyncio.wait_for(writer.flush(), 20)
     await writer.stop()
     stream = await conn.stream(subjects.AUDIT_STREAM)
@@ -280,7 +292,7 @@ async def test_rows_of_any_size_never_make_a_batch_over_its_limit_nor_stall_the_
 async def test_a_batch_carries_its_summary_in_headers_for_headers_only_readers(
     conn: Connection,
 ) -> None:
-    from reach.audit.events import read_counts, read_header_counts
+    from reach.audit.batch import read_counts, read_header_counts
 
     await ensure_streams(conn)
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
@@ -346,19 +358,22 @@ def test_batches_decode_robustly() -> None:
     assert decode_batch(b"\xc1 not msgpack") == ([], 1)
     assert decode_batch(msgpack.packb([1, 2, 3])) == ([], 1)
     short = msgpack.packb(
-        {"v": 1, "fields": list(EVENT_FIELDS), "attempt_fields": [], "events": [[1, 2], list(good)]}
+        {
+            "v": 1,
+            "fields": list(EVENT_FIELDS),
+            "attempt_fields": [],
+            "events": [[1, 2], list(event_row(good))],
+        }
     )
     events, bad = decode_batch(short)
     assert [e.call_id for e in events] == ["c-1"]
     assert bad == 1
-    wrong_types = list(good)
+    wrong_types = list(event_row(good))
     wrong_types[EVENT_FIELDS.index("ts")] = "yesterday"
     packed = msgpack.packb(
         {"v": 1, "fields": list(EVENT_FIELDS), "attempt_fields": [], "events": [wrong_types]}
     )
     assert decode_batch(packed) == ([], 1)
-    with pytest.raises(ValueError, match="unknown"):
-        make_event(ts=1.0, capability="x", outcome="ok", colour="red")
 
 
 async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_next(

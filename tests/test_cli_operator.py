@@ -11,7 +11,7 @@ from typing import Any
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig
 from reach.audit.alerts import Alert, encode_alert
-from reach.audit.events import EventRow
+from reach.audit.events import CallEvent
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection
@@ -20,7 +20,7 @@ from tests.conftest import manifest
 from tests.test_audit_writer import event
 
 
-async def write(conn: Connection, *events: EventRow) -> None:
+async def write(conn: Connection, *events: CallEvent) -> None:
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
     for e in events:
@@ -28,7 +28,7 @@ async def write(conn: Connection, *events: EventRow) -> None:
     await writer.stop()
 
 
-def failed(n: int, kind: str, **fields: Any) -> EventRow:
+def failed(n: int, kind: str, **fields: Any) -> CallEvent:
     return event(n, outcome="error", error=kind, code="x", description=f"{kind} happened", **fields)
 
 

@@ -15,7 +15,8 @@ import pytest
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, read_events
 from reach.audit.alerts import AlertEngine, decode_alert
-from reach.audit.events import EventRow, RowSummary, encode_batch, make_event, read_counts
+from reach.audit.batch import RowSummary, encode_batch, read_counts
+from reach.audit.events import CallEvent
 from reach.audit.reader import AuditFilter
 from reach.audit.records import AuditAttempt, AuditEvent
 from reach.audit.stats import CallStats
@@ -30,14 +31,14 @@ from reach.registry import Registrar
 from reach.registry.probe import ProbeResult
 from reach.testing import NatsServer
 from reach.transport import Connection
-from tests.audit_helpers import event
+from tests.audit_helpers import event, make_event
 from tests.calls_helpers import Behaviour, capability, make_agent, wait_routable
 from tests.cli_helpers import run_reach
 from tests.conftest import Fabric, vault_agent
 from tests.test_routing import instance
 
 
-async def write(conn: Connection, *rows: EventRow) -> None:
+async def write(conn: Connection, *rows: CallEvent) -> None:
     """Rows into REACH_AUDIT through a real writer (flushed before it returns)."""
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
     await writer.start()
@@ -321,7 +322,7 @@ async def test_doctor_on_an_agent_that_left_finds_its_calls_in_the_audit_stream(
 # -- 6. reach agents: observed p99 of the last minute ----------------------------------
 
 
-def timed(n: int, ts: float, latency: float) -> EventRow:
+def timed(n: int, ts: float, latency: float) -> CallEvent:
     attempts = [{"agent_id": "e-1", "outcome": "ok", "latency_ms": latency}]
     return event(n, ts=ts, latency_ms=latency, callee="e-1", attempts=attempts)
 
@@ -386,7 +387,7 @@ async def test_an_instance_whose_probes_fail_stays_unhealthy_while_it_heartbeats
 # -- 8. the breaker alert counts calls that passed an open breaker over ----------------
 
 
-def skipped_row(n: int, capability: str = "query") -> EventRow:
+def skipped_row(n: int, capability: str = "query") -> CallEvent:
     return make_event(
         ts=0.0,
         capability=capability,
@@ -399,7 +400,7 @@ def skipped_row(n: int, capability: str = "query") -> EventRow:
     )
 
 
-def plain_row(n: int, capability: str = "query") -> EventRow:
+def plain_row(n: int, capability: str = "query") -> CallEvent:
     return make_event(
         ts=0.0,
         capability=capability,

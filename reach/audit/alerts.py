@@ -33,7 +33,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
-from reach.audit.events import decode_raw, read_counts
+from reach.audit.batch import decode_raw, read_counts
 from reach.audit.records import decode_notice
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, ReachError

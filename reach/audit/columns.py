@@ -8,15 +8,8 @@ index into the batch's candidate sets. Recording one is a handful of list append
 tuple, no msgpack call, nothing for the garbage collector), and it takes about a third of
 the bytes of a row, which the server stores and every reader reads.
 
-``make build`` also builds the same columns in C (``reach/audit/_columns.c``), which keep
-no Python object per call: new batches use those where they exist (``new_columns``).
-Measured at 128 calls in flight (both kinds switched on the same processes), they cut
-the caller's CPU for auditing from +2.1 to +0.9 µs a call. ``Columns`` here is what a
-pure install uses, and the reference the C columns are tested against
-(tests/test_audit_columns.py).
-
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
-row (``reach.audit.events``). The format is ``AuditPlain`` in ``reach.audit.records``
+row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.records``
 (``schemas/audit-batch.schema.json``).
 """
 
@@ -25,15 +18,14 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
+
+from reach.audit.events import CallEvent, attempt
 
 __all__ = [
     "PLAIN_ROW_BYTES",
     "Columns",
-    "PlainColumns",
     "expand_plain",
-    "new_columns",
-    "plain_events",
 ]
 
 #: bytes a plain event takes besides its call id and trace id (doubles, indexes, string
@@ -51,46 +43,6 @@ def _text_bytes(text: str) -> int:
     """Packed size of ``text`` at most (without its header): UTF-8 takes up to 4 bytes a
     character, and ``isascii`` answers without reading the text."""
     return len(text) if text.isascii() else 4 * len(text)
-
-
-#: the columns as Python sequences, indexes unresolved (``PlainColumns.columns``)
-ColumnLists = tuple[
-    Sequence[float], Sequence[str], Sequence[str], Sequence[int], Sequence[int],
-    Sequence[int], Sequence[float], Sequence[int], Sequence[float], Sequence[float],
-    Sequence[str | None], Sequence[tuple[tuple[str, ...], int]],
-]  # fmt: skip
-
-
-class PlainColumns(Protocol):
-    """What a batch keeps its plain calls in: ``Columns``, or the same in C."""
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def full(self) -> bool: ...
-
-    def __len__(self) -> int: ...
-
-    def add(
-        self,
-        ts: float,
-        call_id: str,
-        trace_id: str,
-        caller: str,
-        caller_agent: str | None,
-        callee: str,
-        latency_ms: float,
-        candidates: tuple[str, ...],
-        n_candidates: int,
-        score: float | None,
-        attempt_latency_ms: float,
-        /,
-    ) -> None: ...
-
-    def encode(self, capability: str, /) -> dict[str, Any]: ...
-
-    def columns(self) -> ColumnLists: ...
 
 
 class Columns:
@@ -158,40 +110,26 @@ class Columns:
         """No room for another event's names (indexes are two bytes)."""
         return len(self.values) > MAX_VALUES - 3 or len(self.sets) >= MAX_VALUES
 
-    def add(
-        self,
-        ts: float,
-        call_id: str,
-        trace_id: str,
-        caller: str,
-        caller_agent: str | None,
-        callee: str,
-        latency_ms: float,
-        candidates: tuple[str, ...],
-        n_candidates: int,
-        score: float | None,
-        attempt_latency_ms: float,
-    ) -> None:
-        """One plain event: answered by ``callee`` at the first attempt, scored ``score``.
-        ValueError for a count a batch's reader would refuse, recording nothing."""
+    def add(self, event: CallEvent) -> None:
+        """``event``, a plain call (``reach.audit.batch`` decides which are): answered by
+        its callee at the first attempt. ValueError for a count a batch's reader would
+        refuse, recording nothing."""
+        n_candidates = event.n_candidates
         if not 0 <= n_candidates <= 0xFFFFFFFF:
             raise ValueError("Columns.add: n_candidates must be in [0, 2**32)")
-        self.ts.append(ts)
-        self.call_id.append(call_id)
-        self.trace_id.append(trace_id)
-        if len(trace_id) != _TRACE_HEX:
-            self.trace_hex = False
+        _agent, score, _outcome, attempt_latency_ms = event.attempts[0]
+        call_id, trace_id = event.call_id, event.trace_id
         # a caller's own id and its callee's are the same objects call after call
+        caller = event.caller
         if caller is not self._last_caller:
-            self._last_caller = caller
             self._last_caller_at = self._value(caller)
-        self.caller.append(self._last_caller_at)
-        self.caller_agent.append(self._value(caller_agent))
+            self._last_caller = caller
+        agent_at = self._value(event.caller_agent)
+        callee = event.callee
         if callee is not self._last_callee:
-            self._last_callee = callee
             self._last_callee_at = self._value(callee)
-        self.callee.append(self._last_callee_at)
-        self.latency.append(latency_ms)
+            self._last_callee = callee
+        candidates = event.candidates
         if candidates is self._last_names and n_candidates == self._last_count:
             at = self._last_set  # the route cache hands out one tuple until it changes
         else:
@@ -204,6 +142,16 @@ class Columns:
             at = self._last_set = found
             self._last_names = candidates
             self._last_count = n_candidates
+        # every lookup above is done: the appends below cannot fail part way
+        self.ts.append(event.ts)
+        self.call_id.append(call_id)
+        self.trace_id.append(trace_id)
+        if len(trace_id) != _TRACE_HEX:
+            self.trace_hex = False
+        self.caller.append(self._last_caller_at)
+        self.caller_agent.append(agent_at)
+        self.callee.append(self._last_callee_at)
+        self.latency.append(event.latency_ms)
         self.candidates.append(at)
         self.score.append(math.nan if score is None else score)
         self.attempt_latency.append(attempt_latency_ms)
@@ -217,13 +165,40 @@ class Columns:
             self.size += 3 + (_text_bytes(value) if value is not None else 0)
         return at
 
-    def columns(self) -> ColumnLists:
-        """The columns, indexes unresolved (``plain_events`` reads them)."""
-        return (
-            self.ts, self.call_id, self.trace_id, self.caller, self.caller_agent, self.callee,
-            self.latency, self.candidates, self.score, self.attempt_latency, self.values,
-            self.sets,
-        )  # fmt: skip
+    def events(self, capability: str) -> list[CallEvent]:
+        """The events in the columns so far, in the order they were recorded."""
+        values, sets = self.values, self.sets
+        events: list[CallEvent] = []
+        for i in range(len(self.ts)):
+            names, count = sets[self.candidates[i]]
+            callee = values[self.callee[i]]
+            assert callee is not None  # (only caller_agent may be None)
+            caller = values[self.caller[i]]
+            assert caller is not None
+            score = self.score[i]
+            events.append(
+                CallEvent(
+                    ts=self.ts[i],
+                    capability=capability,
+                    call_id=self.call_id[i],
+                    trace_id=self.trace_id[i],
+                    caller=caller,
+                    caller_agent=values[self.caller_agent[i]],
+                    callee=callee,
+                    outcome="ok",
+                    latency_ms=self.latency[i],
+                    candidates=names,
+                    n_candidates=count,
+                    attempts=(
+                        attempt(
+                            agent_id=callee,
+                            score=None if math.isnan(score) else score,
+                            latency_ms=self.attempt_latency[i],
+                        ),
+                    ),
+                )
+            )
+        return events
 
     def encode(self, capability: str) -> dict[str, Any]:
         """The batch's ``plain`` map."""
@@ -254,37 +229,6 @@ class Columns:
             "values": self.values,
             "candidate_sets": [[list(names), count] for names, count in self.sets],
         }
-
-
-def _native_columns() -> type[PlainColumns] | None:
-    try:
-        from reach.audit._columns import Columns as native
-    except ImportError:  # a pure install: ``make build`` builds it
-        return None
-    return native
-
-
-#: ``Columns`` in C (reach/audit/_columns.c), where ``make build`` built it: the same
-#: columns, without a Python object per call (a list per column keeps every id and float
-#: of a batch alive until it is written, which costs the call path more than recording)
-NATIVE_COLUMNS = _native_columns()
-#: what new batches keep their plain calls in (a benchmark may switch it to compare)
-columns_type: type[PlainColumns] = NATIVE_COLUMNS or Columns
-
-
-def new_columns() -> PlainColumns:
-    """Columns for a new batch: the C ones where they were built."""
-    return columns_type()
-
-
-def plain_events(columns: PlainColumns, capability: str) -> list[dict[str, Any]]:
-    """The events in ``columns`` so far as event maps (what ``expand_plain`` reads back)."""
-    (ts, call_id, trace_id, caller, caller_agent, callee, latency, candidates, score,
-     attempt_latency, values, sets) = columns.columns()  # fmt: skip
-    return _event_maps(
-        capability, ts, call_id, trace_id, caller, caller_agent, callee, latency, candidates,
-        score, attempt_latency, values, sets,
-    )  # fmt: skip
 
 
 def _doubles(value: Any, n: int) -> tuple[float, ...]:

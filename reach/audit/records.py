@@ -1,16 +1,20 @@
-"""Audit events as readers see them: pydantic models of the rows ``reach.audit.events``
-writes, and the documented shape of the stream (``schemas/audit-event.schema.json``).
+"""Audit events as readers see them: pydantic models of what the writer's batches hold
+(``reach.audit.batch``), and the documented shape of the stream
+(``schemas/audit-event.schema.json``).
 
-Apart from the writing side, which runs on every call (and is compiled, ``make build``).
+Apart from the writing side, which runs on every call (``reach.audit.events.CallEvent``,
+compiled by ``make build``): a model per event would cost the call path more than the
+rest of auditing.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach.audit.events import BATCH_VERSION, EVENT_VERSION, ErrorClass, Outcome, decode_events
+from reach.audit.batch import BATCH_VERSION, decode_events
+from reach.audit.events import EVENT_VERSION, ErrorClass, Outcome, Side
 
 __all__ = [
     "AuditAttempt",
@@ -43,7 +47,7 @@ class AuditEvent(_Model):
     ``reach.audit.provenance``)."""
 
     v: int = EVENT_VERSION
-    side: Literal["caller", "callee", "registrar"] = Field(
+    side: Side = Field(
         "caller", description="who wrote it: the caller for calls, the denier for denials"
     )
     ts: float = Field(description="start of the call, Unix seconds")

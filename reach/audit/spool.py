@@ -38,7 +38,7 @@ from typing import Any
 
 import msgpack
 
-from reach.audit.events import RowSummary
+from reach.audit.batch import RowSummary
 
 __all__ = ["Batch", "Spool", "SpoolSurvey", "fabric_key", "spool_directory", "survey"]
 

@@ -1,13 +1,13 @@
 """Writing audit events off the hot path, without losing them.
 
-``record_call`` (a plain call) and ``record`` (any event row) are synchronous and O(1):
-the event joins the batch being filled for its capability (a plain call as a slot in its
-columns, anything else as a packed row, ``reach.audit.events.BatchBuilder``) and the call
-goes on. A background task seals batches when they are full or due (one stream message
-each) and publishes each with a message id, waiting for the stream's ack. A batch that
-is not acked (NATS unreachable, stream missing, timeout) stays at the head and is resent
-with the *same* message id, so a resend after a lost ack is not stored twice; the writer
-keeps trying for as long as it runs, sooner when its connection is back.
+``record`` takes one event (``reach.audit.events.CallEvent``), synchronously and in
+O(1): the event joins the batch being filled for its capability (a plain call as a slot
+in its columns, anything else as a packed row, ``reach.audit.batch.BatchBuilder``) and
+the call goes on. A background task seals batches when they are full or due (one stream
+message each) and publishes each with a message id, waiting for the stream's ack. A
+batch that is not acked (NATS unreachable, stream missing, timeout) stays at the head and
+is resent with the *same* message id, so a resend after a lost ack is not stored twice;
+the writer keeps trying for as long as it runs, sooner when its connection is back.
 
 While the stream does not ack, events are held in memory up to ``max_buffer``; past it
 the oldest sealed batches go to a spool file on local disk (``reach.audit.spool``, with
@@ -30,16 +30,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reach import subjects
-from reach.audit.config import WriterConfig
-from reach.audit.events import (
-    CAPABILITY_INDEX,
+from reach.audit.batch import (
     BatchBuilder,
-    EventRow,
     RowSummary,
     encode_notice,
-    pack_row,
+    pack_event,
     summary_headers,
 )
+from reach.audit.config import WriterConfig
+from reach.audit.events import CallEvent
 from reach.audit.spool import Batch, Spool
 from reach.errors import ConfigurationError, NoResponders, ReachError
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
@@ -120,92 +119,41 @@ class AuditWriter:
         """Where events wait on disk (None: no spool, or not started)."""
         return self._spool
 
-    def record_call(
-        self,
-        capability: str,
-        ts: float,
-        call_id: str,
-        trace_id: str,
-        caller: str,
-        caller_agent: str | None,
-        callee: str,
-        latency_ms: float,
-        candidates: tuple[str, ...],
-        n_candidates: int,
-        score: float | None,
-        attempt_latency_ms: float,
-    ) -> None:
-        """Queue the event of a plain call: answered by ``callee`` at the first attempt,
-        nothing skipped, no fallback (``make_event``'s fields; ``score`` and
-        ``attempt_latency_ms`` those of its one attempt). The call path's way: a few
-        list appends, no row is built. Never blocks, never raises."""
+    def record(self, event: CallEvent) -> None:
+        """Queue one event; never blocks, never raises. A plain call (the common case) is
+        a few list appends, anything else is packed here."""
         if self._filling + self._held >= self._max_buffer and not self._make_room():
             self._full()
             return
+        capability = event.capability
         at = self._open.get(capability)
         if at is None:
             at = self._start(capability)
         batch = at.batch
         try:
-            batch.columns.add(
-                ts,
-                call_id,
-                trace_id,
-                caller,
-                caller_agent,
-                callee,
-                latency_ms,
-                candidates,
-                n_candidates,
-                score,
-                attempt_latency_ms,
+            if batch.add_if_plain(event):
+                self._added(capability, batch)
+                return
+            data = pack_event(event)
+        except (TypeError, ValueError, OverflowError) as exc:  # a field of the wrong type
+            self._drop(1)
+            log.error("audit: an event of %s cannot be recorded: %s", capability, exc)
+            return
+        if len(data) > self._max_bytes:  # alone it is more than a message may carry
+            self._drop(1)
+            log.error(
+                "audit: an event of %s is %d bytes packed, more than a batch may carry"
+                " (%d): dropped",
+                capability,
+                len(data),
+                self._max_bytes,
             )
-        except (TypeError, ValueError, OverflowError) as exc:  # a bug in who called
-            self._drop(1)
-            log.error("audit: a call to %s could not be recorded: %s", capability, exc)
-            if batch.full:  # (only after an add that failed part way)
-                self._seal(capability)
-                self._wake.set()
             return
-        batch.count += 1
+        if batch.count and batch.size + len(data) > self._max_bytes:
+            self._seal(capability)  # the row starts a batch of its own
+            batch = self._start(capability).batch
+        batch.add_packed(event, data)
         self._added(capability, batch)
-
-    def record(self, event: EventRow) -> None:
-        """Queue one event row (see ``reach.audit.events``); never blocks, never raises."""
-        if self._filling + self._held >= self._max_buffer and not self._make_room():
-            self._full()
-            return
-        try:
-            capability = event[CAPABILITY_INDEX]
-            at = self._open.get(capability)
-        except (IndexError, TypeError, KeyError) as exc:  # a bug in who built it
-            self._drop(1)
-            log.error("audit: an event without a capability was dropped: %s", exc)
-            return
-        if at is None:
-            at = self._start(capability)
-        if not at.batch.add_if_plain(event):
-            try:
-                data = pack_row(event)
-            except (TypeError, ValueError, OverflowError) as exc:  # a bug in who built it
-                self._drop(1)
-                log.error("audit: an event of %s cannot be packed: %s", capability, exc)
-                return
-            if len(data) > self._max_bytes:  # alone it is more than a message may carry
-                self._drop(1)
-                log.error(
-                    "audit: an event of %s is %d bytes packed, more than a batch may carry"
-                    " (%d): dropped",
-                    capability,
-                    len(data),
-                    self._max_bytes,
-                )
-                return
-            if at.batch.count and at.batch.size + len(data) > self._max_bytes:
-                self._seal(capability)  # the row starts a batch of its own
-                at = self._start(capability)
-            at.batch.add_packed(event, data)
-        self._added(capability, at.batch)
 
     def _added(self, capability: str, batch: BatchBuilder) -> None:
         """One event joined ``batch``: it is sealed once full (by count, bytes or names)."""
@@ -214,8 +162,8 @@ class AuditWriter:
             self._seal(capability)
             self._wake.set()
 
-    def record_all(self, events: Sequence[EventRow]) -> None:
-        """Queue event rows; never blocks, never raises."""
+    def record_all(self, events: Sequence[CallEvent]) -> None:
+        """Queue events; never blocks, never raises."""
         for event in events:
             self.record(event)
 

@@ -12,8 +12,9 @@ import json
 import time
 from typing import Any
 
-from reach.audit.events import encode_batch, make_event
+from reach.audit.batch import encode_batch
 
+from ..audit_helpers import make_event
 from ..cli_helpers import run_reach
 from .conftest import Refusals, UpFabric, attacker
 
