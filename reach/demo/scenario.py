@@ -1,8 +1,12 @@
 """The seed scenario: scheduler → industry report → data query (two processes).
 
-During the run one data-query instance's connection pool saturates (alive, answering
-probes, but not ready) and traffic moves to the other; then a data-query instance is
-killed and a replacement starts. The summary shows that no call failed, and why.
+It runs on the secured fabric users get (``reach.fabric.Fabric``, as ``reach up``
+starts it): no client gets in without credentials, every participant has its own (an
+agent's bound to its agent_id and capability), and every call carries a token its
+callee checks. During the run one data-query instance's connection pool saturates
+(alive, answering probes, but not ready) and traffic moves to the other; then a
+data-query instance is killed and a replacement starts. The summary shows that no call
+failed, and why.
 """
 
 from __future__ import annotations
@@ -32,17 +36,19 @@ from reach.audit.alerts import Alert, decode_alert
 from reach.audit.reader import format_event, read_events
 from reach.audit.records import AuditEvent
 from reach.client import ReachClient
-from reach.embedded import EmbeddedServer, die_with_parent
-from reach.errors import ReachError
+from reach.embedded import die_with_parent
+from reach.errors import AuthenticationFailed, NotAuthorized, ReachError
+from reach.fabric import Fabric
 from reach.models import Instance
-from reach.registry import Registrar, RegistrarConfig
+from reach.security.fabric import connect_as
 from reach.tasks import cancel_and_wait
-from reach.transport import Connection, connect
+from reach.transport import Connection
 
-__all__ = ["run_demo"]
+__all__ = ["DATA_QUERIES", "DataQueryProcess", "demo_fabric", "run_demo"]
 
+REPORT_ID = "industry-report-1"
 REPORT_MANIFEST: dict[str, Any] = {
-    "agent_id": "industry-report-1",
+    "agent_id": REPORT_ID,
     "agent_name": "industry_report",
     "version": "2.3.1",
     "capabilities": [
@@ -95,8 +101,17 @@ class Tally:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+#: the data-query instances of the run: two at the start, the third replaces one
+DATA_QUERIES = ("data-query-1", "data-query-2", "data-query-3")
+#: clearance of the demo's callers, and what the capabilities require
+_LEVEL = 2
+
+
 class DataQueryProcess:
-    def __init__(self, url: str, agent_id: str, workdir: Path) -> None:
+    """``python -m reach.demo.data_query``: a data-query agent in a process of its own,
+    logged in with the credentials file ``creds``."""
+
+    def __init__(self, url: str, agent_id: str, workdir: Path, creds: Path) -> None:
         self.agent_id = agent_id
         self.saturation_file = workdir / f"{agent_id}.saturated"
         self.proc = subprocess.Popen(
@@ -107,6 +122,7 @@ class DataQueryProcess:
                 url,
                 agent_id,
                 str(self.saturation_file),
+                str(creds),
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -146,18 +162,24 @@ def say(message: str, *, style: str | None = None) -> None:
 
 
 @contextlib.asynccontextmanager
-async def fabric(workdir: Path) -> AsyncIterator[tuple[str, Registrar]]:
-    server = EmbeddedServer(store_dir=workdir / "nats")
-    await server.start()
-    conn = await connect([server.url], name="demo-registrar")
-    registrar = Registrar(conn, RegistrarConfig(liveness_interval_sec=0.5))
-    await registrar.start()
-    try:
-        yield server.url, registrar
-    finally:
-        await registrar.stop()
-        await conn.close()
-        await server.stop()
+async def demo_fabric(workdir: Path) -> AsyncIterator[Fabric]:
+    """The demo's fabric, the one ``reach up`` starts: its own nats-server (a free port,
+    the store under ``workdir``) with logins on, the registrar part in a process of its
+    own; with a credential for each participant in ``<store>/<id>.creds``: the
+    data-query and report agents' bound to their agent_id and capability, the
+    scheduler's a plain caller's, one below the clearance the capabilities require
+    (``intern``), and ``admin.creds`` for the operator's view."""
+    async with Fabric(workdir / "store", registrar_part="child-process") as fabric:
+        for agent_id in DATA_QUERIES:
+            await fabric.add_client(
+                agent_id, _LEVEL, agent_id=agent_id, capabilities=["query_industry_data"]
+            )
+        await fabric.add_client(
+            REPORT_ID, _LEVEL, agent_id=REPORT_ID, capabilities=["generate_industry_report"]
+        )
+        await fabric.add_client("scheduler", _LEVEL)
+        await fabric.add_client("intern", _LEVEL - 1)
+        yield fabric
 
 
 async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
@@ -167,54 +189,20 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     data_queries: list[DataQueryProcess] = []
     try:
-        async with fabric(workdir) as (url, registrar):
-            say(f"embedded NATS with JetStream at {url}; registrar {registrar.registrar_id}")
-            for agent_id in ("data-query-1", "data-query-2"):
-                data_queries.append(DataQueryProcess(url, agent_id, workdir))
+        async with demo_fabric(workdir) as fabric:
+            say(
+                f"secured fabric at {fabric.url}: logins through the login gate, calls carry"
+                f" tokens their callee checks; registrar {fabric.registrar_id}"
+            )
+            for agent_id in DATA_QUERIES[:2]:
+                data_queries.append(
+                    DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id))
+                )
             await asyncio.gather(*(dq.ready() for dq in data_queries))
             say("data-query-1 and data-query-2 running as separate processes")
-            report = Agent(REPORT_MANIFEST, servers=url)
-            report_client = ReachClient(servers=url, name="industry-report-1")
-
-            @report.capability("generate_industry_report")
-            async def generate(req: dict[str, Any]) -> dict[str, Any]:
-                data = await report_client.call(
-                    "query_industry_data",
-                    {"industry": req["industry"], "time_range": req["time_range"]},
-                )
-                return {
-                    "report_id": f"{req['industry']}-{req['time_range']}",
-                    "status": "done",
-                    "data_from": data.value["served_by"],
-                }
-
-            async with (
-                report_client,
-                report,
-                ReachClient(servers=url, name="scheduler") as scheduler,
-            ):
-                await scheduler.routes.wait_for(
-                    lambda c: (
-                        bool(c.find("generate_industry_report"))
-                        and len(c.find("query_industry_data")) == 2
-                    ),
-                    timeout=10,
-                )
-                await report_client.routes.wait_for(
-                    lambda c: len(c.find("query_industry_data")) == 2, timeout=10
-                )
-                say("industry-report-1 running; the scheduler starts calling it")
-                log = TransitionLog(report_client)
-                alerts: list[Alert] = []
-                watching = asyncio.create_task(_follow_alerts(scheduler.connection, alerts))
-                try:
-                    tally = await _drive(
-                        scheduler, report_client, data_queries, url, workdir, duration, rate
-                    )
-                finally:
-                    await cancel_and_wait([watching])
-                transitions = log.ordered()
-                audit = await _audit_trail(scheduler, report_client)
+            tally, transitions, alerts, audit = await _scenario(
+                fabric, data_queries, workdir, duration, rate
+            )
             _summary(tally, transitions, alerts, audit)
             return tally.failed
     finally:
@@ -223,11 +211,101 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+async def _scenario(
+    fabric: Fabric,
+    data_queries: list[DataQueryProcess],
+    workdir: Path,
+    duration: float,
+    rate: float,
+) -> tuple[Tally, list[str], list[Alert], list[AuditEvent]]:
+    """The report agent, the scheduler's calls and the faults; what the summary shows."""
+    report = Agent(REPORT_MANIFEST, servers=fabric.url, credentials=fabric.creds(REPORT_ID))
+    report_client = ReachClient(
+        servers=fabric.url, name=REPORT_ID, credentials=fabric.creds(REPORT_ID)
+    )
+
+    @report.capability("generate_industry_report")
+    async def generate(req: dict[str, Any]) -> dict[str, Any]:
+        data = await report_client.call(
+            "query_industry_data",
+            {"industry": req["industry"], "time_range": req["time_range"]},
+        )
+        return {
+            "report_id": f"{req['industry']}-{req['time_range']}",
+            "status": "done",
+            "data_from": data.value["served_by"],
+        }
+
+    operator, _ = await connect_as(
+        fabric.urls, name="demo-operator", credentials=fabric.creds("admin")
+    )
+    try:
+        async with (
+            report_client,
+            report,
+            ReachClient(
+                servers=fabric.url, name="scheduler", credentials=fabric.creds("scheduler")
+            ) as scheduler,
+        ):
+            await _routable(scheduler, report_client)
+            await _show_refusals(fabric)
+            say("industry-report-1 running; the scheduler starts calling it")
+            log = TransitionLog(report_client)
+            alerts: list[Alert] = []
+            watching = asyncio.create_task(_follow_alerts(operator, alerts))
+            try:
+                tally = await _drive(scheduler, data_queries, fabric, workdir, duration, rate)
+            finally:
+                await cancel_and_wait([watching])
+            transitions = log.ordered()
+            audit = await _audit_trail(operator, scheduler, report_client)
+    finally:
+        await operator.close()
+    return tally, transitions, alerts, audit
+
+
+async def _routable(scheduler: ReachClient, report_client: ReachClient) -> None:
+    """Until both callers see the report agent and both data-query instances."""
+    await scheduler.routes.wait_for(
+        lambda c: (
+            bool(c.find("generate_industry_report")) and len(c.find("query_industry_data")) == 2
+        ),
+        timeout=10,
+    )
+    await report_client.routes.wait_for(
+        lambda c: len(c.find("query_industry_data")) == 2, timeout=10
+    )
+
+
+async def _show_refusals(fabric: Fabric) -> None:
+    """What the fabric refuses: a client without credentials, and a call whose token
+    holds less clearance than the capability requires (its callee checks the token)."""
+    try:
+        conn, _ = await connect_as(fabric.urls, name="demo-anonymous", credentials=None)
+    except AuthenticationFailed as exc:
+        say(f"a client without credentials is refused: {exc}", style="yellow")
+    else:  # pragma: no cover - the fabric has logins on
+        await conn.close()
+        raise ReachError("the demo's fabric let a client in without credentials")
+    async with ReachClient(
+        servers=fabric.url, name="intern", credentials=fabric.creds("intern")
+    ) as intern:
+        await intern.routes.wait_for(lambda c: bool(c.find("query_industry_data")), timeout=10)
+        try:
+            await intern.call("query_industry_data", {"industry": "ev", "time_range": "2025Q3"})
+        except NotAuthorized as exc:
+            say(
+                f"a call with a level-{_LEVEL - 1} token is refused by its callee: {exc}",
+                style="yellow",
+            )
+        else:  # pragma: no cover - the callee checks every token
+            raise ReachError("the demo's data-query agent served a caller below its clearance")
+
+
 async def _drive(
     scheduler: ReachClient,
-    report_client: ReachClient,
     data_queries: list[DataQueryProcess],
-    url: str,
+    fabric: Fabric,
     workdir: Path,
     duration: float,
     rate: float,
@@ -264,7 +342,8 @@ async def _drive(
     while (elapsed := time.monotonic() - start) < duration:
         while events and elapsed >= events[0][0]:
             _, what = events.pop(0)
-            await _event(what, data_queries, url, workdir, report_client)
+            # in the background: the scheduler's calls go on while a replacement starts
+            tasks.append(asyncio.create_task(_event(what, data_queries, fabric, workdir)))
         tasks.append(asyncio.create_task(one(i)))
         tally.made += 1
         i += 1
@@ -282,9 +361,8 @@ async def _drive(
 async def _event(
     what: str,
     data_queries: list[DataQueryProcess],
-    url: str,
+    fabric: Fabric,
     workdir: Path,
-    client: ReachClient,
 ) -> None:
     if what == "saturate":
         data_queries[0].saturate(True)
@@ -299,7 +377,8 @@ async def _event(
         data_queries[1].kill()
         say("data-query-2: SIGKILL", style="red")
     elif what == "replace":
-        replacement = DataQueryProcess(url, "data-query-3", workdir)
+        agent_id = DATA_QUERIES[2]
+        replacement = DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id))
         data_queries.append(replacement)
         await replacement.ready()
         say("data-query-3: replacement started", style="green")
@@ -341,12 +420,13 @@ async def _follow_alerts(conn: Connection, seen: list[Alert]) -> None:
             say(f"alert {alert.rule}: {alert.summary}", style="yellow")
 
 
-async def _audit_trail(*clients: ReachClient) -> list[AuditEvent]:
-    """Every audit event of the run, once the clients' writers have written them."""
+async def _audit_trail(operator: Connection, *clients: ReachClient) -> list[AuditEvent]:
+    """Every audit event of the run, once the clients' writers have written them (read
+    with the admin's credentials: callers may write audit events, not read them)."""
     for client in clients:
         if client.audit is not None:
             await asyncio.wait_for(client.audit.flush(), 10)
-    return [event async for event in read_events(clients[0].connection)]
+    return [event async for event in read_events(operator)]
 
 
 def _summary(

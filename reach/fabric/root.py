@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Literal
 from reach.embedded import EmbeddedServer, private_dir
 from reach.errors import ConfigurationError, ReachError
 from reach.registry import Registrar, RegistrarConfig
-from reach.security.credentials import CredentialsFile
+from reach.security.credentials import CredentialsFile, CredentialStore
+from reach.security.fabric import connect_as
 from reach.supervisor import Child, ServerChild, ServiceProcess, Supervisor
 from reach.tasks import cancel_and_wait
 
@@ -199,16 +200,26 @@ class Fabric:
         path: Path | None = None,
     ) -> Path:
         """A new credential, written (mode 0600) to ``path`` (default
-        ``<store>/<client_id>.creds``); the path. Needs the registrar part in this process
-        (otherwise use ``reach creds add`` with ``creds("admin")``)."""
+        ``<store>/<client_id>.creds``); the path. Made by the registrar part's issuer
+        when it runs here, else with the admin's credentials (``creds("admin")``)."""
+        if not self.secure:
+            raise ConfigurationError("an open fabric (secure=False) has no credentials")
         issuer = self._services.issuer if self._services is not None else None
-        if issuer is None or issuer.credentials is None:
-            raise ConfigurationError(
-                "add_client needs a secure fabric whose registrar part runs in this process"
+        if issuer is not None and issuer.credentials is not None:
+            _, secret = await issuer.credentials.add(
+                client_id, level, agent_id=agent_id, roles=roles, capabilities=capabilities
             )
-        _, secret = await issuer.credentials.add(
-            client_id, level, agent_id=agent_id, roles=roles, capabilities=capabilities
-        )
+        else:
+            conn, _ = await connect_as(
+                self.urls, name="reach-fabric-admin", credentials=self.creds("admin")
+            )
+            try:
+                credentials = await CredentialStore.open(conn, create=False)
+                _, secret = await credentials.add(
+                    client_id, level, agent_id=agent_id, roles=roles, capabilities=capabilities
+                )
+            finally:
+                await conn.close()
         path = path or self.store / f"{client_id}.creds"
         CredentialsFile(self.url, client_id, secret).write(path)
         return path
