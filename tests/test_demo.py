@@ -12,7 +12,7 @@ import pytest
 
 from reach import envelope, subjects
 from reach.client import ReachClient
-from reach.demo.scenario import DataQueryProcess, demo_fabric
+from reach.demo.participants import DataQueryProcess, demo_fabric
 from reach.errors import AuthenticationFailed
 from reach.security.fabric import connect_as
 

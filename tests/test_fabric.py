@@ -157,7 +157,7 @@ async def test_an_open_fabric_runs_a_registrar_and_issues_no_credentials(
         ({"servers": []}, "servers= is empty"),
         ({"replicas": 3}, "replicas 3"),
         ({"secure": False, "logins": True}, "logins need secure"),
-        ({"cluster": 3, "secure": False}, "a cluster started here has logins on"),
+        ({"cluster": 3, "secure": False}, "a cluster started here runs with logins"),
         ({"registrar_part": "child-process", "secure": False}, "child process"),
         ({"registrar_part": "child-process", "registrar": RegistrarConfig()}, "child process"),
         ({"servers": ["nats://127.0.0.1:4222"], "registrar_part": "none"}, "nothing to start"),

@@ -12,18 +12,12 @@ failed, and why.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +30,13 @@ from reach.audit.alerts import Alert, decode_alert
 from reach.audit.reader import format_event, read_events
 from reach.audit.records import AuditEvent
 from reach.client import ReachClient
-from reach.embedded import die_with_parent
+from reach.demo.participants import (
+    DATA_QUERIES,
+    LEVEL,
+    REPORT_ID,
+    DataQueryProcess,
+    demo_fabric,
+)
 from reach.errors import AuthenticationFailed, NotAuthorized, ReachError
 from reach.fabric import Fabric
 from reach.models import Instance
@@ -44,9 +44,8 @@ from reach.security.fabric import connect_as
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 
-__all__ = ["DATA_QUERIES", "DataQueryProcess", "demo_fabric", "run_demo"]
+__all__ = ["REPORT_MANIFEST", "run_demo"]
 
-REPORT_ID = "industry-report-1"
 REPORT_MANIFEST: dict[str, Any] = {
     "agent_id": REPORT_ID,
     "agent_name": "industry_report",
@@ -101,85 +100,8 @@ class Tally:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-#: the data-query instances of the run: two at the start, the third replaces one
-DATA_QUERIES = ("data-query-1", "data-query-2", "data-query-3")
-#: clearance of the demo's callers, and what the capabilities require
-_LEVEL = 2
-
-
-class DataQueryProcess:
-    """``python -m reach.demo.data_query``: a data-query agent in a process of its own,
-    logged in with the credentials file ``creds``."""
-
-    def __init__(self, url: str, agent_id: str, workdir: Path, creds: Path) -> None:
-        self.agent_id = agent_id
-        self.saturation_file = workdir / f"{agent_id}.saturated"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "reach.demo.data_query",
-                url,
-                agent_id,
-                str(self.saturation_file),
-                str(creds),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=die_with_parent(os.getpid()),
-        )
-
-    async def ready(self) -> None:
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 20)
-        if not line.startswith("READY"):
-            raise RuntimeError(f"{self.agent_id} did not start: {line!r}")
-
-    def saturate(self, on: bool) -> None:
-        if on:
-            self.saturation_file.touch()
-        else:
-            self.saturation_file.unlink(missing_ok=True)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 def say(message: str, *, style: str | None = None) -> None:
     click.secho(f"[{time.strftime('%H:%M:%S')}] {message}", fg=style)
-
-
-@contextlib.asynccontextmanager
-async def demo_fabric(workdir: Path) -> AsyncIterator[Fabric]:
-    """The demo's fabric, the one ``reach up`` starts: its own nats-server (a free port,
-    the store under ``workdir``) with logins on, the registrar part in a process of its
-    own; with a credential for each participant in ``<store>/<id>.creds``: the
-    data-query and report agents' bound to their agent_id and capability, the
-    scheduler's a plain caller's, one below the clearance the capabilities require
-    (``intern``), and ``admin.creds`` for the operator's view."""
-    async with Fabric(workdir / "store", registrar_part="child-process") as fabric:
-        for agent_id in DATA_QUERIES:
-            await fabric.add_client(
-                agent_id, _LEVEL, agent_id=agent_id, capabilities=["query_industry_data"]
-            )
-        await fabric.add_client(
-            REPORT_ID, _LEVEL, agent_id=REPORT_ID, capabilities=["generate_industry_report"]
-        )
-        await fabric.add_client("scheduler", _LEVEL)
-        await fabric.add_client("intern", _LEVEL - 1)
-        yield fabric
 
 
 async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
@@ -295,7 +217,7 @@ async def _show_refusals(fabric: Fabric) -> None:
             await intern.call("query_industry_data", {"industry": "ev", "time_range": "2025Q3"})
         except NotAuthorized as exc:
             say(
-                f"a call with a level-{_LEVEL - 1} token is refused by its callee: {exc}",
+                f"a call with a level-{LEVEL - 1} token is refused by its callee: {exc}",
                 style="yellow",
             )
         else:  # pragma: no cover - the callee checks every token

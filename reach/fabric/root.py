@@ -63,7 +63,7 @@ class Fabric:
     credentials (auth callout answered by the login gates; servers given must include
     ``reach nats-auth``'s file). ``replicas`` of the registry and streams (default 3 on a
     cluster started here, else 1); ``audit_max_age`` seconds of audit events kept;
-    ``registrar``: the registrar's settings. ``supervise``: start what dies again;
+    ``registrar``: the registrar's other settings. ``supervise``: start what dies again;
     ``report(line)`` tells of each restart (default: a warning in the log).
 
     Credentials: on its first start a secure fabric writes ``<store>/admin.creds`` and
@@ -124,7 +124,10 @@ class Fabric:
         elif self.logins and not self.secure:
             problem = "logins need secure=True (the login gates check credentials)"
         elif own and self._cluster > 1 and not self.logins:
-            problem = "a cluster started here has logins on (its routes need a password)"
+            problem = (
+                "a cluster started here runs with logins (secure=True): its nodes' configs"
+                " hold the route password beside the accounts"
+            )
         elif self._part == "child-process" and (not self.secure or custom_registrar):
             problem = (
                 "a registrar part in a child process runs `reach up --servers`:"
@@ -231,6 +234,8 @@ class Fabric:
         stopped again. Returns the fabric."""
         from reach.fabric.nodes import plan_nodes, start_nodes
 
+        if self._ended is not None:
+            raise ConfigurationError("a Fabric starts once; make a new one to start again")
         loop = asyncio.get_running_loop()
         self._ended = loop.create_future()
         try:
