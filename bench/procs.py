@@ -210,31 +210,23 @@ def log_dir() -> Path:
 
 @asynccontextmanager
 async def _registrar(url: str, workdir: Path) -> AsyncIterator[None]:
-    """The registrar and the token issuer, as ``reach up`` runs them; the credentials the
-    benchmark's agents and callers use are written to ``workdir/bench.creds``."""
-    from reach.registry import Registrar
+    """The registrar part of a fabric on ``url`` (``reach.Fabric``: token issuer and
+    registrar, as ``reach up --servers URL`` runs them, its store in ``workdir``); the
+    credentials the benchmark's agents and callers use are written to
+    ``workdir/bench.creds``. NATS itself takes anonymous clients: raw nats-py runs on it."""
+    from reach.fabric import Fabric
     from reach.runtime import tune_gc
-    from reach.security import ROLE_ADMIN, CredentialsFile
-    from reach.security.issuer import TokenService
-    from reach.transport import connect
+    from reach.security import ROLE_ADMIN
 
     tune_gc()  # as reach up does
-    conn = await connect([url], name="bench-registrar")
-    issuer = TokenService(conn, key_file=workdir / "signing.key")
-    registrar = Registrar(conn)
-    try:
-        await issuer.start()
+    async with Fabric(workdir, servers=[url], supervise=False) as fabric:
+        issuer = fabric.services.issuer if fabric.services is not None else None
+        assert issuer is not None
         assert issuer.credentials is not None
-        record = await issuer.credentials.get("bench")
-        if record is None:
-            _, secret = await issuer.credentials.add("bench", 4, roles=[ROLE_ADMIN])
-            CredentialsFile(url, "bench", secret).write(workdir / "bench.creds")
-        await registrar.start()
+        # the first registrar on a server makes it; another one's workdir has none
+        if await issuer.credentials.get("bench") is None:
+            await fabric.add_client("bench", 4, roles=[ROLE_ADMIN], path=workdir / "bench.creds")
         yield
-    finally:
-        await registrar.stop()
-        await issuer.stop()
-        await conn.close()
 
 
 async def _serve(service: AbstractAsyncContextManager[None], profile: Profile | None) -> None:

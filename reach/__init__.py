@@ -36,6 +36,7 @@ from reach.errors import (
     TransportError,
     Unavailable,
 )
+from reach.fabric import Fabric
 from reach.fallback import Fallback, FallbackInfo
 from reach.jobs import JobHandle, JobRecord
 from reach.models import (
@@ -70,6 +71,7 @@ __all__ = [
     "ContractError",
     "Disconnected",
     "DiscoveryError",
+    "Fabric",
     "Fallback",
     "FallbackInfo",
     "HealthSettings",

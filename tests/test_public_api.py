@@ -13,5 +13,13 @@ def test_all_lists_exactly_the_public_names() -> None:
 
 
 def test_the_design_entry_points_are_exported() -> None:
-    for name in ("Agent", "ReachClient", "Manifest", "ReachError", "ContractError", "Fallback"):
+    for name in (
+        "Agent",
+        "ReachClient",
+        "Manifest",
+        "ReachError",
+        "ContractError",
+        "Fallback",
+        "Fabric",
+    ):
         assert hasattr(reach, name)

@@ -375,7 +375,7 @@ class SecureCluster:
 async def secure_cluster(tmp_path: Path) -> AsyncIterator[SecureCluster]:
     """Three nats-servers as one JetStream cluster, secured as `reach up --cluster 3`
     secures it, with one login gate answering for all (the callout crosses the routes)."""
-    from reach.cli.up import _cluster_ready
+    from reach.fabric.services import cluster_ready as _cluster_ready
 
     store = tmp_path / "store"
     store.mkdir()

@@ -23,9 +23,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from bench.procs import descendants, proc_stat
+
+if TYPE_CHECKING:
+    from reach.fabric import Fabric as ReachFabric
 
 __all__ = ["FABRICS", "Fabric", "FabricError", "FabricKind", "start_fabric"]
 
@@ -62,6 +65,8 @@ class Fabric:
     #: operator fabric only: the nats-server it runs itself
     server: Any = None
     ups: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: operator fabric only: the ``reach.Fabric`` that started ``server`` (servers alone)
+    servers_only: ReachFabric | None = None
 
     @property
     def creds(self) -> Path:
@@ -108,10 +113,10 @@ class Fabric:
 
     async def stop(self) -> None:
         """SIGTERM every ``reach up`` (its servers stop with it), SIGKILL what is left."""
-        await _stop(self.ups, self.server)
+        await _stop(self.ups, self.servers_only)
 
 
-async def _stop(ups: list[subprocess.Popen[bytes]], server: Any) -> None:
+async def _stop(ups: list[subprocess.Popen[bytes]], servers_only: ReachFabric | None) -> None:
     left = [p for up in ups for p in descendants(up.pid)]
     for up in ups:
         if up.poll() is None:
@@ -128,8 +133,8 @@ async def _stop(ups: list[subprocess.Popen[bytes]], server: Any) -> None:
         if stat is not None and stat[1] not in ("Z", "X"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    if server is not None:
-        await server.stop()
+    if servers_only is not None:
+        await servers_only.stop()
 
 
 def _operator_args(url: str, store: Path) -> list[str]:
@@ -174,25 +179,26 @@ def _ready_urls(workdir: Path) -> list[str]:
 
 async def start_fabric(kind: FabricKind, workdir: Path) -> Fabric:
     """Start a fabric of ``kind`` in ``workdir`` (stopped with :meth:`Fabric.stop`)."""
-    from reach.embedded import EmbeddedServer, free_port
-    from reach.security import natsconf
+    from reach.embedded import free_port
+    from reach.fabric import Fabric as ReachFabric
 
     store = workdir / "store"
     ups: list[subprocess.Popen[bytes]] = []
     port = free_port()
     if kind == "operator":
         # what an operator does: the accounts and the login gate's callout in the
-        # server's config, the server run by itself, reach up beside it
-        setup = natsconf.prepare(store)
-        config = natsconf.write_config(setup, store / "nats.conf", port=port, store_dir=None)
-        server = EmbeddedServer(port=port, store_dir=workdir / "nats", config_file=config)
-        await server.start()
+        # server's config (reach.Fabric with logins on and no registrar part: the
+        # servers alone, not supervised, so that a scenario restarts it itself), and
+        # reach up beside it
+        servers = ReachFabric(store, port=port, registrar_part="none", supervise=False)
+        await servers.start()
+        (server,) = servers.nodes
         try:
             up = await _spawn_up(workdir, _operator_args(server.url, store), ups)
         except BaseException:
-            await _stop(ups, server)
+            await _stop(ups, servers)
             raise
-        return Fabric(kind, workdir, store, [server.url], up, server, ups)
+        return Fabric(kind, workdir, store, [server.url], up, server, ups, servers)
     args = ["--port", str(port), "--store", str(store)]
     if kind == "cluster":
         args += ["--cluster", "3"]

@@ -1,4 +1,4 @@
-"""``reach demo``: the seed scenario on an embedded NATS (see reach/demo)."""
+"""``reach demo``: the seed scenario on a secured embedded fabric (see reach/demo)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def register(main: click.Group) -> None:
     def demo(target: Target, duration: float, rate: float) -> None:
         """Scheduler → industry report → data query ×2: saturation, a kill, a replacement.
 
-        Runs on its own embedded nats-server (a free port, a temporary store); the
-        --servers/--creds options are accepted for uniformity and not used.
+        Runs on a fabric of its own, secured as `reach up` secures it (an embedded
+        nats-server on a free port, a temporary store, credentials for each participant);
+        the --servers/--creds options are accepted for uniformity and not used.
         """
         from reach.demo import run_demo
 

@@ -1,4 +1,4 @@
-"""``reach demo``: the failure Agent-Reach was born from, on an embedded NATS."""
+"""``reach demo``: the failure Agent-Reach was born from, on a secured embedded fabric."""
 
 from reach.demo.scenario import run_demo
 

@@ -1,9 +1,10 @@
 """A data-query agent process for the demo.
 
-    python -m reach.demo.data_query URL AGENT_ID SATURATION_FILE
+    python -m reach.demo.data_query URL AGENT_ID SATURATION_FILE CREDS
 
-Its connection pool "saturates" while SATURATION_FILE exists: the process stays alive
-and answers probes, but its readiness says the pool is over 80 % used.
+It logs in with the credentials file CREDS (bound to AGENT_ID). Its connection pool
+"saturates" while SATURATION_FILE exists: the process stays alive and answers probes,
+but its readiness says the pool is over 80 % used.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ MANIFEST: dict[str, Any] = {
 }
 
 
-async def main(url: str, agent_id: str, saturation_file: str) -> None:
+async def main(url: str, agent_id: str, saturation_file: str, creds: str) -> None:
     def readiness() -> Readiness:
         if os.path.exists(saturation_file):
             return Readiness(
@@ -61,7 +62,9 @@ async def main(url: str, agent_id: str, saturation_file: str) -> None:
             )
         return Readiness(details={"db_pool_used": 0.2})
 
-    agent = Agent({**MANIFEST, "agent_id": agent_id}, servers=url, readiness=readiness)
+    agent = Agent(
+        {**MANIFEST, "agent_id": agent_id}, servers=url, credentials=creds, readiness=readiness
+    )
 
     @agent.capability("query_industry_data")
     async def query(req: dict[str, Any]) -> dict[str, Any]:
@@ -78,4 +81,4 @@ async def main(url: str, agent_id: str, saturation_file: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:5]))

@@ -1,25 +1,23 @@
 """The seed scenario: scheduler → industry report → data query (two processes).
 
-During the run one data-query instance's connection pool saturates (alive, answering
-probes, but not ready) and traffic moves to the other; then a data-query instance is
-killed and a replacement starts. The summary shows that no call failed, and why.
+It runs on the secured fabric users get (``reach.fabric.Fabric``, as ``reach up``
+starts it): no client gets in without credentials, every participant has its own (an
+agent's bound to its agent_id and capability), and every call carries a token its
+callee checks. During the run one data-query instance's connection pool saturates
+(alive, answering probes, but not ready) and traffic moves to the other; then a
+data-query instance is killed and a replacement starts. The summary shows that no call
+failed, and why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,17 +30,24 @@ from reach.audit.alerts import Alert, decode_alert
 from reach.audit.reader import format_event, read_events
 from reach.audit.records import AuditEvent
 from reach.client import ReachClient
-from reach.embedded import EmbeddedServer, die_with_parent
-from reach.errors import ReachError
+from reach.demo.participants import (
+    DATA_QUERIES,
+    LEVEL,
+    REPORT_ID,
+    DataQueryProcess,
+    demo_fabric,
+)
+from reach.errors import AuthenticationFailed, NotAuthorized, ReachError
+from reach.fabric import Fabric
 from reach.models import Instance
-from reach.registry import Registrar, RegistrarConfig
+from reach.security.fabric import connect_as
 from reach.tasks import cancel_and_wait
-from reach.transport import Connection, connect
+from reach.transport import Connection
 
-__all__ = ["run_demo"]
+__all__ = ["REPORT_MANIFEST", "run_demo"]
 
 REPORT_MANIFEST: dict[str, Any] = {
-    "agent_id": "industry-report-1",
+    "agent_id": REPORT_ID,
     "agent_name": "industry_report",
     "version": "2.3.1",
     "capabilities": [
@@ -95,69 +100,8 @@ class Tally:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-class DataQueryProcess:
-    def __init__(self, url: str, agent_id: str, workdir: Path) -> None:
-        self.agent_id = agent_id
-        self.saturation_file = workdir / f"{agent_id}.saturated"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "reach.demo.data_query",
-                url,
-                agent_id,
-                str(self.saturation_file),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=die_with_parent(os.getpid()),
-        )
-
-    async def ready(self) -> None:
-        assert self.proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 20)
-        if not line.startswith("READY"):
-            raise RuntimeError(f"{self.agent_id} did not start: {line!r}")
-
-    def saturate(self, on: bool) -> None:
-        if on:
-            self.saturation_file.touch()
-        else:
-            self.saturation_file.unlink(missing_ok=True)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-
 def say(message: str, *, style: str | None = None) -> None:
     click.secho(f"[{time.strftime('%H:%M:%S')}] {message}", fg=style)
-
-
-@contextlib.asynccontextmanager
-async def fabric(workdir: Path) -> AsyncIterator[tuple[str, Registrar]]:
-    server = EmbeddedServer(store_dir=workdir / "nats")
-    await server.start()
-    conn = await connect([server.url], name="demo-registrar")
-    registrar = Registrar(conn, RegistrarConfig(liveness_interval_sec=0.5))
-    await registrar.start()
-    try:
-        yield server.url, registrar
-    finally:
-        await registrar.stop()
-        await conn.close()
-        await server.stop()
 
 
 async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
@@ -167,54 +111,20 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     data_queries: list[DataQueryProcess] = []
     try:
-        async with fabric(workdir) as (url, registrar):
-            say(f"embedded NATS with JetStream at {url}; registrar {registrar.registrar_id}")
-            for agent_id in ("data-query-1", "data-query-2"):
-                data_queries.append(DataQueryProcess(url, agent_id, workdir))
+        async with demo_fabric(workdir) as fabric:
+            say(
+                f"secured fabric at {fabric.url}: logins through the login gate, calls carry"
+                f" tokens their callee checks; registrar {fabric.registrar_id}"
+            )
+            for agent_id in DATA_QUERIES[:2]:
+                data_queries.append(
+                    DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id))
+                )
             await asyncio.gather(*(dq.ready() for dq in data_queries))
             say("data-query-1 and data-query-2 running as separate processes")
-            report = Agent(REPORT_MANIFEST, servers=url)
-            report_client = ReachClient(servers=url, name="industry-report-1")
-
-            @report.capability("generate_industry_report")
-            async def generate(req: dict[str, Any]) -> dict[str, Any]:
-                data = await report_client.call(
-                    "query_industry_data",
-                    {"industry": req["industry"], "time_range": req["time_range"]},
-                )
-                return {
-                    "report_id": f"{req['industry']}-{req['time_range']}",
-                    "status": "done",
-                    "data_from": data.value["served_by"],
-                }
-
-            async with (
-                report_client,
-                report,
-                ReachClient(servers=url, name="scheduler") as scheduler,
-            ):
-                await scheduler.routes.wait_for(
-                    lambda c: (
-                        bool(c.find("generate_industry_report"))
-                        and len(c.find("query_industry_data")) == 2
-                    ),
-                    timeout=10,
-                )
-                await report_client.routes.wait_for(
-                    lambda c: len(c.find("query_industry_data")) == 2, timeout=10
-                )
-                say("industry-report-1 running; the scheduler starts calling it")
-                log = TransitionLog(report_client)
-                alerts: list[Alert] = []
-                watching = asyncio.create_task(_follow_alerts(scheduler.connection, alerts))
-                try:
-                    tally = await _drive(
-                        scheduler, report_client, data_queries, url, workdir, duration, rate
-                    )
-                finally:
-                    await cancel_and_wait([watching])
-                transitions = log.ordered()
-                audit = await _audit_trail(scheduler, report_client)
+            tally, transitions, alerts, audit = await _scenario(
+                fabric, data_queries, workdir, duration, rate
+            )
             _summary(tally, transitions, alerts, audit)
             return tally.failed
     finally:
@@ -223,11 +133,101 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+async def _scenario(
+    fabric: Fabric,
+    data_queries: list[DataQueryProcess],
+    workdir: Path,
+    duration: float,
+    rate: float,
+) -> tuple[Tally, list[str], list[Alert], list[AuditEvent]]:
+    """The report agent, the scheduler's calls and the faults; what the summary shows."""
+    report = Agent(REPORT_MANIFEST, servers=fabric.url, credentials=fabric.creds(REPORT_ID))
+    report_client = ReachClient(
+        servers=fabric.url, name=REPORT_ID, credentials=fabric.creds(REPORT_ID)
+    )
+
+    @report.capability("generate_industry_report")
+    async def generate(req: dict[str, Any]) -> dict[str, Any]:
+        data = await report_client.call(
+            "query_industry_data",
+            {"industry": req["industry"], "time_range": req["time_range"]},
+        )
+        return {
+            "report_id": f"{req['industry']}-{req['time_range']}",
+            "status": "done",
+            "data_from": data.value["served_by"],
+        }
+
+    operator, _ = await connect_as(
+        fabric.urls, name="demo-operator", credentials=fabric.creds("admin")
+    )
+    try:
+        async with (
+            report_client,
+            report,
+            ReachClient(
+                servers=fabric.url, name="scheduler", credentials=fabric.creds("scheduler")
+            ) as scheduler,
+        ):
+            await _routable(scheduler, report_client)
+            await _show_refusals(fabric)
+            say("industry-report-1 running; the scheduler starts calling it")
+            log = TransitionLog(report_client)
+            alerts: list[Alert] = []
+            watching = asyncio.create_task(_follow_alerts(operator, alerts))
+            try:
+                tally = await _drive(scheduler, data_queries, fabric, workdir, duration, rate)
+            finally:
+                await cancel_and_wait([watching])
+            transitions = log.ordered()
+            audit = await _audit_trail(operator, scheduler, report_client)
+    finally:
+        await operator.close()
+    return tally, transitions, alerts, audit
+
+
+async def _routable(scheduler: ReachClient, report_client: ReachClient) -> None:
+    """Until both callers see the report agent and both data-query instances."""
+    await scheduler.routes.wait_for(
+        lambda c: (
+            bool(c.find("generate_industry_report")) and len(c.find("query_industry_data")) == 2
+        ),
+        timeout=10,
+    )
+    await report_client.routes.wait_for(
+        lambda c: len(c.find("query_industry_data")) == 2, timeout=10
+    )
+
+
+async def _show_refusals(fabric: Fabric) -> None:
+    """What the fabric refuses: a client without credentials, and a call whose token
+    holds less clearance than the capability requires (its callee checks the token)."""
+    try:
+        conn, _ = await connect_as(fabric.urls, name="demo-anonymous", credentials=None)
+    except AuthenticationFailed as exc:
+        say(f"a client without credentials is refused: {exc}", style="yellow")
+    else:  # pragma: no cover - the fabric has logins on
+        await conn.close()
+        raise ReachError("the demo's fabric let a client in without credentials")
+    async with ReachClient(
+        servers=fabric.url, name="intern", credentials=fabric.creds("intern")
+    ) as intern:
+        await intern.routes.wait_for(lambda c: bool(c.find("query_industry_data")), timeout=10)
+        try:
+            await intern.call("query_industry_data", {"industry": "ev", "time_range": "2025Q3"})
+        except NotAuthorized as exc:
+            say(
+                f"a call with a level-{LEVEL - 1} token is refused by its callee: {exc}",
+                style="yellow",
+            )
+        else:  # pragma: no cover - the callee checks every token
+            raise ReachError("the demo's data-query agent served a caller below its clearance")
+
+
 async def _drive(
     scheduler: ReachClient,
-    report_client: ReachClient,
     data_queries: list[DataQueryProcess],
-    url: str,
+    fabric: Fabric,
     workdir: Path,
     duration: float,
     rate: float,
@@ -264,7 +264,8 @@ async def _drive(
     while (elapsed := time.monotonic() - start) < duration:
         while events and elapsed >= events[0][0]:
             _, what = events.pop(0)
-            await _event(what, data_queries, url, workdir, report_client)
+            # in the background: the scheduler's calls go on while a replacement starts
+            tasks.append(asyncio.create_task(_event(what, data_queries, fabric, workdir)))
         tasks.append(asyncio.create_task(one(i)))
         tally.made += 1
         i += 1
@@ -282,9 +283,8 @@ async def _drive(
 async def _event(
     what: str,
     data_queries: list[DataQueryProcess],
-    url: str,
+    fabric: Fabric,
     workdir: Path,
-    client: ReachClient,
 ) -> None:
     if what == "saturate":
         data_queries[0].saturate(True)
@@ -299,7 +299,8 @@ async def _event(
         data_queries[1].kill()
         say("data-query-2: SIGKILL", style="red")
     elif what == "replace":
-        replacement = DataQueryProcess(url, "data-query-3", workdir)
+        agent_id = DATA_QUERIES[2]
+        replacement = DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id))
         data_queries.append(replacement)
         await replacement.ready()
         say("data-query-3: replacement started", style="green")
@@ -341,12 +342,13 @@ async def _follow_alerts(conn: Connection, seen: list[Alert]) -> None:
             say(f"alert {alert.rule}: {alert.summary}", style="yellow")
 
 
-async def _audit_trail(*clients: ReachClient) -> list[AuditEvent]:
-    """Every audit event of the run, once the clients' writers have written them."""
+async def _audit_trail(operator: Connection, *clients: ReachClient) -> list[AuditEvent]:
+    """Every audit event of the run, once the clients' writers have written them (read
+    with the admin's credentials: callers may write audit events, not read them)."""
     for client in clients:
         if client.audit is not None:
             await asyncio.wait_for(client.audit.flush(), 10)
-    return [event async for event in read_events(clients[0].connection)]
+    return [event async for event in read_events(operator)]
 
 
 def _summary(
