@@ -1,4 +1,4 @@
-"""The NATS client beneath ``reach.transport``: nats-py's, made to keep a connection that
+"""The NATS client beneath a ``Connection``: nats-py's, made to keep a connection that
 was once established whatever the server answers, and to say why it is down.
 
 nats-py (2.x) ends a connection for good where a fabric meets it in normal operation:
