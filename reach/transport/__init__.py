@@ -9,10 +9,13 @@ translated into the Agent-Reach tree here (``denials.translate_error``), at this
   bucket without a JetStream consumer;
 - ``streams``: JetStream streams, idempotent publishing and ordered reads;
 - ``denials``: nats-py's errors in Agent-Reach terms, and the server's permission refusals;
-- ``link``: nats-py's client, made to keep a connection through refused logins, and the
-  state of a connection (up, or down since when and why);
+- ``link``: nats-py's client, made to keep a connection through refused logins;
+  ``linkstate``: the state of a connection (up, or down since when and why);
 - ``natsio`` and ``mux``: the call path's socket plumbing (direct writes, inline
-  delivery) and its request/reply (one inbox, one timer, batches).
+  delivery) and its request/reply (one inbox, one timer, batches);
+- ``internals``: the private attributes of nats-py that ``link`` and ``natsio`` use,
+  checked at the first connection against the supported nats-py releases;
+  ``REACH_NATS_INTERNALS=off`` runs every connection on nats-py's public API alone.
 """
 
 from reach.transport.connection import (
@@ -25,6 +28,7 @@ from reach.transport.connection import (
     connect,
 )
 from reach.transport.denials import Denials, translate_error
+from reach.transport.internals import UnsupportedNatsPy
 from reach.transport.kv import KVBucket, KVConflict, KVEntry
 from reach.transport.mux import ReplyBatch
 from reach.transport.streams import Stream, StreamMessage
@@ -43,6 +47,7 @@ __all__ = [
     "Stream",
     "StreamMessage",
     "Subscription",
+    "UnsupportedNatsPy",
     "connect",
     "translate_error",
 ]

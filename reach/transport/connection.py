@@ -25,8 +25,9 @@ from reach import subjects
 from reach.errors import PermissionDenied, ReachTimeout
 from reach.settings import resolve_reconnect_for
 from reach.transport.denials import Denials, is_permission_error, refusal_of, translate_error
+from reach.transport.internals import resolve as resolve_internals
 from reach.transport.kv import KVBucket, open_bucket
-from reach.transport.link import Client, Link, open_client
+from reach.transport.link import Link, PublicClient, open_client
 from reach.transport.mux import ReplyBatch, ReplyMux, batch_bytes
 from reach.transport.natsio import Writer, barrier, subscribe_inline
 from reach.transport.streams import Stream, open_stream
@@ -85,8 +86,12 @@ class Connection:
         user: str | None = None,
         inbox_prefix: str = "_INBOX",
         link: Link | None = None,
+        internals: bool | None = None,
     ) -> None:
         self._nc = nc
+        #: whether the call path goes through nats-py's internals (``internals.resolve``:
+        #: the argument, else ``REACH_NATS_INTERNALS``) or its public API alone
+        self.uses_internals = resolve_internals(internals)
         #: up, or down since when and why (``describe`` words it for errors)
         self.link = link or Link(str(nc.options.get("name") or ""), [], user, None)
         #: the token this connection writes audit batches under: the NATS user the server
@@ -96,7 +101,7 @@ class Connection:
         #: refusals the server reported on this connection (see ``Denials``)
         self.denials = denials or Denials()
         self._js = nc.jetstream()
-        self._writer = Writer(nc)
+        self._writer = Writer(nc, self.uses_internals)
         self._mux = ReplyMux(nc, self._writer, inbox_prefix)
         self._reconnect_listeners: list[Callable[[], None]] = []
         #: times the connection came back after a disconnect (a request that spans one
@@ -140,7 +145,7 @@ class Connection:
         """Seconds the server took to answer this connection's current login (the login
         gate's answer on a secured fabric); None if unknown."""
         nc = self._nc
-        return nc.login_waited() if isinstance(nc, Client) else None
+        return nc.login_waited() if isinstance(nc, PublicClient) else None
 
     @property
     def max_payload(self) -> int:
@@ -210,7 +215,9 @@ class Connection:
         once and moves anything that waits into a task of its own.
         """
         try:
-            sub = await subscribe_inline(self._nc, subject, handler, queue)
+            sub = await subscribe_inline(
+                self._nc, subject, handler, queue, inline=self.uses_internals
+            )
         except Exception as exc:
             raise translate_error(exc, subject) from exc
         return Subscription(sub)
@@ -218,7 +225,7 @@ class Connection:
     async def flush(self, timeout: int = 5) -> None:
         """Return once the server has processed everything sent so far (SUBs included)."""
         try:
-            await barrier(self._nc, timeout)
+            await barrier(self._nc, timeout, internals=self.uses_internals)
         except Exception as exc:
             raise translate_error(exc, "flush") from exc
 
@@ -318,6 +325,41 @@ class Connection:
                 await self._nc.drain()
 
 
+class _Events:
+    """What a connection's nats-py client reports, passed on: permission refusals to its
+    ``Denials``, reconnects and disconnects to the connection and the caller's callbacks."""
+
+    def __init__(
+        self,
+        name: str,
+        denials: Denials,
+        on_reconnect: Callable[[], Awaitable[None]] | None,
+        on_disconnect: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self.name = name
+        self.denials = denials
+        self.conn: Connection | None = None
+        self._on_reconnect = on_reconnect
+        self._on_disconnect = on_disconnect
+
+    def error(self, exc: Exception) -> bool:
+        if is_permission_error(exc):
+            log.warning("%s: %s", self.name, exc)
+            self.denials.add(str(exc))
+            return True
+        return False
+
+    async def reconnected(self) -> None:
+        if self.conn is not None:
+            self.conn._reconnected()
+        if self._on_reconnect is not None:
+            await self._on_reconnect()
+
+    async def disconnected(self) -> None:
+        if self._on_disconnect is not None:
+            await self._on_disconnect()
+
+
 async def connect(
     servers: Sequence[str],
     *,
@@ -330,6 +372,7 @@ async def connect(
     on_disconnect: Callable[[], Awaitable[None]] | None = None,
     reconnect_for: float | None = None,
     prompt_reconnect: bool = False,
+    internals: bool | None = None,
 ) -> Connection:
     """Connect to NATS; once connected, reconnect and log in again whatever the server
     answers (a refused login during a failover, or while the login gate is away, is
@@ -339,30 +382,16 @@ async def connect(
     connection others' logins wait for (a login gate's).
 
     A first connect whose login is refused raises AuthenticationFailed at once, one whose
-    login is not answered LoginUnanswered; neither waits for more tries."""
+    login is not answered LoginUnanswered; neither waits for more tries.
+
+    ``internals``: whether to use nats-py's internals (None: ``REACH_NATS_INTERNALS``, on
+    by default); an installed nats-py that lacks one raises UnsupportedNatsPy before
+    connecting (``reach.transport.internals``)."""
+    uses_internals = resolve_internals(internals)
     link = Link(name, servers, user, resolve_reconnect_for(reconnect_for))
-    denials = Denials(link)
-    made: list[Connection] = []
-
-    def _on_error(exc: Exception) -> bool:
-        if is_permission_error(exc):
-            log.warning("%s: %s", name, exc)
-            denials.add(str(exc))
-            return True
-        return False
-
-    async def _reconnected() -> None:
-        for conn in made:
-            conn._reconnected()
-        if on_reconnect is not None:
-            await on_reconnect()
-
-    async def _disconnected() -> None:
-        if on_disconnect is not None:
-            await on_disconnect()
-
+    events = _Events(name, Denials(link), on_reconnect, on_disconnect)
     # every connection's inbox is a prefix of its own (``_INBOX.<client_id>`` on a secured
-    # fabric, a random token otherwise): call replies go to ``<prefix>.r.…`` (reach.transport.mux)
+    # fabric, a random token otherwise): call replies go to ``<prefix>.r.…`` (``mux``)
     inbox_prefix = inbox_prefix or f"_INBOX.{os.urandom(8).hex()}"
     nc = await open_client(
         servers,
@@ -372,10 +401,11 @@ async def connect(
         user=user,
         password=password,
         inbox_prefix=inbox_prefix,
-        on_error=_on_error,
-        on_reconnect=_reconnected,
-        on_disconnect=_disconnected,
+        on_error=events.error,
+        on_reconnect=events.reconnected,
+        on_disconnect=events.disconnected,
         prompt=prompt_reconnect,
+        internals=uses_internals,
     )
-    made.append(Connection(nc, denials, user, inbox_prefix, link))
-    return made[0]
+    events.conn = Connection(nc, events.denials, user, inbox_prefix, link, uses_internals)
+    return events.conn

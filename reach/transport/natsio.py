@@ -18,11 +18,17 @@ from typing import Any
 from nats.aio.client import Client as _NatsClient
 from nats.aio.msg import Msg as _NatsMsg
 from nats.aio.subscription import Subscription as _NatsSubscription
-from nats.protocol.command import pub_cmd as _pub_cmd
 
 from reach.tasks import step_now
 
-__all__ = ["REPLY_PREFIXES", "InlineDelivery", "Writer", "barrier", "subscribe_inline"]
+__all__ = [
+    "REPLY_PREFIXES",
+    "InlineDelivery",
+    "Writer",
+    "barrier",
+    "pub_command",
+    "subscribe_inline",
+]
 
 log = logging.getLogger("reach.transport")
 
@@ -32,8 +38,8 @@ class InlineDelivery:
     ``deliver`` as soon as the connection's reader task has parsed it.
 
     nats-py queues every message for a task of the subscription's own; that hop (a queue
-    put, a task wake-up, one more trip through the event loop) is several µs per message,
-    paid once on each side of every call. ``deliver`` must not block and should not raise
+    put, a task wake-up, one more trip through the event loop) is paid once on each side
+    of every call. ``deliver`` must not block and should not raise
     (an exception is logged and the message dropped, the connection keeps reading).
     """
 
@@ -65,15 +71,24 @@ class InlineDelivery:
 
 
 async def subscribe_inline(
-    nc: _NatsClient, subject: str, deliver: Callable[[_NatsMsg], None], queue: str = ""
+    nc: _NatsClient,
+    subject: str,
+    deliver: Callable[[_NatsMsg], None],
+    queue: str = "",
+    *,
+    inline: bool = True,
 ) -> _NatsSubscription:
-    async def _cb(msg: _NatsMsg) -> None:  # only if this nats-py has no pending queue
+    """Subscribe ``deliver`` to ``subject``: called as each message is parsed (``inline``,
+    through nats-py's internals), else from the subscription's task as nats-py does."""
+
+    async def _cb(msg: _NatsMsg) -> None:  # what runs without the internals
         deliver(msg)
 
     sub = await nc.subscribe(subject, queue=queue, cb=_cb, pending_msgs_limit=65536)
-    task = getattr(sub, "_wait_for_msgs_task", None)
-    if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue) and task is not None:
-        task.cancel()  # not started yet: it never takes a message
+    if inline:
+        task = sub._wait_for_msgs_task
+        if task is not None:
+            task.cancel()  # not started yet: it never takes a message
         sub._wait_for_msgs_task = None
         sub._pending_queue = InlineDelivery(sub, deliver)  # type: ignore[assignment]
     return sub
@@ -86,6 +101,11 @@ _finishing: set[asyncio.Task[None]] = set()
 #: where replies may go: clients' inboxes (nats-py's ``_INBOX``, ``_INBOX.<client_id>`` on
 #: a secured fabric) and nats-server's own (an auth callout request's)
 REPLY_PREFIXES = ("_INBOX.", "$SYS._INBOX.")
+
+
+def pub_command(subject: str, reply: str, data: bytes) -> bytes:
+    """The protocol's PUB of ``data`` to ``subject``, answered on ``reply`` (none if empty)."""
+    return f"PUB {subject} {reply} {len(data)}\r\n".encode() + data + b"\r\n"
 
 
 def _run_now(coro: Coroutine[Any, Any, Any]) -> None:
@@ -106,20 +126,28 @@ class Writer:
     kept); what follows in the same turn is queued in nats-py's own buffer and written in
     one piece at the end of the turn. Anything unusual (disconnected, a message over
     max_payload, a socket that is not keeping up, a transport without a stream writer)
-    takes nats-py's path, with its errors, buffering and flow control.
+    takes nats-py's path, with its errors, buffering and flow control; so does every
+    message of a writer without ``internals``.
     """
 
-    __slots__ = ("_nc", "_turn")
+    __slots__ = ("_direct", "_nc", "_turn")
 
-    def __init__(self, nc: _NatsClient) -> None:
+    def __init__(self, nc: _NatsClient, internals: bool = True) -> None:
         self._nc = nc
+        #: whether messages may go to the socket directly (through nats-py's internals)
+        self._direct = internals
         #: a write happened (or is queued) in this turn; the turn's end writes the rest
         self._turn = False
+
+    @property
+    def internals(self) -> bool:
+        """Whether this writer (and what builds on it) uses nats-py's internals."""
+        return self._direct
 
     def _socket(self, size: int) -> Any:
         """The asyncio transport to write to now, or None (use nats-py's publish)."""
         nc = self._nc
-        if not nc.is_connected or size > nc._max_payload:
+        if not self._direct or not nc.is_connected or size > nc._max_payload:
             return None
         transport = getattr(getattr(nc._transport, "_io_writer", None), "transport", None)
         if transport is None or transport.get_write_buffer_size():
@@ -134,7 +162,7 @@ class Writer:
         if transport is None:
             _run_now(nc.publish(subject, data, reply=reply))
             return
-        cmd = _pub_cmd(subject, reply, data)
+        cmd = pub_command(subject, reply, data)
         stats = nc.stats
         stats["out_msgs"] += 1
         stats["out_bytes"] += len(data)
@@ -178,15 +206,23 @@ class Writer:
         nc._pending_data_size = 0
 
 
-async def barrier(nc: _NatsClient, timeout: int = 5) -> None:
+async def barrier(nc: _NatsClient, timeout: int = 5, *, internals: bool = True) -> None:
     """Return once the server has processed everything this client sent so far.
 
-    nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of commands
-    still in the client's buffer, so its PONG alone does not prove that a SUB sent just
-    before is in place (seen as "no responders" from another connection right after, and
-    as a subscription the server read after another connection's publishes). The buffer
-    is written first here (nats-py's flusher, waited for), then the PING follows it.
+    nats-py's ``flush()`` writes its PING straight to the socket, ahead of commands still
+    in the client's buffer, so its PONG alone does not prove that a SUB sent just before
+    is in place (seen as "no responders" from another connection right after, and as a
+    subscription the server read after another connection's publishes). The buffer is
+    written first here (nats-py's flusher, waited for), then the PING follows it.
+
+    Without ``internals``: two flushes. The flusher task, woken by the buffered commands
+    before the first PING went out, runs before that PING's PONG can be read, so the
+    second PING follows everything buffered.
     """
+    if not internals:
+        await nc.flush(timeout=timeout)
+        await nc.flush(timeout=timeout)
+        return
     if nc._pending_data_size:
         await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
     await nc.flush(timeout=timeout)

@@ -83,31 +83,7 @@ class Stream:
         ``new_only``) in order; then, with ``follow``, new ones as they arrive. With
         ``headers_only`` the server sends their headers alone (``data`` is empty; ``get``
         fetches a message's data by its sequence)."""
-        if new_only:
-            policy, start = DeliverPolicy.NEW, None
-        elif since is not None:
-            policy = DeliverPolicy.BY_START_TIME
-            start = datetime.datetime.fromtimestamp(since, tz=datetime.UTC)
-        else:
-            policy, start = DeliverPolicy.ALL, None
-        started = time.monotonic()
-        try:
-            sub = await self._denials.guard(
-                self._js.subscribe(
-                    subject,
-                    stream=self.name,
-                    ordered_consumer=True,
-                    deliver_policy=policy,
-                    config=ConsumerConfig(opt_start_time=start) if start else None,
-                    headers_only=headers_only or None,
-                ),
-                f"read {self.name}",
-                api_refusal_of("CONSUMER.CREATE", self.name),
-            )
-        except PermissionDenied:
-            raise
-        except Exception as exc:
-            raise self._denials.explain(exc, f"read {self.name}", started) from exc
+        sub = await self._subscribe(subject, since, new_only, headers_only)
         try:
             if new_only and not follow:
                 return
@@ -136,6 +112,36 @@ class Stream:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _subscribe(
+        self, subject: str, since: float | None, new_only: bool, headers_only: bool
+    ) -> Any:
+        """An ordered consumer of ``subject`` from where ``read`` starts."""
+        if new_only:
+            policy, start = DeliverPolicy.NEW, None
+        elif since is not None:
+            policy = DeliverPolicy.BY_START_TIME
+            start = datetime.datetime.fromtimestamp(since, tz=datetime.UTC)
+        else:
+            policy, start = DeliverPolicy.ALL, None
+        started = time.monotonic()
+        try:
+            return await self._denials.guard(
+                self._js.subscribe(
+                    subject,
+                    stream=self.name,
+                    ordered_consumer=True,
+                    deliver_policy=policy,
+                    config=ConsumerConfig(opt_start_time=start) if start else None,
+                    headers_only=headers_only or None,
+                ),
+                f"read {self.name}",
+                api_refusal_of("CONSUMER.CREATE", self.name),
+            )
+        except PermissionDenied:
+            raise
+        except Exception as exc:
+            raise self._denials.explain(exc, f"read {self.name}", started) from exc
 
     async def get(self, seq: int) -> bytes:
         """The data of the message stored as ``seq``."""
