@@ -86,11 +86,14 @@ async def subscribe_inline(
 
     sub = await nc.subscribe(subject, queue=queue, cb=_cb, pending_msgs_limit=65536)
     if inline:
-        task = sub._wait_for_msgs_task
+        # untyped: nats-py declares its task attribute only as the None it starts as, and
+        # compiled code would check every value read from it against that
+        internal: Any = sub
+        task = internal._wait_for_msgs_task
         if task is not None:
             task.cancel()  # not started yet: it never takes a message
-        sub._wait_for_msgs_task = None
-        sub._pending_queue = InlineDelivery(sub, deliver)  # type: ignore[assignment]
+        internal._wait_for_msgs_task = None
+        internal._pending_queue = InlineDelivery(sub, deliver)
     return sub
 
 
