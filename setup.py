@@ -35,7 +35,8 @@ COMPILED = [
     "reach/routing.py",
     "reach/serving.py",
     "reach/telemetry.py",
-    "reach/wire.py",
+    "reach/transport/mux.py",
+    "reach/transport/natsio.py",
 ]
 
 

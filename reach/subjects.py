@@ -26,7 +26,7 @@ KEY_ROTATE = f"{PREFIX}.auth.rotate"
 REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 
 #: where an agent may publish its replies on a secured fabric: the call-reply subjects of a
-#: client's inbox, ``_INBOX.<client_id>.r.<base>.<token>`` (see ``reach.wire``), and no
+#: client's inbox, ``_INBOX.<client_id>.r.<base>.<token>`` (see ``reach.transport.mux``), and no
 #: other subject of anyone's inbox
 CALL_REPLIES = "_INBOX.*.r.*.*"
 

@@ -18,12 +18,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, RePublish
 
-from reach import kvfollow
 from reach.security import natsconf
 from reach.security.callout import AuthCallout, Permissions, decode_jwt, encode_jwt
 from reach.security.callout import permissions_for as perms_for
 from reach.testing import NatsServer
-from reach.transport import Connection, connect
+from reach.transport import Connection, connect, kvfollow
 
 SECRET = "s3cret-value"
 
@@ -524,7 +523,7 @@ async def test_caller_reads_the_registry_but_cannot_write_it(
     js = app.nc.jetstream()
     view = await js.key_value("REACH_REGISTRY")
     assert (await view.get("agent.agent-a")).value == b"v1"
-    # followed by a scan and the republished changes, no consumer (reach.kvfollow)
+    # followed by a scan and the republished changes, no consumer (reach.transport.kvfollow)
     follow = kvfollow.follow(app.nc, "REACH_REGISTRY", ">", asyncio.Event())
     first = await anext(follow)
     assert first is not None

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from reach.errors import PermissionDenied
-from reach.transport import Denials, _api_refusal_of, _refusal_of
+from reach.transport.denials import Denials, api_refusal_of, refusal_of
 
 REFUSED_PROBE = 'nats: permissions violation for publish to "reach.v1.probe.a-1"'
 REFUSED_READ = (
@@ -22,7 +22,7 @@ async def test_a_refusal_of_its_subject_ends_the_operation_at_once() -> None:
     denials = Denials()
     never = asyncio.Event()
     guarded = asyncio.create_task(
-        denials.guard(never.wait(), "probe a-1", _refusal_of("reach.v1.probe.a-1"))
+        denials.guard(never.wait(), "probe a-1", refusal_of("reach.v1.probe.a-1"))
     )
     await asyncio.sleep(0)
     denials.add(REFUSED_PROBE)
@@ -40,7 +40,7 @@ async def test_other_refusals_leave_it_alone() -> None:
         return "read"
 
     guarded = asyncio.create_task(
-        denials.guard(read(), "read", _api_refusal_of("CONSUMER.CREATE", "REACH_AUDIT"))
+        denials.guard(read(), "read", api_refusal_of("CONSUMER.CREATE", "REACH_AUDIT"))
     )
     await asyncio.sleep(0)
     denials.add(REFUSED_PROBE)  # another subject
@@ -55,7 +55,7 @@ async def test_a_read_is_ended_by_the_refusal_of_its_consumer() -> None:
     denials = Denials()
     guarded = asyncio.create_task(
         denials.guard(
-            asyncio.Event().wait(), "read", _api_refusal_of("CONSUMER.CREATE", "REACH_AUDIT")
+            asyncio.Event().wait(), "read", api_refusal_of("CONSUMER.CREATE", "REACH_AUDIT")
         )
     )
     await asyncio.sleep(0)
@@ -67,7 +67,7 @@ async def test_a_read_is_ended_by_the_refusal_of_its_consumer() -> None:
 async def test_a_cancel_from_outside_stays_a_cancel() -> None:
     denials = Denials()
     guarded = asyncio.create_task(
-        denials.guard(asyncio.Event().wait(), "probe", _refusal_of("reach.v1.probe.a-1"))
+        denials.guard(asyncio.Event().wait(), "probe", refusal_of("reach.v1.probe.a-1"))
     )
     await asyncio.sleep(0)
     guarded.cancel()
@@ -89,7 +89,7 @@ async def test_its_own_errors_and_results_pass_through() -> None:
     async def answers() -> int:
         return 7
 
-    refuses = _refusal_of("reach.v1.probe.a-1")
+    refuses = refusal_of("reach.v1.probe.a-1")
     with pytest.raises(TimeoutError, match="no reply"):
         await denials.guard(fails(), "probe", refuses)
     with pytest.raises(asyncio.CancelledError):

@@ -1,4 +1,4 @@
-"""Following a public KV bucket without a JetStream consumer (reach.kvfollow): a scan by
+"""Following a public KV bucket without a JetStream consumer (reach.transport.kvfollow): a scan by
 batched direct gets, then the changes the server republishes."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
-from reach import kvfollow
-from reach.kvfollow import KVEntry
 from reach.testing import NatsServer
-from reach.transport import Connection, KVBucket, connect
+from reach.transport import Connection, KVBucket, connect, kvfollow
+from reach.transport.kvfollow import KVEntry
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from reach import link, subjects
+from reach import subjects
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.embedded import free_port
@@ -32,7 +32,7 @@ from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
 from reach.settings import resolve_reconnect_for
 from reach.testing import NatsServer
-from reach.transport import Connection, connect
+from reach.transport import Connection, connect, link
 
 from .calls_helpers import Behaviour, capability, make_agent
 from .conftest import Fabric

@@ -40,9 +40,9 @@ from typing import Any
 
 from reach import subjects
 from reach.errors import ReachError
-from reach.kvfollow import republish_prefix
 from reach.security import natsconf
 from reach.transport import Connection, Message, Subscription
+from reach.transport.kvfollow import republish_prefix
 
 __all__ = [
     "AUTH_SUBJECT",
@@ -166,7 +166,7 @@ def _js_read(bucket: str) -> list[str]:
 
 
 def _kv_follow(bucket: str) -> str:
-    """Where a reader of the public bucket b hears of its changes (reach.kvfollow)."""
+    """Where a reader of the public bucket b hears of its changes (reach.transport.kvfollow)."""
     return f"{republish_prefix(bucket)}.>"
 
 

@@ -1,10 +1,9 @@
-"""The call path's wire: what each request and reply costs on the way through nats-py.
+"""Request/reply for the call path: one inbox subscription, unguessable reply tokens, one
+timer for every request in flight, and batches.
 
-Messages go to a handler as soon as the connection's reader parses them (no task hop),
-publishes go straight to the socket when it is quiet, one inbox subscription and one
-timer serve every request in flight, and requests (and replies) to one subject in one
-turn of the event loop travel as one batch. ``reach.transport`` builds a connection on
-these; nothing else uses them directly.
+Requests (and replies) to one subject in one turn of the event loop travel as one
+message (``reach.envelope`` "Batch") while others are in flight. Publishes and
+subscriptions go through ``natsio``.
 """
 
 from __future__ import annotations
@@ -13,74 +12,25 @@ import asyncio
 import heapq
 import logging
 import os
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as _NatsClient
 from nats.aio.msg import Msg as _NatsMsg
-from nats.aio.subscription import Subscription as _NatsSubscription
-from nats.protocol.command import pub_cmd as _pub_cmd
 
 from reach import envelope
 from reach.errors import ReachError
-from reach.tasks import step_now
+from reach.transport.natsio import Writer, barrier, subscribe_inline
 
-__all__ = ["ReplyBatch", "ReplyMux", "Writer", "barrier", "batch_bytes", "subscribe_inline"]
+__all__ = [
+    "CALL_REPLY_MARK",
+    "ReplyBatch",
+    "ReplyMux",
+    "ReplyTokens",
+    "batch_bytes",
+    "call_reply_base",
+]
 
 log = logging.getLogger("reach.transport")
-
-
-class InlineDelivery:
-    """Stands in for a nats-py subscription's pending queue: each message goes to
-    ``deliver`` as soon as the connection's reader task has parsed it.
-
-    nats-py queues every message for a task of the subscription's own; that hop (a queue
-    put, a task wake-up, one more trip through the event loop) is several µs per message,
-    paid once on each side of every call. ``deliver`` must not block and should not raise
-    (an exception is logged and the message dropped, the connection keeps reading).
-    """
-
-    __slots__ = ("_deliver", "_sub")
-
-    def __init__(self, sub: _NatsSubscription, deliver: Callable[[_NatsMsg], None]) -> None:
-        self._sub = sub
-        self._deliver = deliver
-
-    def put_nowait(self, msg: _NatsMsg) -> None:
-        self._sub._pending_size -= len(msg.data)  # nats-py counted it as queued
-        try:
-            self._deliver(msg)
-        except Exception:
-            log.exception("handler of %s failed", msg.subject)
-
-    # what nats-py asks of a pending queue besides put_nowait: it is always empty
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        pass
-
-    async def join(self) -> None:
-        return None
-
-
-async def subscribe_inline(
-    nc: _NatsClient, subject: str, deliver: Callable[[_NatsMsg], None], queue: str = ""
-) -> _NatsSubscription:
-    async def _cb(msg: _NatsMsg) -> None:  # only if this nats-py has no pending queue
-        deliver(msg)
-
-    sub = await nc.subscribe(subject, queue=queue, cb=_cb, pending_msgs_limit=65536)
-    task = getattr(sub, "_wait_for_msgs_task", None)
-    if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue) and task is not None:
-        task.cancel()  # not started yet: it never takes a message
-        sub._wait_for_msgs_task = None
-        sub._pending_queue = InlineDelivery(sub, deliver)  # type: ignore[assignment]
-    return sub
 
 
 #: a batch of requests to one subject is sent once it holds this many (or this many bytes);
@@ -90,16 +40,6 @@ _BATCH_ITEMS = 16
 _BATCH_BYTES = 64 * 1024
 #: what a request adds to a batch besides its bytes: its token and msgpack framing
 _ITEM_OVERHEAD = 24
-
-
-#: publishes that had to wait for the outgoing buffer to drain, kept until they are done
-_finishing: set[asyncio.Task[None]] = set()
-
-
-#: where replies may go: clients' inboxes (nats-py's ``_INBOX``, ``_INBOX.<client_id>`` on
-#: a secured fabric) and nats-server's own (an auth callout request's)
-REPLY_PREFIXES = ("_INBOX.", "$SYS._INBOX.")
-
 
 #: the token after a client's inbox prefix that marks the reply subjects of its requests:
 #: ``<inbox prefix>.r.<base>.<token>``. On a secured fabric agents may publish only there
@@ -138,110 +78,6 @@ class ReplyTokens:
         return self._pool[pos : pos + _TOKEN_BYTES].hex()
 
 
-def _run_now(coro: Coroutine[Any, Any, Any]) -> None:
-    """Run a nats-py coroutine from synchronous code; its errors (first step) are raised."""
-    task = step_now(coro)
-    if task is not None:  # the outgoing buffer was full: a flush is under way
-        _finishing.add(task)
-        task.add_done_callback(_finishing.discard)
-
-
-class Writer:
-    """The call path's publishes: written to the socket by this module, not nats-py's flusher.
-
-    nats-py queues a publish for its flusher task, which writes on a later turn of the
-    event loop, through a queue, a future and a task step each time. On the call path that
-    is a turn of latency per message. Here a message goes out at once when the connection
-    is otherwise quiet (the first write of this turn, nothing queued before it: order is
-    kept); what follows in the same turn is queued in nats-py's own buffer and written in
-    one piece at the end of the turn. Anything unusual (disconnected, a message over
-    max_payload, a socket that is not keeping up, a transport without a stream writer)
-    takes nats-py's path, with its errors, buffering and flow control.
-    """
-
-    __slots__ = ("_nc", "_turn")
-
-    def __init__(self, nc: _NatsClient) -> None:
-        self._nc = nc
-        #: a write happened (or is queued) in this turn; the turn's end writes the rest
-        self._turn = False
-
-    def _socket(self, size: int) -> Any:
-        """The asyncio transport to write to now, or None (use nats-py's publish)."""
-        nc = self._nc
-        if not nc.is_connected or size > nc._max_payload:
-            return None
-        transport = getattr(getattr(nc._transport, "_io_writer", None), "transport", None)
-        if transport is None or transport.get_write_buffer_size():
-            return None  # the socket is behind: nats-py's flusher drains it
-        return transport
-
-    def publish(self, subject: str, data: bytes, reply: str = "", *, now: bool = True) -> None:
-        """Publish from synchronous code; nats-py's errors are raised. ``now=False``: with
-        the rest of this turn's messages, even if it would be the first."""
-        nc = self._nc
-        transport = self._socket(len(data))
-        if transport is None:
-            _run_now(nc.publish(subject, data, reply=reply))
-            return
-        cmd = _pub_cmd(subject, reply, data)
-        stats = nc.stats
-        stats["out_msgs"] += 1
-        stats["out_bytes"] += len(data)
-        if now and not self._turn and not nc._pending_data_size:
-            transport.write(cmd)
-        else:
-            nc._pending.append(cmd)
-            nc._pending_data_size += len(cmd)
-        if not self._turn:
-            self._turn = True
-            asyncio.get_running_loop().call_soon(self._end_turn)
-
-    def respond(self, reply: str, data: bytes, *, now: bool = True) -> None:
-        """Answer a request on its ``reply`` subject (none: nothing to do). A reply that
-        cannot go out is logged and dropped: the caller times out and retries elsewhere,
-        the responder keeps going. ``now`` as for ``publish``."""
-        if not reply:
-            return
-        if not reply.startswith(REPLY_PREFIXES):
-            # NATS does not check a request's reply subject, and a responder may publish to
-            # it: "$JS.API.STREAM.PURGE.…" as a reply would purge a stream with the
-            # responder's rights. Replies go to inboxes, never anywhere else.
-            log.warning("refused to reply on %r: not an inbox", reply[:200])
-            return
-        try:
-            self.publish(reply, data, now=now)
-        except Exception as exc:
-            log.debug("could not reply on %s: %s", reply, exc)
-
-    def _end_turn(self) -> None:
-        self._turn = False
-        nc = self._nc
-        if not nc._pending_data_size:
-            return
-        transport = self._socket(0)
-        if transport is None:
-            _run_now(nc._flush_pending())  # nats-py's flusher writes (or buffers) them
-            return
-        transport.writelines(nc._pending)
-        nc._pending = []
-        nc._pending_data_size = 0
-
-
-async def barrier(nc: _NatsClient, timeout: int = 5) -> None:
-    """Return once the server has processed everything this client sent so far.
-
-    nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of commands
-    still in the client's buffer, so its PONG alone does not prove that a SUB sent just
-    before is in place (seen as "no responders" from another connection right after, and
-    as a subscription the server read after another connection's publishes). The buffer
-    is written first here (nats-py's flusher, waited for), then the PING follows it.
-    """
-    if nc._pending_data_size:
-        await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
-    await nc.flush(timeout=timeout)
-
-
 def batch_bytes(nc: _NatsClient) -> int:
     """The most a batch may carry: well under the server's max_payload."""
     return min(_BATCH_BYTES, int(nc.max_payload) // 2)
@@ -268,8 +104,9 @@ class ReplyMux:
     reply tokens, one timer for all requests (a heap of their deadlines), and batching.
 
     nats-py's ``request`` pays for a NUID, ``asyncio.wait_for`` and its bookkeeping on
-    every call; measured side by side at 128 in flight this mux answered about twice as
-    many requests per second. "No responders" (a 503 status reply) is reported the same.
+    every call; this pays for a dictionary entry and a heap push. "No responders" (a 503
+    status reply) is reported the same. It uses nats-py's public API alone when its
+    ``Writer`` does (``subscribe_inline`` and ``barrier`` then take nats-py's own paths).
 
     Batching: while other requests are in flight, the requests to a subject in a turn of
     the event loop wait for the end of the turn, to travel as one message
@@ -306,8 +143,9 @@ class ReplyMux:
             if self._base:
                 return
             base = call_reply_base(self._inbox_prefix)
-            await subscribe_inline(self._nc, base + ".*", self._on_reply)
-            await barrier(self._nc)
+            internals = self._writer.internals
+            await subscribe_inline(self._nc, base + ".*", self._on_reply, inline=internals)
+            await barrier(self._nc, internals=internals)
             self._base = base + "."
 
     def _on_reply(self, msg: _NatsMsg) -> None:
