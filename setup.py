@@ -45,8 +45,18 @@ def _extensions() -> list[Any]:
         return []
     from mypyc.build import mypycify  # only needed here: the build's own dependency
 
-    # one shared library inside the package (reach/_native__mypyc…so), not at top level
-    return list(mypycify(COMPILED, opt_level="3", group_name="reach._native"))
+    print(f"mypyc: type-checking and generating C for {len(COMPILED)} modules", flush=True)
+    # one shared library inside the package (reach/_native__mypyc…so), not at top level,
+    # its C split into a file per module so that `build_ext --parallel` compiles them at
+    # once (mypyc writes the group's headers under build/reach/ and includes them by
+    # bare name)
+    extensions = list(
+        mypycify(COMPILED, opt_level="3", group_name="reach._native", multi_file=True)
+    )
+    for extension in extensions:
+        extension.include_dirs.append(os.path.join("build", "reach"))
+    print("mypyc: compiling the C (one gcc per module, in parallel)", flush=True)
+    return extensions
 
 
 setup(ext_modules=_extensions())

@@ -21,7 +21,7 @@ import pytest
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.fabric import Fabric as ReachFabric
-from reach.native import stale_message
+from reach.native import compiled_modules, stale_message
 from reach.registry import Registrar, RegistrarConfig
 from reach.security.issuer import TokenService
 from reach.testing import NatsServer
@@ -43,6 +43,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     stale = stale_message()
     if stale is not None:
         pytest.exit(stale, returncode=4)
+    # `make test` runs the suite on each build: it says which one it means to test
+    expected = os.environ.get("REACH_TEST_BUILD")
+    running = "compiled" if "reach.client" in compiled_modules() else "pure"
+    if expected is not None and expected != running:
+        pytest.exit(
+            f"REACH_TEST_BUILD={expected} but the {running} build of reach was imported"
+            f" (from {Path(sys.modules['reach'].__file__ or '').parent})",
+            returncode=4,
+        )
 
 
 def manifest(

@@ -273,7 +273,7 @@ class RouteCache:
         if wanted and capability is not None:
             candidates = list(self.for_capability(capability, wanted))
         elif wanted:
-            pairs = set.intersection(*(self._by_tag.get(t, set()) for t in wanted))
+            pairs = set.intersection(*[self._by_tag.get(t, set()) for t in wanted])
             ids = {agent_id for agent_id, _ in pairs}
             candidates = [self._instances[i][0] for i in ids if i in self._instances]
         elif capability is not None:
