@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean
+.PHONY: test test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +48,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy bench
 
 pytest: $(NATIVE)
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long"
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke"
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled
 # build's: the call path's tests (calls, codec, contract, audit, routing, resilience) run
@@ -67,12 +67,17 @@ pytest-pure: $(STAMP)
 	PYTHONPATH=$(PURE) REACH_TEST_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider \
 		--import-mode=append $(PURE_TESTS)
 
-# The longer fault scenarios (tests/faults, marker faults_long; about 3 minutes on 2
-# cores): kept out of `make test` so that it stays under 15 minutes; CI runs both.
-test-faults: $(NATIVE)
-	$(BIN)/pytest -q -m faults_long
+# The longer tests, kept out of `make test` so that it stays under 15 minutes on 2
+# cores; CI runs them after it (about 8 minutes): the pure-Python build's call-path
+# tests, the fault scenarios (tests/faults, marker faults_long) and the benchmarks'
+# end-to-end smoke runs (marker bench_smoke).
+test-long: pytest-pure test-faults
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
 
-test: lint typecheck pytest-pure pytest
+test-faults: $(NATIVE)
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long
+
+test: lint typecheck pytest
 
 demo: $(NATIVE)
 	$(BIN)/reach demo

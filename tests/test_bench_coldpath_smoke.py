@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.coldpath import pieces
+
+#: CI runs these after `make test` (`make test-long`)
+pytestmark = pytest.mark.bench_smoke
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,6 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+#: CI runs these after `make test` (`make test-long`)
+pytestmark = pytest.mark.bench_smoke
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

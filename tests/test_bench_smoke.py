@@ -18,6 +18,9 @@ import pytest
 from bench.report import percentile, spread
 from bench.stacks import STACKS, UNAVAILABLE
 
+#: CI runs these after `make test` (`make test-long`)
+pytestmark = pytest.mark.bench_smoke
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: stacks of frameworks installed by the `bench` extra, not by the project itself

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.bench_smoke, pytest.mark.timeout(180)]
 
 
 def test_faults_bench_runs_a_scenario_and_writes_the_json_and_the_table(tmp_path: Path) -> None:
