@@ -7,7 +7,7 @@ import asyncio
 import time
 from typing import Any
 
-from reach.audit.alerts import AlertWatcher
+from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.events import CallEvent, attempt
 
 

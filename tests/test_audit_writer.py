@@ -382,7 +382,7 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
     """A notable batch whose rows cannot be fetched (gone by retention, no answer) is
     skipped; the watcher goes on with the next batch instead of resubscribing (which
     would miss what is published meanwhile)."""
-    from reach.audit.alerts import AlertWatcher
+    from reach.audit.alert_watcher import AlertWatcher
     from reach.errors import ReachTimeout
     from reach.transport import Stream
 

@@ -1,6 +1,7 @@
 """Audit events and alerts: what the fabric did, and what an operator should look at."""
 
-from reach.audit.alerts import Alert, AlertEngine, AlertRules, AlertWatcher
+from reach.audit.alert_watcher import AlertWatcher
+from reach.audit.alerts import Alert, AlertEngine, AlertRules
 from reach.audit.events import error_class
 from reach.audit.reader import AuditFilter, format_event, read_events
 from reach.audit.records import AuditAttempt, AuditEvent
