@@ -35,7 +35,8 @@ def test_the_design_entry_points_are_exported() -> None:
 
 
 def test_every_public_name_is_the_object_of_the_module_it_comes_from() -> None:
-    packages = [reach] + [importlib.import_module(f"reach.{sub}") for sub in ("audit", "registry")]
+    subpackages = ("audit", "registry", "security")
+    packages = [reach] + [importlib.import_module(f"reach.{sub}") for sub in subpackages]
     for package in packages:
         exports: dict[str, str] = vars(package)["_EXPORTS"]
         assert set(exports) == set(package.__all__), package.__name__
