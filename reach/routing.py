@@ -1,4 +1,4 @@
-"""Scored instance choice (DESIGN.md, "Routing").
+"""Scored instance choice (docs/architecture.md, "Routing score").
 
 ::
 

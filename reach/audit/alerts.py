@@ -1,6 +1,7 @@
 """Alert rules over the audit stream and the registry, written to REACH_ALERTS.
 
-Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
+Rules (README.md lists them under "Operations"; every threshold is an :class:`AlertRules`
+field):
 
 * ``retry_storm`` — one caller retried one callee more than 10 times within a minute
   (a retry is counted against the instance whose failed attempt was retried);
