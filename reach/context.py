@@ -27,7 +27,7 @@ class CallContext:
 
 class _Pending:
     """A call's fields, made into a CallContext only when someone asks for it: most
-    handlers never do, and building a frozen dataclass costs about a µs per call."""
+    handlers never do, and building a frozen dataclass on every call would cost them all."""
 
     __slots__ = ("_ctx", "args")
 

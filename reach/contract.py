@@ -2,8 +2,8 @@
 
 ``compile_schema`` turns a capability's ``input_schema``/``output_schema`` into a
 ``Validator`` once. A payload is checked by jsonschema-rs (compiled Rust, Draft 2020-12,
-every keyword) in under a microsecond for a typical request; only when it says no does
-jsonschema (Python) look at the payload, to word the error or to disagree::
+every keyword) on every call; only when it says no does jsonschema (Python) look at the
+payload, to word the error or to disagree::
 
     validator = compile_schema(capability.input_schema)   # once, cached by canonical JSON
     validator.validate(payload)   # ContractError("items[2].n: must be >= 0, got -1")

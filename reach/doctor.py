@@ -1,4 +1,4 @@
-"""``reach doctor``: the troubleshooting order of DESIGN.md, walked step by step.
+"""``reach doctor``: the troubleshooting order of docs/architecture.md, walked step by step.
 
 1. registry — does the target exist, is it healthy, why was it marked down?
 2. route log — which instances did calls go to, with what score, any retries?

@@ -92,8 +92,9 @@ def _semver(value: str) -> str:
 
 
 #: schemas already checked, by canonical JSON: every registry record carries its
-#: capabilities' schemas, and checking one against the meta-schema costs about 0.5-1 ms —
-#: per record decoded, by every route cache, on every heartbeat, without this memo
+#: capabilities' schemas, and checking one against the meta-schema costs more than the
+#: rest of decoding the record — per record decoded, by every route cache, on every
+#: heartbeat, without this memo
 _CHECKED_SCHEMAS: dict[str, None] = {}
 _CHECKED_MAX = 4096
 

@@ -1,6 +1,6 @@
 """A base for the small value classes built on every call (``RequestMeta``,
 ``CallResult``): plain classes rather than dataclasses, because compiled (``make build``)
-their constructors cost a tenth of a dataclass's, with the equality and the repr a
+their constructors cost much less than a dataclass's, with the equality and the repr a
 dataclass would give them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scored instance choice (DESIGN.md, "Routing").
+"""Scored instance choice (docs/architecture.md, "Routing score").
 
 ::
 
@@ -39,7 +39,8 @@ __all__ = [
 _T = TypeVar("_T")
 
 #: up to this many candidates are all ranked; beyond, a random sample of RANK_SAMPLE is
-#: (scoring costs about half a µs per candidate: 10,000 of one capability would cost ms)
+#: (scoring costs the same for every candidate: thousands of instances of one capability
+#: would cost every call more than the rest of it)
 RANK_ALL = 16
 RANK_SAMPLE = 8
 

@@ -4,11 +4,10 @@ A registrar (and a caller whose route cache holds thousands of instances) replac
 registry record per heartbeat: at 10,000 instances heartbeating every 5 s, 2,000 records
 a second, each a few dozen objects the cyclic garbage collector tracks. A record lives
 one heartbeat interval, long enough to reach the collector's oldest generation, so with
-Python's default thresholds a full collection comes about once a second, and each walks
-every object of every record (about 0.5 s at 10,000 instances on a 2-core test machine):
-measured in a registrar under that load, full collections took 6.8 s of every 15 s of
-its CPU and it fell behind. Records hold no reference cycles, and reference counting
-frees them the moment they are replaced: what full collections find there is nothing.
+Python's default thresholds full collections come often, and each walks every object of
+every record: under that load a registrar spends a large share of its CPU on them and
+falls behind. Records hold no reference cycles, and reference counting frees them the
+moment they are replaced: what full collections find there is nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Final
 __all__ = ["REGISTRY_GC_THRESHOLD", "tune_gc"]
 
 #: a full collection after this many collections of the middle generation (Python's
-#: default is 10): about once a minute instead of once a second under 2,000 records/s
+#: default is 10): a hundred times rarer
 REGISTRY_GC_THRESHOLD: Final = 1000
 
 

@@ -1,4 +1,5 @@
-"""Subject, bucket and stream names: the wire contract of DESIGN.md's Interfaces section."""
+"""Subject, bucket and stream names: the wire contract (docs/architecture.md, "Subjects,
+buckets and streams"; the messages in schemas/)."""
 
 from __future__ import annotations
 

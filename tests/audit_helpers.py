@@ -1,13 +1,14 @@
-"""Shared by the audit tests: audit events with sensible defaults, and waiting for the
-alert watcher to fire."""
+"""Shared by the audit tests: audit events with sensible defaults, and waiting for a
+condition (the alert watcher to fire, a line to be logged)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
-from reach.audit.alerts import AlertWatcher
+from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.events import CallEvent, attempt
 
 
@@ -39,8 +40,14 @@ def event(n: int, capability: str = "echo", **fields: Any) -> CallEvent:
     return make_event(**{**values, **fields})
 
 
-async def until_fired(watcher: AlertWatcher, timeout: float = 10.0) -> None:
-    """Wait until the watcher has fired an alert (it has no event to wait on)."""
+async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds, for what has no event to wait on (TimeoutError
+    after ``timeout``)."""
     async with asyncio.timeout(timeout):
-        while not watcher.fired:  # noqa: ASYNC110 - polled, bounded by the timeout
+        while not condition():  # noqa: ASYNC110 - polled, bounded by the timeout
             await asyncio.sleep(0.02)
+
+
+async def until_fired(watcher: AlertWatcher, timeout: float = 10.0) -> None:
+    """Wait until the watcher has fired an alert."""
+    await until(lambda: watcher.fired, timeout)

@@ -11,7 +11,7 @@ import pytest
 
 from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, ensure_streams
-from reach.audit.alerts import AlertWatcher
+from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.batch import RowSummary, encode_notice
 from reach.audit.records import AuditNotice, decode_batch, decode_notice
 from reach.errors import ReachTimeout

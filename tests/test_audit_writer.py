@@ -17,7 +17,10 @@ from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ReachError
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
-from tests.audit_helpers import event, until_fired
+from tests.audit_helpers import event, until, until_fired
+
+#: what the writer logs once an outage keeps it from writing (reach.audit.writer)
+HOLDING = f"cannot write to {subjects.AUDIT_STREAM} yet, holding"
 
 
 async def count_events(conn: Connection, flt: AuditFilter | None = None) -> list[AuditEvent]:
@@ -79,7 +82,7 @@ async def test_events_are_batched_per_capability_and_read_back_with_filters(
 
 
 async def test_events_survive_a_nats_restart_and_none_is_written_twice(
-    nats_server: NatsServer,
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     conn = await connect([nats_server.url], name="writer")
     await ensure_streams(conn)
@@ -93,7 +96,8 @@ async def test_events_survive_a_nats_restart_and_none_is_written_twice(
         # recorded while NATS is away: held, not lost (the call path never waits)
         for n in range(100, 400):
             writer.record(event(n))
-        await asyncio.sleep(0.5)
+        # the writer tries, and says it holds them until the stream acks
+        await until(lambda: any(HOLDING in r.getMessage() for r in caplog.records))
         assert writer.pending >= 300
         await asyncio.to_thread(nats_server.start_now)
         await asyncio.wait_for(writer.flush(), 30)
@@ -241,9 +245,7 @@ async def test_a_full_batch_goes_at_once_and_a_young_one_waits_for_company(
     writer = AuditWriter(conn, WriterConfig(flush_interval=30.0, batch_max=5))
     await writer.start()
     writer.record_all([event(n) for n in range(5)] + [event(n, "report") for n in (5, 6)])
-    async with asyncio.timeout(10):
-        while writer.written < 5:  # noqa: ASYNC110 - the writer has no event to wait on
-            await asyncio.sleep(0.01)
+    await until(lambda: writer.written >= 5)
     assert writer.pending == 2  # the report batch is not due for 30 s: no tiny message
     stream = await conn.stream(subjects.AUDIT_STREAM)
     assert [m.subject async for m in stream.read()] == [subjects.audit("echo", subjects.ANONYMOUS)]
@@ -340,7 +342,7 @@ async def test_follow_yields_live_events(conn: Connection) -> None:
                 return
 
     task = asyncio.create_task(tail())
-    await asyncio.sleep(0.2)
+    await until(lambda: seen)  # the history is read: what is written now comes live
     writer.record(event(1))
     writer.record(event(2))
     await asyncio.wait_for(task, 10)
@@ -382,7 +384,7 @@ async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_nex
     """A notable batch whose rows cannot be fetched (gone by retention, no answer) is
     skipped; the watcher goes on with the next batch instead of resubscribing (which
     would miss what is published meanwhile)."""
-    from reach.audit.alerts import AlertWatcher
+    from reach.audit.alert_watcher import AlertWatcher
     from reach.errors import ReachTimeout
     from reach.transport import Stream
 

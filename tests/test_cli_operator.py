@@ -15,9 +15,9 @@ from reach.audit.events import CallEvent
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection
+from tests.audit_helpers import event
 from tests.cli_helpers import run_reach
 from tests.conftest import manifest
-from tests.test_audit_writer import event
 
 
 async def write(conn: Connection, *events: CallEvent) -> None:
@@ -86,6 +86,7 @@ async def test_audit_tail_follows_live_events(
 ) -> None:
     from tests.cli_helpers import REACH
 
+    await write(conn, event(6))  # history
     proc = await asyncio.create_subprocess_exec(
         REACH,
         "audit",
@@ -99,7 +100,9 @@ async def test_audit_tail_follows_live_events(
     )
     try:
         assert proc.stdout is not None
-        await asyncio.sleep(1.0)  # the tail subscribes; new events must still show
+        history = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert json.loads(history)["call_id"] == "c-6"
+        # the tail has read the history: what is written now reaches it live
         await write(conn, event(7), event(8))
         first = await asyncio.wait_for(proc.stdout.readline(), 20)
         second = await asyncio.wait_for(proc.stdout.readline(), 20)

@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 from reach.cli import main
 from reach.schemas import WIRE_SCHEMAS
 
-from .test_models import DESIGN_EXAMPLE
+from .manifest_helpers import MANIFEST_EXAMPLE
 
 BAD_MANIFEST = """\
 agent_name: report_generator
@@ -37,7 +37,7 @@ def write(tmp_path: Path, text: str, name: str = "agent.yaml") -> Path:
 
 
 def test_a_valid_manifest_prints_ok_and_exits_zero(tmp_path: Path) -> None:
-    result = reach("validate", str(write(tmp_path, DESIGN_EXAMPLE)))
+    result = reach("validate", str(write(tmp_path, MANIFEST_EXAMPLE)))
     assert result.exit_code == 0, result.output
     assert result.stdout == "OK: agent-report-gen-001 (1 capability)\n"
 
@@ -145,7 +145,7 @@ def test_a_file_that_is_not_utf8_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_validate_accepts_the_connection_options(tmp_path: Path) -> None:
-    path = write(tmp_path, DESIGN_EXAMPLE)
+    path = write(tmp_path, MANIFEST_EXAMPLE)
     result = reach(
         "validate", str(path), "--servers", "nats://127.0.0.1:1", "--creds", "missing.creds"
     )

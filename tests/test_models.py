@@ -1,4 +1,5 @@
-"""Manifest validation: every rule of DESIGN.md, and errors that name the field."""
+"""Manifest validation: every rule of the manifest (README.md, "Manifest reference"), and
+errors that name the field."""
 
 from __future__ import annotations
 
@@ -11,38 +12,7 @@ import yaml
 from reach.errors import ConfigurationError
 from reach.models import Manifest, parse_manifest
 
-# The manifest example of DESIGN.md's Interfaces section, verbatim.
-DESIGN_EXAMPLE = """\
-agent_id: agent-report-gen-001      # optional: omitted → "<agent_name>-<random>"; unique per live instance
-agent_name: report_generator
-version: 2.3.1
-mode: async                          # sync | async
-capabilities:
-  - name: generate_industry_report   # letters, digits, '_' and '-' (a NATS subject token)
-    description: Structured report for an industry and time range
-    input_schema:                    # JSON Schema
-      type: object
-      properties:
-        industry: {type: string}
-        time_range: {type: string}
-        include_charts: {type: boolean}
-      required: [industry, time_range]
-    output_schema:
-      type: object
-      properties:
-        report_id: {type: string}
-        status: {type: string}
-        download_url: {type: string}
-    tags: [report-generate, industry, analytics]
-    qps: 10
-    latency_sla_ms: 5000
-    security_level: 2                # 1..4
-    idempotent: false
-health:
-  interval_sec: 15
-  timeout_sec: 3
-  failures_before_unhealthy: 2
-"""  # noqa: E501 (verbatim from DESIGN.md)
+from .manifest_helpers import ARCHITECTURE, MANIFEST_EXAMPLE
 
 
 def manifest_data(**overrides: Any) -> dict[str, Any]:
@@ -68,8 +38,8 @@ def errors_of(data: Any) -> list[str]:
     return info.value.errors
 
 
-def test_the_design_example_parses() -> None:
-    manifest = parse_manifest(yaml.safe_load(DESIGN_EXAMPLE))
+def test_the_annotated_example_parses() -> None:
+    manifest = parse_manifest(yaml.safe_load(MANIFEST_EXAMPLE))
     assert manifest.agent_id == "agent-report-gen-001"
     assert manifest.version == "2.3.1"
     assert manifest.mode == "async"
@@ -89,6 +59,10 @@ def test_a_minimal_manifest_gets_the_documented_defaults() -> None:
     assert manifest.health.interval_sec == 15
     assert manifest.health.timeout_sec == 3
     assert manifest.health.failures_before_unhealthy == 2
+
+
+def test_the_example_is_the_architecture_documents() -> None:
+    assert f"```yaml\n{MANIFEST_EXAMPLE}```" in ARCHITECTURE.read_text()
 
 
 def test_capability_defaults_to_the_highest_security_level() -> None:
@@ -311,5 +285,5 @@ def test_configuration_error_message_lists_every_line() -> None:
 
 
 def test_a_manifest_round_trips_through_its_own_dump() -> None:
-    manifest = parse_manifest(yaml.safe_load(DESIGN_EXAMPLE))
+    manifest = parse_manifest(yaml.safe_load(MANIFEST_EXAMPLE))
     assert Manifest.model_validate(manifest.model_dump(mode="json")) == manifest

@@ -1,4 +1,4 @@
-"""Scored routing: the DESIGN.md formula, the latency average, and ranking."""
+"""Scored routing: the formula of docs/architecture.md, the latency average, and ranking."""
 
 from __future__ import annotations
 

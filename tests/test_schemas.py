@@ -26,7 +26,7 @@ from reach.schemas import (
     render_schema,
 )
 
-from .test_models import DESIGN_EXAMPLE
+from .manifest_helpers import MANIFEST_EXAMPLE
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"
 REGENERATE = "run `reach schema export schemas` (or `make schemas`) and commit the result"
@@ -106,9 +106,9 @@ def test_file_names_are_unique() -> None:
 # -- the manifest schema says what the model says --------------------------------------
 
 
-def test_the_design_example_is_valid_against_the_manifest_schema() -> None:
+def test_the_annotated_example_is_valid_against_the_manifest_schema() -> None:
     validator = Draft202012Validator(load_schema("manifest"))
-    assert list(validator.iter_errors(yaml.safe_load(DESIGN_EXAMPLE))) == []
+    assert list(validator.iter_errors(yaml.safe_load(MANIFEST_EXAMPLE))) == []
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_the_design_example_is_valid_against_the_manifest_schema() -> None:
 def test_the_manifest_schema_rejects_what_the_model_rejects(
     change: dict[str, Any], where: str
 ) -> None:
-    data = {**yaml.safe_load(DESIGN_EXAMPLE), **change}
+    data = {**yaml.safe_load(MANIFEST_EXAMPLE), **change}
     errors = list(Draft202012Validator(load_schema("manifest")).iter_errors(data))
     assert ["/".join(str(p) for p in error.absolute_path) for error in errors] == [where]
 

@@ -1,11 +1,21 @@
-"""Audit events and alerts: what the fabric did, and what an operator should look at."""
+"""Audit events and alerts: what the fabric did, and what an operator should look at.
 
-from reach.audit.alerts import Alert, AlertEngine, AlertRules, AlertWatcher
-from reach.audit.events import error_class
-from reach.audit.reader import AuditFilter, format_event, read_events
-from reach.audit.records import AuditAttempt, AuditEvent
-from reach.audit.streams import StreamSettings, ensure_streams
-from reach.audit.writer import AuditWriter, WriterConfig
+The names below are imported on first use: an agent or a client, which import the
+audit writer, do not load the reader, the alert rules and their watcher with it.
+"""
+
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from reach.audit.alert_watcher import AlertWatcher
+    from reach.audit.alerts import Alert, AlertEngine, AlertRules
+    from reach.audit.config import WriterConfig
+    from reach.audit.events import error_class
+    from reach.audit.reader import AuditFilter, format_event, read_events
+    from reach.audit.records import AuditAttempt, AuditEvent
+    from reach.audit.streams import StreamSettings, ensure_streams
+    from reach.audit.writer import AuditWriter
 
 __all__ = [
     "Alert",
@@ -23,3 +33,35 @@ __all__ = [
     "format_event",
     "read_events",
 ]
+
+#: each public name and the module it is imported from
+_EXPORTS: dict[str, str] = {
+    "Alert": "reach.audit.alerts",
+    "AlertEngine": "reach.audit.alerts",
+    "AlertRules": "reach.audit.alerts",
+    "AlertWatcher": "reach.audit.alert_watcher",
+    "AuditAttempt": "reach.audit.records",
+    "AuditEvent": "reach.audit.records",
+    "AuditFilter": "reach.audit.reader",
+    "AuditWriter": "reach.audit.writer",
+    "StreamSettings": "reach.audit.streams",
+    "WriterConfig": "reach.audit.config",
+    "ensure_streams": "reach.audit.streams",
+    "error_class": "reach.audit.events",
+    "format_event": "reach.audit.reader",
+    "read_events": "reach.audit.reader",
+}
+
+if not _typing.TYPE_CHECKING:  # type checkers read the imports above instead
+
+    def __getattr__(name: str) -> object:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'reach.audit' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module), name)
+        globals()[name] = value  # once imported, an attribute like any other
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

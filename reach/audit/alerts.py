@@ -1,6 +1,7 @@
 """Alert rules over the audit stream and the registry, written to REACH_ALERTS.
 
-Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
+Rules (README.md lists them under "Operations"; every threshold is an :class:`AlertRules`
+field):
 
 * ``retry_storm`` — one caller retried one callee more than 10 times within a minute
   (a retry is counted against the instance whose failed attempt was retried);
@@ -12,17 +13,15 @@ Rules (defaults from DESIGN.md, all configurable in :class:`AlertRules`):
   than its memory and spool could hold, or events could not be packed): raised from the
   writer's report (a notice with a ``dropped`` count), one alert per report.
 
-The engine is pure (clock injected); :class:`AlertWatcher` feeds it from the audit
-writers' notices (``reach.v1.audited.<capability>.<writer>``: a batch is stored, its summary, and
-the batch itself from REACH_AUDIT when some rows need a look) and the registry watch,
-and publishes what it returns. Alerts carry a message id derived from
-the rule, its subject and the time bucket, so several watchers (one per registrar) store
-each alert once.
+The engine is pure (clock injected, no I/O);
+:class:`reach.audit.alert_watcher.AlertWatcher` feeds it from the audit writers' notices
+and the registry watch, and publishes what it returns. Alerts carry a message id derived
+from the rule, its subject and the time bucket, so several watchers (one per registrar)
+store each alert once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping
@@ -34,19 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
 from reach.audit.batch import decode_raw, read_counts
-from reach.audit.records import decode_notice
 from reach.clock import Clock, system_clock
-from reach.errors import ConfigurationError, ReachError
+from reach.errors import ConfigurationError
 from reach.models import Instance
-from reach.tasks import cancel_and_wait
-from reach.transport import Connection, Message, Stream, Subscription
 
 __all__ = [
     "RULES",
     "Alert",
     "AlertEngine",
     "AlertRules",
-    "AlertWatcher",
     "decode_alert",
     "encode_alert",
 ]
@@ -64,8 +59,6 @@ _K = TypeVar("_K")
 MAX_TRACKED = 10_000
 #: how often windows that emptied are forgotten
 PRUNE_EVERY_SEC = 10.0
-#: alerts an AlertWatcher keeps in ``fired``
-FIRED_KEPT = 1000
 
 
 class Alert(BaseModel):
@@ -417,109 +410,3 @@ def _caller_of(event: Mapping[str, Any], writer: str | None) -> str | None:
     if writer is None or writer in ("", subjects.ANONYMOUS):
         return str(event.get("caller_agent") or caller or subjects.ANONYMOUS)
     return writer if caller == writer else None
-
-
-class AlertWatcher:
-    """Runs the engine on live audit events and registry changes; publishes alerts.
-
-    Registry changes come from whoever already watches the registry (the registrar)
-    through :meth:`registry_changed`, so no record is decoded twice in one process.
-    """
-
-    def __init__(
-        self, conn: Connection, rules: AlertRules | None = None, clock: Clock = system_clock
-    ) -> None:
-        self._conn = conn
-        self.engine = AlertEngine(rules, clock)
-        self._sub: Subscription | None = None
-        self._publishing: set[asyncio.Task[None]] = set()
-        self._alerts: Stream | None = None
-        self._audit: Stream | None = None
-        #: the alerts this watcher raised, the latest ``FIRED_KEPT``
-        self.fired: deque[Alert] = deque(maxlen=FIRED_KEPT)
-
-    async def start(self) -> None:
-        self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)
-        self._audit = await self._conn.stream(subjects.AUDIT_STREAM)
-        # the writers' notices, not a consumer on the stream: the server delivers nothing
-        # per batch but a few bytes, and only notable batches are read (measured: a
-        # headers-only consumer took twice the nats-server and registrar CPU per call)
-        self._sub = await self._conn.subscribe(subjects.audited("*", "*"), self._on_notice)
-        await self._conn.flush()  # in place at the server before start() returns
-
-    async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
-        await cancel_and_wait(list(self._publishing))
-
-    def registry_changed(self, agent_id: str, instance: Instance | None) -> None:
-        """A registry record changed (None: deleted); alerts it raises are published."""
-        if instance is None:
-            self.engine.forget(agent_id)
-            return
-        alerts = self.engine.registry_change(instance)
-        if alerts and self._alerts is not None:
-            task = asyncio.get_running_loop().create_task(self._publish(alerts))
-            self._publishing.add(task)
-            task.add_done_callback(self._publishing.discard)
-
-    async def _publish(self, alerts: list[Alert]) -> None:
-        assert self._alerts is not None
-        for alert in alerts:
-            self.fired.append(alert)
-            log.warning("alert %s: %s", alert.rule, alert.summary)
-            try:
-                await self._alerts.publish(
-                    subjects.alert(alert.rule),
-                    encode_alert(alert),
-                    msg_id=alert.msg_id(self.engine.rules.repeat_after_sec),
-                    timeout=5.0,
-                )
-            except ReachError as exc:
-                log.warning("could not store alert %s: %s", alert.rule, exc)
-
-    async def _on_notice(self, msg: Message) -> None:
-        """One batch stored in REACH_AUDIT (a writer's notice): its calls are counted; its
-        rows are fetched from the stream only when the notice says some need a look."""
-        # the writer is who the server let publish here, never what the notice says
-        writer = subjects.writer_of(msg.subject)
-        if not writer:
-            log.warning("alerts: a notice on %s names no writer: ignored", msg.subject)
-            return
-        try:
-            notice = decode_notice(msg.data)
-        except ValueError as exc:  # not one of ours, or damaged: never the watcher's end
-            log.warning("alerts: a notice on %s not understood: %s", msg.subject, exc)
-            return
-        if notice.dropped:
-            # a writer's report of events it dropped: answered once the alert is stored
-            await self._publish([self.engine.audit_dropped(writer, notice.dropped, notice.seq)])
-            if msg.reply:
-                await self._conn.respond(msg, b"")
-        if notice.notable == 0:
-            self.engine.count_calls(notice.calls)
-            return
-        assert self._audit is not None
-        try:
-            subject, data = await self._audit.get_message(notice.seq)
-        except ReachError as exc:  # gone (retention) or no answer: skip this one
-            log.warning("alerts: audit batch %d not read: %s", notice.seq, exc)
-            return
-        if subjects.writer_of(subject) != writer:
-            # a notice of someone else's batch: its rows are not this writer's calls, and
-            # their own writer's notice has counted them already
-            log.warning(
-                "alerts: a notice on %s names batch %d of %s: ignored",
-                msg.subject,
-                notice.seq,
-                subject,
-            )
-            return
-        try:
-            alerts = self.engine.observe_batch(data, writer)
-        except Exception:  # a batch nobody of ours wrote: never the watcher's end
-            log.exception("alerts: audit batch %d not understood", notice.seq)
-            return
-        if alerts:
-            await self._publish(alerts)

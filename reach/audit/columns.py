@@ -5,8 +5,8 @@ answered. Such a *plain* event is kept as a slot in a few columns instead of a r
 own: times and latencies as arrays of little-endian doubles, names as two-byte indexes
 into the batch's table of values, trace ids as 16 raw bytes, the candidate list as an
 index into the batch's candidate sets. Recording one is a handful of list appends (no
-tuple, no msgpack call, nothing for the garbage collector), and it takes about a third of
-the bytes of a row, which the server stores and every reader reads.
+tuple, no msgpack call, nothing for the garbage collector), and it takes far fewer bytes
+than a row, which the server stores and every reader reads.
 
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
 row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.records``

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 
 from reach import envelope, subjects
-from reach.audit.alerts import AlertWatcher
+from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.streams import ensure_streams
 from reach.audit.writer import AuditWriter
 from reach.codec import Limits

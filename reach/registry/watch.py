@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from reach import subjects
-from reach.audit.alerts import AlertWatcher
+from reach.audit.alert_watcher import AlertWatcher
 from reach.registry.ownership import Ownership
 from reach.registry.records import RecordView
 from reach.registry.store import RecordChange

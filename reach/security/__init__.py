@@ -15,43 +15,50 @@ Pure building blocks; the agent, client, registrar and CLI wire them together::
     verifier = TokenVerifier()
     asyncio.create_task(keys.follow(verifier, ready))    # learn (and forget) keys live
     claims = verifier.verify(token)                      # TokenRejected names the failed check
+
+The names below are imported on first use, so that importing one module of the package
+does not load the others (``reach.security.replay`` does not load the credential store).
 """
 
-from reach.security.credcache import CredentialCache
-from reach.security.credentials import (
-    KNOWN_ROLES,
-    ROLE_ADMIN,
-    ROLE_JOBS,
-    ROLE_REGISTRAR,
-    ClientRecord,
-    CredentialsFile,
-    CredentialsRejected,
-    CredentialStore,
-    TooManyAttempts,
-    hash_secret,
-    new_secret,
-    read_private_file,
-    verify_secret,
-    write_private_file,
-)
-from reach.security.ratelimit import FailureLimiter
-from reach.security.refusals import RefusalLog
-from reach.security.tokens import (
-    ALGORITHM,
-    DEFAULT_AUDIENCE,
-    DEFAULT_ISSUER,
-    DEFAULT_LEEWAY_SEC,
-    DEFAULT_TTL_SEC,
-    Claims,
-    KeyChange,
-    KeyRing,
-    KeyStore,
-    PublicKey,
-    SigningKey,
-    TokenIssuer,
-    TokenRejected,
-    TokenVerifier,
-)
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from reach.security.credcache import CredentialCache
+    from reach.security.credentials import (
+        KNOWN_ROLES,
+        ROLE_ADMIN,
+        ROLE_JOBS,
+        ROLE_REGISTRAR,
+        ClientRecord,
+        CredentialsFile,
+        CredentialsRejected,
+        CredentialStore,
+        TooManyAttempts,
+        hash_secret,
+        new_secret,
+        read_private_file,
+        verify_secret,
+        write_private_file,
+    )
+    from reach.security.ratelimit import FailureLimiter
+    from reach.security.refusals import RefusalLog
+    from reach.security.tokens import (
+        ALGORITHM,
+        DEFAULT_AUDIENCE,
+        DEFAULT_ISSUER,
+        DEFAULT_LEEWAY_SEC,
+        DEFAULT_TTL_SEC,
+        Claims,
+        KeyChange,
+        KeyRing,
+        KeyStore,
+        PublicKey,
+        SigningKey,
+        TokenIssuer,
+        TokenRejected,
+        TokenVerifier,
+    )
 
 __all__ = [
     "ALGORITHM",
@@ -86,3 +93,52 @@ __all__ = [
     "verify_secret",
     "write_private_file",
 ]
+
+#: each public name and the module it is imported from
+_EXPORTS: dict[str, str] = {
+    "ALGORITHM": "reach.security.tokens",
+    "DEFAULT_AUDIENCE": "reach.security.tokens",
+    "DEFAULT_ISSUER": "reach.security.tokens",
+    "DEFAULT_LEEWAY_SEC": "reach.security.tokens",
+    "DEFAULT_TTL_SEC": "reach.security.tokens",
+    "KNOWN_ROLES": "reach.security.credentials",
+    "ROLE_ADMIN": "reach.security.credentials",
+    "ROLE_JOBS": "reach.security.credentials",
+    "ROLE_REGISTRAR": "reach.security.credentials",
+    "Claims": "reach.security.tokens",
+    "ClientRecord": "reach.security.credentials",
+    "CredentialCache": "reach.security.credcache",
+    "CredentialStore": "reach.security.credentials",
+    "CredentialsFile": "reach.security.credentials",
+    "CredentialsRejected": "reach.security.credentials",
+    "FailureLimiter": "reach.security.ratelimit",
+    "KeyChange": "reach.security.tokens",
+    "KeyRing": "reach.security.tokens",
+    "KeyStore": "reach.security.tokens",
+    "PublicKey": "reach.security.tokens",
+    "RefusalLog": "reach.security.refusals",
+    "SigningKey": "reach.security.tokens",
+    "TokenIssuer": "reach.security.tokens",
+    "TokenRejected": "reach.security.tokens",
+    "TokenVerifier": "reach.security.tokens",
+    "TooManyAttempts": "reach.security.credentials",
+    "hash_secret": "reach.security.credentials",
+    "new_secret": "reach.security.credentials",
+    "read_private_file": "reach.security.credentials",
+    "verify_secret": "reach.security.credentials",
+    "write_private_file": "reach.security.credentials",
+}
+
+if not _typing.TYPE_CHECKING:  # type checkers read the imports above instead
+
+    def __getattr__(name: str) -> object:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'reach.security' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module), name)
+        globals()[name] = value  # once imported, an attribute like any other
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
