@@ -29,7 +29,7 @@ from reach.errors import (
 from reach.messages import decode_model
 from reach.transport import Connection, KVBucket
 
-__all__ = ["JOB_RETENTION_SEC", "JobHandle", "JobRecord", "JobStore", "new_job_id"]
+__all__ = ["JOB_RETENTION_SEC", "ClientJobs", "JobHandle", "JobRecord", "JobStore", "new_job_id"]
 
 #: how long job records (and results) are kept
 JOB_RETENTION_SEC = 24 * 3600.0
@@ -164,3 +164,35 @@ class JobHandle:
         if record.status == "failed":
             raise record.error_value()
         return record.result
+
+
+class ClientJobs:
+    """A caller's way to its jobs: REACH_JOBS opened on first use, over the client's
+    connection (``conn``, set once it is connected)."""
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self._store: JobStore | None = None
+
+    async def store(self) -> JobStore:
+        store = self._store
+        if store is None:
+            if self.conn is None:
+                raise RuntimeError(
+                    "connect the client first: `async with ReachClient() as client:`"
+                )
+            store = self._store = await JobStore.open(self.conn)
+        return store
+
+    async def handle(self, job_id: str) -> JobHandle:
+        """A handle on an earlier job, also from another process or after a restart."""
+        store = await self.store()
+        record = await store.get(job_id)
+        if record is None:
+            raise NotFound(f"job {job_id} is unknown (or past its retention time)")
+        return JobHandle(store, job_id, record.capability, record.agent_id)
+
+    def forget(self) -> None:
+        """The connection closed: the store goes with it."""
+        self.conn = None
+        self._store = None
