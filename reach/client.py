@@ -65,7 +65,7 @@ class ReachClient:
     still takes ``credentials`` (the ones the connection logged in with) for the token
     session of a secured fabric. A client that opens its own connection opens a second
     one for its audit writer: a batch of audit events never queues on the socket ahead
-    of calls (README, "Auditing").
+    of calls (README, "Operations: audit, alerts, metrics, doctor").
     """
 
     def __init__(
@@ -104,6 +104,8 @@ class ReachClient:
         self._conn: Connection | None = None
         self._audit_conn: Connection | None = None
         self._routes: RouteCache | None = None
+        #: the token session (a secured fabric): call tokens for the attempts
+        self._security = FabricSecurity()
         #: every call leaves an audit event in REACH_AUDIT (written in the background)
         self.audit_enabled = audit
         self._audit_config = audit_config
@@ -223,7 +225,8 @@ class ReachClient:
         conn.on_reconnect(attempts.on_reconnect)
         self._planner.max_body = conn.max_payload - REQUEST_FRAMING
         self._jobs.conn = conn
-        attempts.security = await FabricSecurity.join(conn, creds, verify=False, clock=self._clock)
+        self._security = await FabricSecurity.join(conn, creds, verify=False, clock=self._clock)
+        attempts.security = self._security
         # the audit's caller: the authenticated client id (on an open fabric, the name)
         self._recorder.caller = creds.client_id if creds is not None else self.name
         self._routes = RouteCache(store, self.peers)
@@ -266,7 +269,7 @@ class ReachClient:
             await self._routes.stop()
             self._routes = None
             self._planner.routes = None
-        await attempts.security.close()
+        await self._security.close()
         self._jobs.forget()
         if self._conn is not None:
             if self._given is None:
