@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -409,7 +408,9 @@ class CallServer:
         )
         try:
             if deadline_ms is not None:
-                when = asyncio.get_running_loop().time() + (deadline_ms / 1000.0 - time.time())
+                # the time left as the server's clock sees it, on the event loop's clock
+                left = deadline_ms / 1000.0 - self._clock.time()
+                when = asyncio.get_running_loop().time() + left
                 if EAGER.get():
                     PENDING_DEADLINE.set(when)  # run_eagerly hands it over with its task
                 else:
