@@ -288,7 +288,8 @@ def _tap_attempts(client: Any, watch: _Watch) -> bool:
     answered last; the route of every attempt is in the audit event only), so the
     benchmark wraps the client's request function. Returns False if it cannot.
     """
-    original = getattr(client, "_nats_request", None)
+    attempts: Any = getattr(client, "_attempts", None)  # the client's AttemptRunner
+    original = getattr(attempts, "request", None)
     if original is None:
         return False
     prefix = "reach.v1.cap."
@@ -300,7 +301,7 @@ def _tap_attempts(client: Any, watch: _Watch) -> bool:
                 watch.attempts.setdefault(parts[1], []).append(time.monotonic())
         return await original(subject, data, timeout, batch)
 
-    client._nats_request = tapped
+    attempts.request = tapped
     return True
 
 

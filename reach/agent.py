@@ -14,14 +14,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import inspect
 import logging
 import os
-import random
-import resource
-import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,43 +27,23 @@ from typing import Any, TypeVar, cast
 import yaml
 
 from reach import envelope, subjects
+from reach.adopt import Adoptable, adopt
 from reach.audit.events import denial_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
-from reach.context import set_current
-from reach.errors import (
-    CodecError,
-    ConfigurationError,
-    DiscoveryError,
-    LoginUnanswered,
-    NoResponders,
-    ReachError,
-    ReachTimeout,
-    RegistrationRefused,
-)
+from reach.errors import ConfigurationError, LoginUnanswered
 from reach.jobs import JobStore
 from reach.joining import run_step
-from reach.messages import decode_model, encode_model
-from reach.models import (
-    FEATURES,
-    AnnounceReply,
-    AnnounceRequest,
-    Bye,
-    Heartbeat,
-    HeartbeatReply,
-    Manifest,
-    ProbeReply,
-    Readiness,
-    parse_manifest,
-)
+from reach.models import Manifest, Readiness, parse_manifest
+from reach.presence import Presence
 from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.security.tokens import call_audience
 from reach.serving import REPLY_FRAMING, CallServer, Endpoint, endpoint_for
 from reach.settings import resolve_credentials, resolve_servers
-from reach.tasks import cancel_and_wait, run_eagerly
+from reach.tasks import cancel_and_wait
 from reach.telemetry import Telemetry, trace_id_of
-from reach.transport import Connection, Message, ReplyBatch, Subscription
+from reach.transport import Connection, Subscription
 
 __all__ = ["Agent", "ReadinessCheck", "load_manifest"]
 
@@ -93,16 +69,15 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     return parse_manifest(data, source=str(path))
 
 
-def _memory_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 class Agent:
-    """One agent instance: its manifest, its handlers, and its life on the fabric."""
+    """One agent instance: its manifest, its handlers, and its life on the fabric.
+
+    ``connection``: a connection to use instead of opening one (a
+    ``reach.transport.Connection``, or a connected nats-py client: ``reach.adopt``), which
+    a ``ReachClient`` may share. The agent then leaves it open when it stops, and still
+    takes ``credentials`` (the ones the connection logged in with) for its token session
+    on a secured fabric.
+    """
 
     def __init__(
         self,
@@ -118,6 +93,7 @@ class Agent:
         verify_tokens: bool = True,
         audit: bool = True,
         telemetry: Telemetry | None = None,
+        connection: Adoptable | None = None,
     ) -> None:
         self.manifest = manifest if isinstance(manifest, Manifest) else parse_manifest(manifest)
         self.credentials = resolve_credentials(credentials)
@@ -125,23 +101,19 @@ class Agent:
         self.instance_id = uuid.uuid4().hex
         self._readiness_check = readiness
         self._clock = clock
-        self._announce_timeout = announce_timeout
         #: how long ``start`` retries a step of joining that failed for a transient reason
         self._join_timeout = join_timeout
-        #: set on a reconnect: the next heartbeat goes out at once (and re-announces)
-        self._wake = asyncio.Event()
         self._drain_timeout = drain_timeout
         #: False only to measure the token check's cost (bench): calls are then not checked
         self._verify_tokens = verify_tokens
+        #: the connection given (None: the agent opens its own)
+        self._given = connection
         self._conn: Connection | None = None
         self._cap_subs: list[Subscription] = []
         self._probe_sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self._accepting = False
-        self._started_at = 0.0
-        self._seq = 0
         self._endpoints: dict[str, Endpoint] = {}
         self._server = CallServer(
             self.agent_id,
@@ -149,8 +121,16 @@ class Agent:
             clock=clock,
             is_ready=self._ready_now,
         )
+        self._server.accepting = False  # until it has joined
         self._readiness = Readiness()
-        self._security = FabricSecurity()
+        self._presence = Presence(
+            self.manifest,
+            self.instance_id,
+            self._server,
+            self.current_readiness,
+            clock,
+            announce_timeout,
+        )
         #: denials of calls are written to REACH_AUDIT by this side (the side that denied)
         self._audit_enabled = audit
         self.audit: AuditWriter | None = None
@@ -231,17 +211,44 @@ class Agent:
         await self.stop()
 
     async def start(self) -> None:
-        """Join the fabric: connect and log in, token session and key follow, audit
-        writer, job store, announce, subscriptions. A step that fails for a transient
-        reason (a timeout, a lost connection, a login no gate answered) is tried again
-        until ``join_timeout``; the error that ends ``start`` names the step."""
+        """Join the fabric: connect and log in (or adopt the connection given), token
+        session and key follow, audit writer, job store, announce, subscriptions. A step
+        that fails for a transient reason (a timeout, a lost connection, a login no gate
+        answered) is tried again until ``join_timeout``; the error that ends ``start``
+        names the step."""
         missing = [c.name for c in self.manifest.capabilities if c.name not in self._endpoints]
         if missing:
             raise ConfigurationError(f"no handler registered for: {', '.join(missing)}")
         self._stopped.clear()
-        self._started_at = self._clock.time()
-        deadline = time.monotonic() + self._join_timeout
-        conn, creds = await run_step(
+        presence = self._presence
+        presence.manifest = self.manifest  # with the schemas its handlers brought
+        presence.started_at = self._clock.time()
+        deadline = time.monotonic() + self._join_timeout  # (run_step's clock)
+        conn, creds = await self._connect(deadline)
+        self._conn = presence.conn = conn
+        conn.on_reconnect(presence.wake.set)
+        failure: BaseException | None = None
+        try:
+            await self._join(creds, deadline)
+        except BaseException as exc:  # no await in here: compiled, it would leak the error
+            failure = exc
+        if failure is not None:
+            # whatever started is stopped: subscriptions, audit writer, token session, and
+            # the connection if the agent opened it
+            await self._leave(conn, timeout=1.0)
+            raise failure
+        self._server.accepting = True
+        self._heartbeat_task = asyncio.create_task(presence.heartbeat_loop(), name="heartbeat")
+        log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
+
+    async def _connect(self, deadline: float) -> tuple[Connection, CredentialsFile | None]:
+        """The connection given, or one opened and logged in; the credentials with it."""
+        if self._given is not None:
+            conn = adopt(self._given)
+            self.servers = [conn.connected_url]
+            path = self.credentials
+            return conn, CredentialsFile.read(path) if path is not None else None
+        return await run_step(
             self.agent_id,
             "connect and log in to NATS",
             deadline,
@@ -250,37 +257,19 @@ class Agent:
             ),
             (LoginUnanswered,),
         )
-        self._conn = conn
-        conn.on_reconnect(self._wake.set)
-        failure: BaseException | None = None
-        try:
-            await self._join(creds, deadline)
-        except BaseException as exc:  # no await in here: compiled, it would leak the error
-            failure = exc
-        if failure is not None:
-            # whatever started is stopped: audit writer, token session, connection
-            if self.audit is not None:
-                await self.audit.stop(timeout=1.0)
-                self.audit = None
-            await self._security.close()
-            await conn.close()
-            self._conn = None
-            raise failure
-        self._accepting = True
-        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
-        log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
 
     async def _join(self, creds: CredentialsFile | None, deadline: float) -> None:
         """Token session and key follow, audit writer, job store, announce, then
         subscriptions."""
         conn = self.connection
-        self._security = await run_step(
+        security = await run_step(
             self.agent_id,
             "token session and key follow (REACH_KEYS)",
             deadline,
             lambda: FabricSecurity.join(conn, creds, verify=self._verify_tokens, clock=self._clock),
         )
-        self._server.verifier = self._security.verifier
+        self._presence.security = security
+        self._server.verifier = security.verifier
         self._server.max_reply_bytes = conn.max_payload - REPLY_FRAMING
         if self._audit_enabled:
             self.audit = AuditWriter(conn, servers=self.servers)
@@ -290,7 +279,7 @@ class Agent:
             self._server.jobs = await run_step(
                 self.agent_id, "job store (REACH_JOBS)", deadline, lambda: self._open_jobs(conn)
             )
-        await run_step(self.agent_id, "announce", deadline, self._announce, ())
+        await run_step(self.agent_id, "announce", deadline, self._presence.announce, ())
         # Probe and call subscriptions only once accepted: a refused duplicate never
         # answers for the live instance.
         await run_step(self.agent_id, "subscribe", deadline, self._subscribe)
@@ -306,37 +295,50 @@ class Agent:
 
     async def _subscribe(self) -> None:
         conn = self.connection
-        for sub in self._cap_subs:  # a failed attempt before leaves none behind
-            await sub.unsubscribe()
-        self._cap_subs.clear()
+        await self._unsubscribe()  # a failed attempt before leaves none behind
+        server, tasks = self._server, self._tasks
         for name, endpoint in self._endpoints.items():
             # each subject takes the tokens made for it: on its own subject this
             # instance's, on the queue group's the capability's (see call_audience)
-            queue = self._call_handler(dataclasses.replace(endpoint, audience=call_audience(name)))
+            group = dataclasses.replace(endpoint, audience=call_audience(name))
             self._cap_subs.append(
-                await conn.subscribe_inline(subjects.capability(name), queue, queue=name)
+                await conn.subscribe_inline(
+                    subjects.capability(name),
+                    server.message_handler(group, conn, tasks),
+                    queue=name,
+                )
             )
             own = dataclasses.replace(endpoint, audience=call_audience(name, self.agent_id))
             self._cap_subs.append(
                 await conn.subscribe_inline(
-                    subjects.capability_instance(name, self.agent_id), self._call_handler(own)
+                    subjects.capability_instance(name, self.agent_id),
+                    server.message_handler(own, conn, tasks),
                 )
             )
+        self._probe_sub = await conn.subscribe(
+            subjects.probe(self.agent_id), self._presence.on_probe
+        )
+        await conn.flush()
+
+    async def _unsubscribe(self) -> None:
+        for sub in self._cap_subs:
+            await sub.unsubscribe()
+        self._cap_subs.clear()
         if self._probe_sub is not None:
             await self._probe_sub.unsubscribe()
-        self._probe_sub = await conn.subscribe(subjects.probe(self.agent_id), self._on_probe)
-        await conn.flush()
+            self._probe_sub = None
 
     async def serve_forever(self) -> None:
         """Wait until ``stop()`` is called (or the task is cancelled)."""
         await self._stopped.wait()
 
     async def stop(self) -> None:
-        """Stop taking calls, let in-flight calls finish, deregister, disconnect."""
+        """Stop taking calls, let in-flight calls finish, deregister, disconnect (from a
+        connection the agent opened; one it was given stays open)."""
         if self._conn is None:
             return
         conn = self._conn
-        self._accepting = False
+        self._server.accepting = False
         for sub in self._cap_subs:
             await sub.drain()
         self._cap_subs.clear()
@@ -345,64 +347,23 @@ class Agent:
         if self._heartbeat_task is not None:
             await cancel_and_wait([self._heartbeat_task])
             self._heartbeat_task = None
-        with contextlib.suppress(ReachError):
-            bye = Bye(agent_id=self.agent_id, instance_id=self.instance_id)
-            await conn.request(
-                subjects.bye(self.agent_id), self._control_request(encode_model(bye)), timeout=2.0
-            )
-        if self._probe_sub is not None:
-            await self._probe_sub.unsubscribe()
-        if self.audit is not None:
-            await self.audit.stop()
-            self.audit = None
-        await self._security.close()
-        await conn.close()
-        self._conn = None
+        await self._presence.bye()
+        await self._leave(conn)
         self._stopped.set()
 
-    # -- registration ----------------------------------------------------------------
+    async def _leave(self, conn: Connection, timeout: float = 5.0) -> None:
+        """Subscriptions gone, audit writer written out, token session ended; the
+        connection closed if the agent opened it."""
+        await self._unsubscribe()
+        if self.audit is not None:
+            await self.audit.stop(timeout=timeout)
+            self.audit = None
+        await self._presence.security.close()
+        if self._given is None:
+            await conn.close()
+        self._conn = self._presence.conn = None
 
-    def _control_request(self, body: bytes) -> bytes:
-        meta = envelope.RequestMeta(
-            call_id=secrets.token_hex(8), caller=self.agent_id, token=self._security.token()
-        )
-        return envelope.pack_request(meta, body)
-
-    async def _announce(self) -> None:
-        request = AnnounceRequest(
-            manifest=self.manifest,
-            instance_id=self.instance_id,
-            started_at=self._started_at,
-            readiness=await self.current_readiness(),
-            features=list(FEATURES),
-        )
-        data = self._control_request(encode_model(request))
-        deadline = time.monotonic() + self._announce_timeout
-        delay = 0.05
-        while True:
-            # no await inside the except block: compiled by mypyc, an await there loses
-            # track of which exception is being handled (nats-py's own escaped)
-            try:
-                raw = await self.connection.request(
-                    subjects.announce(self.agent_id), data, timeout=2.0
-                )
-                break
-            except (NoResponders, ReachTimeout) as exc:
-                failure: ReachError = exc
-            if time.monotonic() + delay > deadline:
-                raise DiscoveryError(
-                    f"no registrar answered the announce of {self.agent_id} within"
-                    f" {self._announce_timeout:.0f}s ({type(failure).__name__}):"
-                    " is `reach up` running?"
-                ) from failure
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
-        reply = envelope.unpack_reply(raw)
-        if not reply.ok:
-            raise RegistrationRefused(f"{reply.kind}: {reply.description}", agent_id=self.agent_id)
-        answer = decode_model(AnnounceReply, reply.body)
-        if not answer.accepted:
-            raise RegistrationRefused(answer.reason, agent_id=self.agent_id)
+    # -- readiness ---------------------------------------------------------------------
 
     async def current_readiness(self) -> Readiness:
         """The business readiness check's answer; a failing check means not ready."""
@@ -421,68 +382,8 @@ class Agent:
                 reason = "" if result else "readiness check failed"
                 readiness = Readiness(ready=bool(result), reason=reason)
         self._readiness = readiness
-        self._readiness_at = time.monotonic()
+        self._readiness_at = self._clock.monotonic()
         return readiness
-
-    async def _heartbeat_loop(self) -> None:
-        health = self.manifest.health
-        while self._conn is not None:
-            # the interval, or at once after a reconnect: the registrar may have evicted
-            # this instance while it was away, and the heartbeat's answer says so
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), health.interval_sec * random.uniform(0.9, 1.0)
-                )
-            self._wake.clear()
-            try:
-                await self._send_heartbeat()
-            except asyncio.CancelledError:
-                raise
-            except ReachError as exc:
-                log.debug("heartbeat of %s failed: %s", self.agent_id, exc)
-            except Exception:
-                log.exception("heartbeat of %s failed", self.agent_id)
-
-    async def _send_heartbeat(self) -> None:
-        self._seq += 1
-        hb = Heartbeat(
-            agent_id=self.agent_id,
-            instance_id=self.instance_id,
-            seq=self._seq,
-            sent_at=self._clock.time(),
-            in_flight=self.in_flight,
-            max_concurrency=self.manifest.max_concurrency,
-            last_completion_at=self.last_completion_at,
-            completed=self.completed,
-            memory_bytes=_memory_bytes(),
-            readiness=await self.current_readiness(),
-        )
-        raw = await self.connection.request(
-            subjects.heartbeat(self.agent_id),
-            self._control_request(encode_model(hb)),
-            timeout=self.manifest.health.timeout_sec,
-        )
-        reply = envelope.unpack_reply(raw)
-        if not reply.ok:
-            log.warning("registrar rejected heartbeat of %s: %s", self.agent_id, reply.description)
-            return
-        answer = decode_model(HeartbeatReply, reply.body)
-        if answer.reannounce:
-            log.info("registrar forgot %s (%s); announcing again", self.agent_id, answer.reason)
-            await self._announce()
-        elif not answer.ok:
-            log.warning("registrar refused heartbeat of %s: %s", self.agent_id, answer.reason)
-
-    async def _on_probe(self, msg: Message) -> None:
-        reply = ProbeReply(
-            agent_id=self.agent_id,
-            instance_id=self.instance_id,
-            in_flight=self.in_flight,
-            max_concurrency=self.manifest.max_concurrency,
-            last_completion_at=self.last_completion_at,
-            readiness=await self.current_readiness(),
-        )
-        await self.connection.respond(msg, envelope.pack_ok(encode_model(reply), self.agent_id))
 
     # -- calls -----------------------------------------------------------------------
 
@@ -505,54 +406,9 @@ class Agent:
                 )
             )
 
-    def _call_handler(self, endpoint: Endpoint) -> Callable[[Message], None]:
-        server = self._server
-        conn = self.connection
-        respond = conn.replier()
-        tasks = self._tasks
-
-        async def serve(msg: Message) -> None:
-            respond(msg.reply, await server.handle(endpoint, msg.data))
-
-        async def serve_one_of(batch: ReplyBatch, token: str, request: bytes) -> None:
-            batch.add(token, await server.handle(endpoint, request))
-
-        def continued(task: asyncio.Task[None], deadline: float | None) -> None:
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            server.watch_task(task, deadline)
-
-        def on_call(msg: Message) -> None:
-            # A call runs right here, as its message is read, until it has to wait; only
-            # then does it get a task of its own, so a handler that waits never holds up
-            # the next message.
-            if not self._accepting:
-                # stopping (subscriptions drain one by one): said at once, so the caller
-                # goes to another instance now rather than after its timeout
-                respond(msg.reply, server.stopping())
-                return
-            if not envelope.is_batch(msg.data):
-                run_eagerly(serve(msg), on_task=continued)
-                set_current(None)
-                return
-            # several calls in one message: each is served as if it came alone; the
-            # replies ready together go back together
-            try:
-                requests = envelope.unpack_batch(msg.data)
-            except CodecError as exc:
-                respond(msg.reply, server.refuse_batch(str(exc)))
-                return
-            batch = conn.reply_batch(msg)
-            for token, request in requests:
-                run_eagerly(serve_one_of(batch, token, request), on_task=continued)
-                set_current(None)
-            batch.flush()
-
-        return on_call
-
     def _ready_now(self) -> tuple[bool, str]:
         """Readiness for admission: the last check's answer, refreshed at most every 0.5 s."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if self._readiness_check is not None and now - self._readiness_at > 0.5:
             self._readiness_at = now
             if self._refresh is None or self._refresh.done():

@@ -17,9 +17,14 @@ class Clock(Protocol):
         """Unix time in seconds (for timestamps that travel between processes)."""
         ...
 
+    def perf_counter(self) -> float:
+        """Seconds on the finest clock there is, which never goes back (for latencies)."""
+        ...
+
 
 class SystemClock:
     monotonic = staticmethod(time.monotonic)
+    perf_counter = staticmethod(time.perf_counter)
     time = staticmethod(time.time)
 
 
@@ -35,6 +40,9 @@ class ManualClock:
 
     def time(self) -> float:
         return self._mono + self._offset
+
+    def perf_counter(self) -> float:
+        return self._mono
 
     def advance(self, seconds: float) -> None:
         self._mono += seconds

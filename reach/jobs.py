@@ -10,15 +10,22 @@ a restart: ``client.job(job_id)``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reach import codec, subjects
+from reach import codec, envelope, subjects
+from reach.clock import Clock
+from reach.endpoint import Endpoint, Failure
 from reach.errors import (
     BusinessError,
+    CodecError,
+    ConfigurationError,
     ContractError,
     InternalError,
     NotFound,
@@ -27,9 +34,21 @@ from reach.errors import (
     Unavailable,
 )
 from reach.messages import decode_model
+from reach.tasks import EAGER
 from reach.transport import Connection, KVBucket
 
-__all__ = ["JOB_RETENTION_SEC", "JobHandle", "JobRecord", "JobStore", "new_job_id"]
+__all__ = [
+    "JOB_RETENTION_SEC",
+    "ClientJobs",
+    "Invoke",
+    "JobHandle",
+    "JobRecord",
+    "JobRunner",
+    "JobStore",
+    "new_job_id",
+]
+
+log = logging.getLogger("reach.jobs")
 
 #: how long job records (and results) are kept
 JOB_RETENTION_SEC = 24 * 3600.0
@@ -164,3 +183,132 @@ class JobHandle:
         if record.status == "failed":
             raise record.error_value()
         return record.result
+
+
+class ClientJobs:
+    """A caller's way to its jobs: REACH_JOBS opened on first use, over the client's
+    connection (``conn``, set once it is connected)."""
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self._store: JobStore | None = None
+
+    async def store(self) -> JobStore:
+        store = self._store
+        if store is None:
+            if self.conn is None:
+                raise RuntimeError(
+                    "connect the client first: `async with ReachClient() as client:`"
+                )
+            store = self._store = await JobStore.open(self.conn)
+        return store
+
+    async def handle(self, job_id: str) -> JobHandle:
+        """A handle on an earlier job, also from another process or after a restart."""
+        store = await self.store()
+        record = await store.get(job_id)
+        if record is None:
+            raise NotFound(f"job {job_id} is unknown (or past its retention time)")
+        return JobHandle(store, job_id, record.capability, record.agent_id)
+
+    def forget(self) -> None:
+        """The connection closed: the store goes with it."""
+        self.conn = None
+        self._store = None
+
+
+#: a handler run under a deadline (Unix ms): the encoded and plain result, or a Failure
+Invoke = Callable[
+    [Endpoint, envelope.RequestMeta, Any, int | None], Awaitable[tuple[bytes, Any] | Failure]
+]
+
+
+class JobRunner:
+    """Async-mode calls as the callee runs them: the job recorded as accepted, its id the
+    reply, the handler run in the background and its outcome recorded."""
+
+    def __init__(self, agent_id: str, clock: Clock, invoke: Invoke) -> None:
+        self.agent_id = agent_id
+        self._clock = clock
+        self._invoke = invoke
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def accept(
+        self,
+        store: JobStore,
+        endpoint: Endpoint,
+        meta: envelope.RequestMeta,
+        arg: Any,
+        client: str,
+        timeout_sec: float,
+    ) -> bytes:
+        """Record the job durably, reply with its id, run it in the background for at most
+        ``timeout_sec`` (10 × the capability's SLA, if longer)."""
+        job_id = new_job_id(client, self.agent_id)
+        record = JobRecord(
+            job_id=job_id,
+            capability=endpoint.name,
+            agent_id=self.agent_id,
+            status="accepted",
+            accepted_at=self._clock.time(),
+            call_id=meta.call_id,
+        )
+        await store.put(record)
+        # a context of its own: the job must not inherit an eager step's state
+        context = contextvars.copy_context()
+        context.run(EAGER.set, False)
+        limit = max(timeout_sec, 10 * endpoint.capability.latency_sla_ms / 1000)
+        task = asyncio.create_task(
+            self._run(store, endpoint, meta, arg, record, limit), context=context
+        )
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        body = codec.encode({"job_id": job_id}, checked=False)
+        return envelope.pack_ok(body, self.agent_id, job=job_id)
+
+    async def _run(
+        self,
+        store: JobStore,
+        endpoint: Endpoint,
+        meta: envelope.RequestMeta,
+        arg: Any,
+        record: JobRecord,
+        limit: float,
+    ) -> None:
+        deadline_ms = int((self._clock.time() + limit) * 1000)
+        outcome = await self._invoke(endpoint, meta, arg, deadline_ms)
+        finished = self._clock.time()
+        if isinstance(outcome, Failure):
+            done = _failed(record, finished, outcome.kind, outcome.code, outcome.description)
+        else:
+            done = record.model_copy(
+                update={"status": "succeeded", "finished_at": finished, "result": outcome[1]}
+            )
+        try:
+            await store.put(done)
+            return
+        except (CodecError, ConfigurationError) as exc:  # a result too large to be kept
+            log.error("the result of job %s cannot be stored: %s", record.job_id, exc)
+            kind, code, why = "contract", "output", f"the result cannot be stored: {exc}"
+        except ReachError as exc:
+            log.error("could not store the result of job %s: %s", record.job_id, exc)
+            return
+        except Exception as exc:  # a bug: said in the record, not left "accepted" for ever
+            log.exception("could not store the result of job %s", record.job_id)
+            kind, code, why = "internal", type(exc).__name__, f"the result cannot be stored: {exc}"
+        try:
+            await store.put(_failed(record, finished, kind, code, why))
+        except ReachError as exc:
+            log.error("could not store the failure of job %s: %s", record.job_id, exc)
+
+
+def _failed(record: JobRecord, finished: float, kind: str, code: str, why: str) -> JobRecord:
+    return record.model_copy(
+        update={
+            "status": "failed",
+            "finished_at": finished,
+            "error_kind": kind,
+            "error_code": code,
+            "error": why,
+        }
+    )

@@ -9,42 +9,32 @@ Order matters and is part of the contract with callers:
 5. decode and validate the input (→ ``contract``, naming the field)
 6. run the handler under the deadline, with the call in a context variable
 7. validate the output (→ ``contract``), encode, reply
+
+A capability as served (handler, contract) is ``reach.endpoint``; repeats are answered
+from ``reach.replycache``; async-mode calls become jobs run by ``reach.jobs.JobRunner``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import inspect
 import logging
-import time
-import typing
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from reach import codec, envelope
 from reach.clock import Clock
 from reach.context import enter_call, set_current
-from reach.contract import Validator, compile_schema
-from reach.errors import (
-    AuthenticationFailed,
-    BusinessError,
-    CodecError,
-    ConfigurationError,
-    ContractError,
-    ReachError,
-    RemoteError,
-)
-from reach.jobs import JobRecord, JobStore, new_job_id
-from reach.models import Capability, format_validation_error
+from reach.endpoint import Endpoint, Failure, decode_input, endpoint_for, failure_of
+from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
+from reach.jobs import JobRunner, JobStore
+from reach.replycache import ReplyCache
 from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
-from reach.security.tokens import TokenVerifier, call_audience
-from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper
-from reach.telemetry import Telemetry, end_span, traceparent_of
+from reach.security.tokens import TokenVerifier
+from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper, run_eagerly
+from reach.telemetry import Span, Telemetry, end_span, traceparent_of
+from reach.transport import Connection, Message, ReplyBatch
 
 __all__ = ["REPLY_FRAMING", "CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
 
@@ -53,110 +43,7 @@ REPLY_FRAMING = 64
 
 log = logging.getLogger("reach.serving")
 
-Handler = Callable[[Any], Awaitable[Any]]
 _RETRYABLE_KINDS = frozenset({"timeout", "unavailable"})
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    return (
-        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    )
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One capability as served: its handler and compiled contract."""
-
-    capability: Capability
-    handler: Handler
-    input_validator: Validator
-    output_validator: Validator
-    input_model: type[BaseModel] | None = None
-    output_model: type[BaseModel] | None = None
-    #: the audience of the tokens its calls carry (``call_audience``; ``endpoint_for``
-    #: sets it)
-    audience: str = ""
-
-    @property
-    def name(self) -> str:
-        return self.capability.name
-
-
-def endpoint_for(capability: Capability, handler: Handler) -> Endpoint:
-    """Compile a capability's contract; pydantic models in the handler's signature win."""
-    try:
-        hints = typing.get_type_hints(handler)
-    except Exception:
-        hints = {}
-    params = [p for p in inspect.signature(handler).parameters.values()]
-    input_model = _model_of(hints.get(params[0].name)) if params else None
-    output_model = _model_of(hints.get("return"))
-    input_schema = capability.input_schema
-    if input_model is not None and not input_schema:
-        input_schema = input_model.model_json_schema()
-    output_schema = capability.output_schema
-    if output_model is not None and not output_schema:
-        output_schema = output_model.model_json_schema()
-    return Endpoint(
-        capability=capability.model_copy(
-            update={"input_schema": input_schema, "output_schema": output_schema}
-        ),
-        handler=handler,
-        input_validator=compile_schema(input_schema),
-        output_validator=compile_schema(output_schema),
-        input_model=input_model,
-        output_model=output_model,
-        audience=call_audience(capability.name),
-    )
-
-
-class ReplyCache:
-    """Recent replies by call id / idempotency key, and the calls still running.
-
-    Bounded by entry count and by total reply bytes; entries expire after ``ttl_sec``.
-    A future for a running call is only created when a repeat actually waits on it.
-    """
-
-    def __init__(
-        self, max_entries: int = 10_000, ttl_sec: float = 300.0, max_bytes: int = 64 << 20
-    ) -> None:
-        self._done: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
-        self._running: dict[str, asyncio.Future[bytes] | None] = {}
-        self._max = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._ttl = ttl_sec
-
-    def get(self, key: str, now: float) -> bytes | asyncio.Future[bytes] | None:
-        hit = self._done.get(key)
-        if hit is not None:
-            if now - hit[0] <= self._ttl:
-                return hit[1]
-            del self._done[key]
-            self._bytes -= len(hit[1])
-        if key not in self._running:
-            return None
-        future = self._running[key]
-        if future is None:
-            future = self._running[key] = asyncio.get_running_loop().create_future()
-        return future
-
-    def start(self, key: str) -> None:
-        self._running[key] = None
-
-    def finish(self, key: str, reply: bytes, now: float, *, remember: bool = True) -> None:
-        future = self._running.pop(key, None)
-        if future is not None and not future.done():
-            future.set_result(reply)
-        if remember:
-            old = self._done.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old[1])
-            self._done[key] = (now, reply)
-            self._bytes += len(reply)
-            while self._done and (len(self._done) > self._max or self._bytes > self._max_bytes):
-                _, (_, evicted) = self._done.popitem(last=False)
-                self._bytes -= len(evicted)
 
 
 class _Admission:
@@ -201,6 +88,8 @@ class CallServer:
         self.in_flight = 0
         self.completed = 0
         self.last_completion_at: float | None = None
+        #: calls are served (False while the agent stops: each is told so at once)
+        self.accepting = True
         self._clock = clock
         self._is_ready = is_ready
         self._on_done = on_done
@@ -209,7 +98,7 @@ class CallServer:
         #: set for async-mode agents: calls become jobs stored in REACH_JOBS
         self.jobs = jobs
         self.job_timeout_sec = job_timeout_sec
-        self._jobs_running: set[asyncio.Task[None]] = set()
+        self._job_runner = JobRunner(agent_id, clock, self._invoke)
         self._reaper = DeadlineReaper()
         #: set when the fabric issues tokens: every call must carry a valid one
         self.verifier: TokenVerifier | None = None
@@ -239,6 +128,52 @@ class CallServer:
         log.warning("refused a batch of calls to %s: %s", self.agent_id, description)
         return self._error("contract", "bad_batch", description)
 
+    def message_handler(
+        self, endpoint: Endpoint, conn: Connection, tasks: set[asyncio.Task[None]]
+    ) -> Callable[[Message], None]:
+        """What serves the calls to ``endpoint`` as their messages arrive on ``conn``
+        (``Connection.subscribe_inline``); calls that outlive their message join ``tasks``.
+
+        A call runs right there, as its message is read, until it has to wait; only then
+        does it get a task of its own, so a handler that waits never holds up the next
+        message. A message may hold a batch of calls: each is served as if it came alone,
+        and the replies ready together go back together."""
+        respond = conn.replier()
+
+        async def serve(msg: Message) -> None:
+            respond(msg.reply, await self.handle(endpoint, msg.data))
+
+        async def serve_one_of(batch: ReplyBatch, token: str, request: bytes) -> None:
+            batch.add(token, await self.handle(endpoint, request))
+
+        def continued(task: asyncio.Task[None], deadline: float | None) -> None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            self.watch_task(task, deadline)
+
+        def on_call(msg: Message) -> None:
+            if not self.accepting:
+                # stopping (subscriptions drain one by one): said at once, so the caller
+                # goes to another instance now rather than after its timeout
+                respond(msg.reply, self.stopping())
+                return
+            if not envelope.is_batch(msg.data):
+                run_eagerly(serve(msg), on_task=continued)
+                set_current(None)
+                return
+            try:
+                requests = envelope.unpack_batch(msg.data)
+            except CodecError as exc:
+                respond(msg.reply, self.refuse_batch(str(exc)))
+                return
+            batch = conn.reply_batch(msg)
+            for token, request in requests:
+                run_eagerly(serve_one_of(batch, token, request), on_task=continued)
+                set_current(None)
+            batch.flush()
+
+        return on_call
+
     async def handle(self, endpoint: Endpoint, data: bytes) -> bytes:
         """Serve one request; always returns reply bytes, never raises (but CancelledError)."""
         try:
@@ -251,14 +186,63 @@ class CallServer:
             denied, client = self._check_token(endpoint, meta)
             if denied is not None:
                 return denied
+        # a repeat is the same capability from the same client: keys never leak across them
+        key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
+        early = self._before_running(endpoint, meta, key)
+        if early is not None:
+            return early if isinstance(early, bytes) else await asyncio.shield(early)
+        self._cache.start(key)
+        self.in_flight += 1
+        reply = b""
+        remember = True
+        kind = "ok"
+        tel = self.telemetry
+        span = (
+            tel.start_server_span(endpoint.name, self.agent_id, meta.traceparent)
+            if tel is not None
+            else None
+        )
+        try:
+            arg = decode_input(endpoint, body)
+            if isinstance(arg, Failure):
+                kind = arg.kind
+                reply, remember = self._fail(*arg)
+            elif self.jobs is not None:
+                reply = await self._job_runner.accept(
+                    self.jobs, endpoint, meta, arg, client, self.job_timeout_sec
+                )
+            else:
+                traceparent = meta.traceparent if span is None else traceparent_of(span)
+                outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms, traceparent)
+                reply, remember, kind = self._reply_of(endpoint, outcome)
+        except asyncio.CancelledError:
+            remember = False
+            reply = self.stopping()
+            raise
+        except Exception as exc:  # a bug on this side: the caller hears of it, not silence
+            log.exception("serving a call to %s failed", endpoint.name)
+            kind, remember = "internal", False
+            reply = self._error("internal", type(exc).__name__, f"{endpoint.name}: {exc}")
+        finally:
+            self._finished(endpoint, key, reply, remember, kind, span)
+        return reply
+
+    def _before_running(
+        self, endpoint: Endpoint, meta: envelope.RequestMeta, key: str
+    ) -> bytes | asyncio.Future[bytes] | None:
+        """None if the call is to run; else its reply (the caller's deadline passed, a
+        repeat answered, or not admitted), or the first call's reply to wait for."""
         now = self._clock.time()
         if meta.deadline_ms is not None and meta.deadline_ms <= now * 1000:
             return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
-        # a repeat is the same capability from the same client: keys never leak across them
-        key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
         seen = self._cache.get(key, now)
         if seen is not None:
-            return seen if isinstance(seen, bytes) else await asyncio.shield(seen)
+            return seen
+        return self._admit(endpoint)
+
+    def _admit(self, endpoint: Endpoint) -> bytes | None:
+        """None if the call is admitted, else the ``unavailable`` reply: not ready, at its
+        max concurrency, or over the capability's declared qps."""
         ready, why = self._is_ready()
         if not ready:
             return self._error("unavailable", "not_ready", f"{self.agent_id} not ready: {why}")
@@ -280,66 +264,48 @@ class CallServer:
                 f"{endpoint.name} at {self.agent_id} is over its declared"
                 f" {endpoint.capability.qps} qps",
             )
-        cache = self._cache
-        cache.start(key)
-        self.in_flight += 1
-        reply = b""
-        remember = True
-        kind = "ok"
+        return None
+
+    def _reply_of(
+        self, endpoint: Endpoint, outcome: tuple[bytes, Any] | Failure
+    ) -> tuple[bytes, bool, str]:
+        """The reply to a handler's outcome, whether a repeat may be answered with it, and
+        its kind ("ok" or the error's)."""
+        if isinstance(outcome, Failure):
+            reply, remember = self._fail(*outcome)
+            return reply, remember, outcome.kind
+        reply = envelope.pack_ok(outcome[0], self.agent_id)
+        limit = self.max_reply_bytes
+        if limit is not None and len(reply) > limit:
+            reply, remember = self._fail(
+                "contract",
+                "output_too_large",
+                f"output of {endpoint.name} is {len(reply)} bytes packed, more than"
+                f" a message may carry ({limit})",
+            )
+            return reply, remember, "contract"
+        return reply, True, "ok"
+
+    def _finished(
+        self,
+        endpoint: Endpoint,
+        key: str,
+        reply: bytes,
+        remember: bool,
+        kind: str,
+        span: Span | None,
+    ) -> None:
+        """A call that ran is done: counted, its reply kept for repeats (if it may be)."""
+        self.in_flight -= 1
+        self.completed += 1
+        self.last_completion_at = done_at = self._clock.time()
+        self._cache.finish(key, reply, done_at, remember=remember)
+        if self._on_done is not None:
+            self._on_done()
         tel = self.telemetry
-        span = (
-            tel.start_server_span(endpoint.name, self.agent_id, meta.traceparent)
-            if tel is not None
-            else None
-        )
-        try:
-            arg = _decode_input(endpoint, body)
-            if isinstance(arg, _Failure):
-                kind = arg.kind
-                reply, remember = self._fail(*arg)
-            elif self.jobs is not None:
-                reply = await self._accept_job(endpoint, meta, arg, client)
-            else:
-                outcome = await self._invoke(
-                    endpoint,
-                    meta,
-                    arg,
-                    meta.deadline_ms,
-                    meta.traceparent if span is None else traceparent_of(span),
-                )
-                if isinstance(outcome, _Failure):
-                    kind = outcome.kind
-                    reply, remember = self._fail(*outcome)
-                else:
-                    reply = envelope.pack_ok(outcome[0], self.agent_id)
-                    limit = self.max_reply_bytes
-                    if limit is not None and len(reply) > limit:
-                        kind = "contract"
-                        reply, remember = self._fail(
-                            "contract",
-                            "output_too_large",
-                            f"output of {endpoint.name} is {len(reply)} bytes packed, more than"
-                            f" a message may carry ({limit})",
-                        )
-        except asyncio.CancelledError:
-            remember = False
-            reply = self.stopping()
-            raise
-        except Exception as exc:  # a bug on this side: the caller hears of it, not silence
-            log.exception("serving a call to %s failed", endpoint.name)
-            kind, remember = "internal", False
-            reply = self._error("internal", type(exc).__name__, f"{endpoint.name}: {exc}")
-        finally:
-            self.in_flight -= 1
-            self.completed += 1
-            self.last_completion_at = done_at = self._clock.time()
-            cache.finish(key, reply, done_at, remember=remember)
-            if self._on_done is not None:
-                self._on_done()
-            if tel is not None:
-                tel.record_served(endpoint.name, kind)
-                end_span(span, None if kind == "ok" else kind)
-        return reply
+        if tel is not None:
+            tel.record_served(endpoint.name, kind)
+            end_span(span, None if kind == "ok" else kind)
 
     def _check_token(
         self, endpoint: Endpoint, meta: envelope.RequestMeta
@@ -428,7 +394,7 @@ class CallServer:
         arg: Any,
         deadline_ms: int | None,
         traceparent: str | None = None,
-    ) -> tuple[bytes, Any] | _Failure:
+    ) -> tuple[bytes, Any] | Failure:
         """Run the handler under the deadline: the encoded and plain result, or a failure.
         ``traceparent`` is what calls made by the handler continue (its SERVER span)."""
         enter_call(
@@ -442,7 +408,9 @@ class CallServer:
         )
         try:
             if deadline_ms is not None:
-                when = asyncio.get_running_loop().time() + (deadline_ms / 1000.0 - time.time())
+                # the time left as the server's clock sees it, on the event loop's clock
+                left = deadline_ms / 1000.0 - self._clock.time()
+                when = asyncio.get_running_loop().time() + left
                 if EAGER.get():
                     PENDING_DEADLINE.set(when)  # run_eagerly hands it over with its task
                 else:
@@ -453,14 +421,14 @@ class CallServer:
             if task is None or exc.args != (DEADLINE_CANCEL,):
                 raise
             task.uncancel()
-            return _Failure(
+            return Failure(
                 "timeout", "deadline_passed", f"{endpoint.name} stopped at the caller's deadline"
             )
         except ReachError as exc:
-            return _failure_of(endpoint.name, exc)
+            return failure_of(endpoint.name, exc)
         except Exception as exc:
             log.exception("handler of %s crashed", endpoint.name)
-            return _Failure("internal", type(exc).__name__, str(exc) or type(exc).__name__)
+            return Failure("internal", type(exc).__name__, str(exc) or type(exc).__name__)
         finally:
             set_current(None)
         try:
@@ -470,114 +438,4 @@ class CallServer:
             endpoint.output_validator.validate(result, plain=plain)
             return codec.encode(result, checked=False, plain=plain), result
         except ContractError as exc:
-            return _Failure("contract", "output", f"output of {endpoint.name}: {exc}")
-
-    async def _accept_job(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, client: str
-    ) -> bytes:
-        """Async mode: record the job durably, reply with its id, run it in the background."""
-        assert self.jobs is not None
-        job_id = new_job_id(client, self.agent_id)
-        record = JobRecord(
-            job_id=job_id,
-            capability=endpoint.name,
-            agent_id=self.agent_id,
-            status="accepted",
-            accepted_at=self._clock.time(),
-            call_id=meta.call_id,
-        )
-        await self.jobs.put(record)
-        # a context of its own: the job must not inherit an eager step's state
-        context = contextvars.copy_context()
-        context.run(EAGER.set, False)
-        task = asyncio.create_task(self._run_job(endpoint, meta, arg, record), context=context)
-        self._jobs_running.add(task)
-        task.add_done_callback(self._jobs_running.discard)
-        body = codec.encode({"job_id": job_id}, checked=False)
-        return envelope.pack_ok(body, self.agent_id, job=job_id)
-
-    async def _run_job(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta, arg: Any, record: JobRecord
-    ) -> None:
-        limit = max(self.job_timeout_sec, 10 * endpoint.capability.latency_sla_ms / 1000)
-        deadline_ms = int((self._clock.time() + limit) * 1000)
-        outcome = await self._invoke(endpoint, meta, arg, deadline_ms)
-        finished = self._clock.time()
-        if isinstance(outcome, _Failure):
-            done = record.model_copy(
-                update={
-                    "status": "failed",
-                    "finished_at": finished,
-                    "error_kind": outcome.kind,
-                    "error_code": outcome.code,
-                    "error": outcome.description,
-                }
-            )
-        else:
-            done = record.model_copy(
-                update={"status": "succeeded", "finished_at": finished, "result": outcome[1]}
-            )
-        try:
-            await self.jobs.put(done)  # type: ignore[union-attr]
-            return
-        except (CodecError, ConfigurationError) as exc:  # a result too large to be kept
-            log.error("the result of job %s cannot be stored: %s", record.job_id, exc)
-            kind, code, why = "contract", "output", f"the result cannot be stored: {exc}"
-        except ReachError as exc:
-            log.error("could not store the result of job %s: %s", record.job_id, exc)
-            return
-        except Exception as exc:  # a bug: said in the record, not left "accepted" for ever
-            log.exception("could not store the result of job %s", record.job_id)
-            kind, code, why = "internal", type(exc).__name__, f"the result cannot be stored: {exc}"
-        failed = record.model_copy(
-            update={
-                "status": "failed",
-                "finished_at": finished,
-                "error_kind": kind,
-                "error_code": code,
-                "error": why,
-            }
-        )
-        try:
-            await self.jobs.put(failed)  # type: ignore[union-attr]
-        except ReachError as exc:
-            log.error("could not store the failure of job %s: %s", record.job_id, exc)
-
-
-class _Failure(NamedTuple):
-    kind: str
-    code: str
-    description: str
-
-
-def _failure_of(capability: str, exc: ReachError) -> _Failure:
-    """What the caller hears of a ReachError the handler of ``capability`` raised: its own
-    (an Unavailable, a BusinessError it chose) as it is; one of a call it made and did not
-    handle as an internal error of this handler, whatever its kind (``ReachError.dependency``),
-    except a business refusal, which it passes on."""
-    if exc.dependency is not None and not isinstance(exc, BusinessError):
-        return _Failure(
-            "internal",
-            "dependency_failed",
-            f"{capability}: its call to {exc.dependency} failed: {type(exc).__name__}: {exc}",
-        )
-    if isinstance(exc, RemoteError):
-        return _Failure(exc.kind, exc.code, exc.description)
-    if isinstance(exc, ContractError) and exc.rule:
-        return _Failure(exc.kind, exc.rule, str(exc))  # the rule it names, as the caller's own
-    return _Failure(exc.kind, type(exc).__name__, str(exc))
-
-
-def _decode_input(endpoint: Endpoint, body: bytes) -> Any:
-    """The handler's argument from the request body, or a contract _Failure."""
-    try:
-        payload = codec.decode(body, checked=False)
-        plain = codec.check_value(payload)  # within the default limits, or a CodecError
-        endpoint.input_validator.validate(payload, plain=plain)
-        if endpoint.input_model is not None:
-            return endpoint.input_model.model_validate(payload)
-        return payload
-    except ContractError as exc:
-        return _Failure("contract", exc.rule or "input", str(exc))
-    except ValidationError as exc:
-        return _Failure("contract", "input", "; ".join(format_validation_error(exc)))
+            return Failure("contract", "output", f"output of {endpoint.name}: {exc}")

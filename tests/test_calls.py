@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from reach import envelope, subjects
+from reach.audit import AuditFilter, read_events
 from reach.client import ReachClient
 from reach.clock import ManualClock
 from reach.context import current_call
@@ -30,6 +31,7 @@ from reach.fallback import Fallback
 from reach.models import Readiness
 from reach.resilience import BreakerBoard, BreakerConfig, RetryBudget
 from reach.testing import NatsServer
+from reach.transport import Connection
 
 from .calls_helpers import Behaviour, capability, make_agent, wait_routable
 
@@ -458,6 +460,33 @@ async def test_fallbacks_cached_result_backup_capability_and_default_body(
         assert default.value == {"summary": None, "stale": True}
         assert default.fallback is not None
         assert default.fallback.source == "default"
+
+
+async def test_a_call_no_fallback_could_answer_fails_and_is_audited(
+    nats_server: NatsServer, client: ReachClient, conn: Connection
+) -> None:
+    """A cache with nothing in it yet, or a backup that fails too: the call fails with
+    its own error, and its audit event says so."""
+    with pytest.raises(NotFound):
+        await client.call("nobody_serves", {"q": 1}, fallback=Fallback(cache_max_age_sec=60))
+    with pytest.raises(NotFound):
+        await client.call("nobody_serves", {"q": 2}, fallback=Fallback(backup_capability="none"))
+    assert client.audit is not None
+    await asyncio.wait_for(client.audit.flush(), 10)
+    events = [e async for e in read_events(conn, AuditFilter(capability="nobody_serves"))]
+    assert [(e.outcome, e.error, e.fallback) for e in events] == [("error", "discovery", None)] * 2
+
+
+async def test_a_call_measures_its_time_on_the_injected_clock(
+    nats_server: NatsServer, registrar: object
+) -> None:
+    clock = ManualClock(wall=time.time())  # still: every latency it measures is zero
+    agent, _ = make_agent(nats_server.url, "timed-1")
+    async with agent, ReachClient(servers=nats_server.url, clock=clock, audit=False) as client:
+        await wait_routable(client, "work", 1)
+        result = await client.call("work", {"n": 1})
+    assert result.latency_ms == 0.0
+    assert [(agent_id, ms) for agent_id, _score, _outcome, ms in result.route] == [("timed-1", 0.0)]
 
 
 async def test_fallback_never_hides_a_contract_error(

@@ -266,9 +266,9 @@ async def test_flips_with_a_huge_readiness_reason_keep_the_record_small_and_curr
         await wait_routable(client, "work", 1)
         for flip in range(8):
             state["ready"] = flip % 2 == 1  # not ready, ready, ..., ready
-            await agent._send_heartbeat()  # answered (it raises on no answer)
+            await agent._presence.send_heartbeat()  # answered (it raises on no answer)
         state["ready"] = False
-        await agent._send_heartbeat()
+        await agent._presence.send_heartbeat()
         entry = await bucket.get(subjects.agent_key("bloat-1"))
         assert entry is not None
         assert len(entry.value) < 64 * 1024
@@ -284,7 +284,7 @@ async def test_flips_with_a_huge_readiness_reason_keep_the_record_small_and_curr
         )
         # and back
         state["ready"] = True
-        await agent._send_heartbeat()
+        await agent._presence.send_heartbeat()
         await client.routes.wait_for(
             lambda c: (i := c.get("bloat-1")) is not None and i.status == "healthy", timeout=5
         )

@@ -15,7 +15,8 @@ import pytest
 
 from reach import envelope, subjects
 from reach.audit.records import decode_batch
-from reach.client import ReachClient, _remote_error
+from reach.calling.attempt import remote_error
+from reach.client import ReachClient
 from reach.errors import (
     AuthenticationFailed,
     ConfigurationError,
@@ -121,14 +122,14 @@ async def test_nan_and_infinities_against_multiple_of_are_contract_errors_on_bot
 )
 def test_a_malformed_insufficient_level_code_is_an_authentication_failure(code: str) -> None:
     reply = envelope.Reply(ok=False, kind="denied", code=code, description="no", by="rogue-1")
-    error = _remote_error(reply, "work")
+    error = remote_error(reply, "work")
     assert isinstance(error, AuthenticationFailed)
     assert "rogue-1" in str(error)
 
 
 def test_a_well_formed_insufficient_level_code_still_says_the_levels() -> None:
     reply = envelope.Reply(ok=False, kind="denied", code="insufficient_level:3:1", by="vault-1")
-    error = _remote_error(reply, "customer_orders")
+    error = remote_error(reply, "customer_orders")
     assert isinstance(error, NotAuthorized)
     assert (error.level_required, error.level_held) == (3, 1)
 

@@ -93,11 +93,12 @@ class _Tap:
 
     def install(self) -> None:
         """(Again) wrap the client's request function, if it was replaced."""
-        current = getattr(self.client, "_nats_request", None)
-        if current is None or current is self.tapped:
+        attempts = self.client._attempts  # the client's AttemptRunner
+        current = attempts.request
+        if current is self.tapped:
             return
         self.original = current
-        self.client._nats_request = self.tapped
+        attempts.request = self.tapped
 
     async def _tapped(self, subject: str, data: bytes, timeout: float, batch: bool) -> Any:
         task = asyncio.current_task()
@@ -176,11 +177,12 @@ async def _load(
     tasks: set[asyncio.Task[None]] = set()
 
     async def one(call: _Call, seq: int) -> None:
-        before = client._call_seq
+        planner = client._planner  # the client's CallPlanner, which numbers its calls
+        before = planner.call_seq
 
         def took_id() -> None:
-            if client._call_seq == before + 1:
-                call.call_id = f"{client._call_prefix}{client._call_seq:x}"
+            if planner.call_seq == before + 1:
+                call.call_id = f"{planner.call_prefix}{planner.call_seq:x}"
 
         try:
             coro = client.call(settings.capability, {"seq": seq}, timeout=settings.call_timeout_sec)
