@@ -27,7 +27,6 @@ from typing import Any, TypeVar, cast
 import yaml
 
 from reach import envelope, subjects
-from reach.adopt import Adoptable, adopt
 from reach.audit.events import denial_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
@@ -44,6 +43,7 @@ from reach.settings import resolve_credentials, resolve_servers
 from reach.tasks import cancel_and_wait
 from reach.telemetry import Telemetry, trace_id_of
 from reach.transport import Connection, Subscription
+from reach.transport.adopt import Adoptable, adopt
 
 __all__ = ["Agent", "ReadinessCheck", "load_manifest"]
 
@@ -73,7 +73,7 @@ class Agent:
     """One agent instance: its manifest, its handlers, and its life on the fabric.
 
     ``connection``: a connection to use instead of opening one (a
-    ``reach.transport.Connection``, or a connected nats-py client: ``reach.adopt``), which
+    ``reach.transport.Connection``, or a connected nats-py client: ``reach.transport.adopt``), which
     a ``ReachClient`` may share. The agent then leaves it open when it stops, and still
     takes ``credentials`` (the ones the connection logged in with) for its token session
     on a secured fabric.

@@ -24,7 +24,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from reach.adopt import Adoptable, adopt
 from reach.audit.events import AttemptRow
 from reach.audit.recording import CallRecorder
 from reach.audit.writer import AuditWriter, WriterConfig
@@ -50,6 +49,7 @@ from reach.security.fabric import FabricSecurity, connect_as
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Telemetry
 from reach.transport import Connection
+from reach.transport.adopt import Adoptable, adopt
 
 __all__ = ["CallResult", "ReachClient"]
 
@@ -60,7 +60,7 @@ class ReachClient:
     """Connects to the fabric; ``async with ReachClient() as client: ...``.
 
     ``connection``: a connection to use instead of opening one (a
-    ``reach.transport.Connection``, or a connected nats-py client: ``reach.adopt``). The
+    ``reach.transport.Connection``, or a connected nats-py client: ``reach.transport.adopt``). The
     client then leaves it open when it closes, writes its audit events over it too, and
     still takes ``credentials`` (the ones the connection logged in with) for the token
     session of a secured fabric. A client that opens its own connection opens a second

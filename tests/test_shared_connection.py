@@ -19,7 +19,6 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from reach import subjects
-from reach.adopt import adopt
 from reach.agent import Agent
 from reach.audit import AuditFilter, read_events
 from reach.client import ReachClient
@@ -30,6 +29,7 @@ from reach.security.credentials import CredentialsFile
 from reach.security.fabric import connect_as
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.transport.adopt import adopt
 
 from .cli_helpers import REACH
 from .conftest import Fabric

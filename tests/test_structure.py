@@ -30,23 +30,8 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 
-#: modules over MAX_MODULE_LINES today: the client split (reach/calling/, reach/adopt.py,
-#: reach/audit/recording.py) brings each under it. Remove an entry once its module fits:
-#: the test fails while a module listed here is within the limit.
-KNOWN_OVERSIZE = {"reach/client.py", "reach/agent.py", "reach/serving.py"}
-#: functions over MAX_FUNCTION_LINES today, removed by the same split (same rule)
-KNOWN_LONG = {
-    "reach/client.py: ReachClient._attempt",
-    "reach/client.py: ReachClient.call",
-    "reach/serving.py: CallServer.handle",
-}
-#: names in the layer table of modules the client split adds, not in this tree yet
-#: (reach/audit/recording.py falls under ``reach.audit.*``); remove an entry once its
-#: module exists: the test fails while it is listed
-PENDING = {"reach.calling.*", "reach.adopt"}
-
 #: the modules that may import nats-py
-NATS_IMPORTERS = {"reach.transport.*", "reach.adopt"}
+NATS_IMPORTERS = {"reach.transport.*"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,14 +257,8 @@ def test_the_architecture_places_every_module_in_one_layer() -> None:
     ]
     for entry in layer_table():
         named = [m for m in modules() if covers(entry, m)]
-        if not named and entry not in PENDING:
+        if not named:
             problems.append(f"docs/architecture.md names {entry}, which is no module of reach/")
-        if named and entry in PENDING:
-            problems.append(f"{entry} exists now: remove it from PENDING in {Path(__file__).name}")
-    problems += [
-        f"{entry} is in PENDING but not in docs/architecture.md's table: remove it from PENDING"
-        for entry in sorted(PENDING - set(layer_table()))
-    ]
     assert not problems, "\n".join(problems)
 
 
@@ -365,12 +344,8 @@ def test_modules_are_at_most_500_lines() -> None:
     for module, path in modules().items():
         lines = len(path.read_text().splitlines())
         name = path_of(module)
-        if lines > MAX_MODULE_LINES and name not in KNOWN_OVERSIZE:
+        if lines > MAX_MODULE_LINES:
             problems.append(f"{name}: {lines} lines (at most {MAX_MODULE_LINES}): split it")
-        if lines <= MAX_MODULE_LINES and name in KNOWN_OVERSIZE:
-            problems.append(f"{name} fits now ({lines} lines): remove it from KNOWN_OVERSIZE")
-    stale = KNOWN_OVERSIZE - {path_of(m) for m in modules()}
-    problems += [f"{name} is gone: remove it from KNOWN_OVERSIZE" for name in sorted(stale)]
     assert not problems, "\n".join(problems)
 
 
@@ -397,19 +372,13 @@ def _functions(path: Path) -> list[tuple[str, int, int]]:
 
 def test_functions_are_at_most_80_lines() -> None:
     problems = []
-    seen = set()
     for module, path in modules().items():
         for name, line, length in _functions(path):
-            key = f"{path_of(module)}: {name}"
-            seen.add(key)
-            if length > MAX_FUNCTION_LINES and key not in KNOWN_LONG:
+            if length > MAX_FUNCTION_LINES:
                 problems.append(
                     f"{path_of(module)}:{line}: {name} is {length} lines"
                     f" (at most {MAX_FUNCTION_LINES}): split it"
                 )
-            if length <= MAX_FUNCTION_LINES and key in KNOWN_LONG:
-                problems.append(f"{key} fits now ({length} lines): remove it from KNOWN_LONG")
-    problems += [f"{key} is gone: remove it from KNOWN_LONG" for key in sorted(KNOWN_LONG - seen)]
     assert not problems, "\n".join(problems)
 
 

@@ -13,6 +13,8 @@ translated into the Agent-Reach tree here (``denials.translate_error``), at this
   ``linkstate``: the state of a connection (up, or down since when and why);
 - ``natsio`` and ``mux``: the call path's socket plumbing (direct writes, inline
   delivery) and its request/reply (one inbox, one timer, batches);
+- ``adopt``: a connected nats-py client (or a ``Connection``) given to an Agent or a
+  ReachClient, wrapped once into the ``Connection`` they share;
 - ``internals``: the private attributes of nats-py that ``link`` and ``natsio`` use,
   checked at the first connection against the supported nats-py releases;
   ``REACH_NATS_INTERNALS=off`` runs every connection on nats-py's public API alone.

@@ -26,7 +26,8 @@ from typing import Any, TypeAlias
 from nats.aio.client import Client as NatsClient
 
 from reach.errors import ConfigurationError
-from reach.transport import Connection, Denials
+from reach.transport.connection import Connection
+from reach.transport.denials import Denials
 
 __all__ = ["Adoptable", "NatsClient", "adopt"]
 
