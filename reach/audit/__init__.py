@@ -4,8 +4,9 @@ The names below are imported on first use: an agent or a client, which import th
 audit writer, do not load the reader, the alert rules and their watcher with it.
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from reach import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
     from reach.audit.alert_watcher import AlertWatcher
@@ -53,15 +54,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 if not _typing.TYPE_CHECKING:  # type checkers read the imports above instead
-
-    def __getattr__(name: str) -> object:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'reach.audit' has no attribute {name!r}")
-        value = getattr(_importlib.import_module(module), name)
-        globals()[name] = value  # once imported, an attribute like any other
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    __getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS, globals(), __all__)

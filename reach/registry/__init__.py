@@ -4,8 +4,9 @@ The names below are imported on first use: a caller that imports the route cache
 (``reach.registry.routecache``) does not load the registrar with it.
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from reach import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
     from reach.registry.config import RegistrarConfig
@@ -24,15 +25,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 if not _typing.TYPE_CHECKING:  # type checkers read the imports above instead
-
-    def __getattr__(name: str) -> object:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'reach.registry' has no attribute {name!r}")
-        value = getattr(_importlib.import_module(module), name)
-        globals()[name] = value  # once imported, an attribute like any other
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    __getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS, globals(), __all__)

@@ -20,8 +20,9 @@ The names below are imported on first use, so that importing one module of the p
 does not load the others (``reach.security.replay`` does not load the credential store).
 """
 
-import importlib as _importlib
 import typing as _typing
+
+from reach import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
     from reach.security.credcache import CredentialCache
@@ -130,15 +131,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 if not _typing.TYPE_CHECKING:  # type checkers read the imports above instead
-
-    def __getattr__(name: str) -> object:
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'reach.security' has no attribute {name!r}")
-        value = getattr(_importlib.import_module(module), name)
-        globals()[name] = value  # once imported, an attribute like any other
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    __getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS, globals(), __all__)
