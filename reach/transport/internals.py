@@ -83,6 +83,7 @@ _WRITER = "natsio.Writer (direct socket writes)"
 _INLINE = "natsio.subscribe_inline (delivery without a task hop)"
 _LINK = "link.Client (logging in again after a refused login)"
 _CONNECT = "link.open_client (jittered reconnects, a reply inbox of its own)"
+_ADOPT = "adopt (a connected nats-py client given to an Agent or a ReachClient)"
 
 USED: tuple[Internal, ...] = (
     Internal("Client", "_pending", _WRITER, kind=list),
@@ -97,7 +98,8 @@ USED: tuple[Internal, ...] = (
     Internal("Client", "_connect_to_server", _LINK, ("s",)),
     Internal("Client", "_process_err", _LINK, ("err_msg",)),
     Internal("Client", "_process_op_err", _LINK, ("e",)),
-    Internal("Client", "_error_cb", _LINK),
+    Internal("Client", "_error_cb", f"{_LINK}, {_ADOPT}"),
+    Internal("Client", "_reconnected_cb", _ADOPT),
     Internal("Client", "_err", _LINK),
     Internal("TcpTransport", "connect", _LINK, ("uri", "buffer_size", "connect_timeout")),
     Internal("Client", "connect", _CONNECT, ("reconnect_to_server_handler",), public=True),
