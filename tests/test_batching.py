@@ -25,7 +25,7 @@ from reach import envelope, subjects
 from reach.client import CallResult, ReachClient
 from reach.envelope import MAX_BATCH_ITEMS, RequestMeta
 from reach.errors import CodecError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.models import AnnounceReply, AnnounceRequest, Manifest
 from reach.registry import Registrar
 from reach.testing import NatsServer

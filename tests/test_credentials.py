@@ -18,7 +18,7 @@ from reach.agent import Agent
 from reach.client import ReachClient
 from reach.clock import ManualClock
 from reach.errors import AuthenticationFailed, ConfigurationError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.security import (
     ClientRecord,
     CredentialsFile,

@@ -16,7 +16,7 @@ import pytest
 from reach import envelope, subjects
 from reach.agent import Agent
 from reach.client import ReachClient
-from reach.messages import decode_model, encode_model
+from reach.modelcodec import decode_model, encode_model
 from reach.models import AnnounceReply, Heartbeat, HeartbeatReply, Manifest
 from reach.registry import Registrar
 from reach.testing import NatsServer

@@ -15,7 +15,7 @@ import pytest
 from reach import subjects
 from reach.client import ReachClient
 from reach.errors import CodecError, ConfigurationError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.models import Instance, parse_manifest
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import decode_instance

@@ -164,7 +164,7 @@ async def test_a_callee_cannot_use_the_tokens_its_callers_send_it_anywhere_else(
     never reaches a callee."""
     import asyncio
 
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.security.issuer import TokenRequest
     from reach.security.tokens import TokenRejected
 
@@ -241,7 +241,7 @@ async def test_a_retired_signing_key_cannot_mint_call_tokens(fabric: Fabric) -> 
     token signed with the current key)."""
     import jwt as pyjwt
 
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.security.issuer import TokenRequest
 
     assert fabric.issuer.ring is not None
@@ -436,7 +436,7 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
 async def test_heartbeat_and_bye_as_another_agent_are_refused_and_leave_its_record_alone(
     fabric: Fabric,
 ) -> None:
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.models import Bye, Heartbeat
 
     b = Behaviour()
