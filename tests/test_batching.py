@@ -289,7 +289,7 @@ async def test_batches_go_only_to_instances_that_announced_they_read_them(
 
 
 def test_the_exported_schema_describes_a_batch() -> None:
-    from reach.schemas import EnvelopeBatch
+    from reach.wireschemas import EnvelopeBatch
 
     data = envelope.pack_batch([("a1", b"\x80"), ("a2", b"\x81")])
     assert EnvelopeBatch.model_validate(msgpack.unpackb(data)).root == [

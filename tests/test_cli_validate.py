@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from reach.cli import main
 from reach.errors import ConfigurationError
 from reach.models import parse_manifest
-from reach.schemas import WIRE_SCHEMAS
+from reach.wireschemas import WIRE_SCHEMAS
 
 from .manifest_helpers import MANIFEST_EXAMPLE
 

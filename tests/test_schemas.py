@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from reach import envelope
 from reach.envelope import RequestMeta
-from reach.schemas import (
+from reach.wireschemas import (
     JSON_SCHEMA_DIALECT,
     SCHEMA_BASE_URL,
     WIRE_SCHEMAS,
