@@ -480,7 +480,7 @@ async def _route_choice_layout(
 def record_decode_us(samples: int = 300) -> dict[str, Any]:
     """µs to decode one registry record, as every route cache and the registrar do for each
     KV change they watch: as written here, and the same record without a JSON Schema."""
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.registry.store import decode_instance
 
     layout = _Layout("decode", "dec", 10)
@@ -577,7 +577,7 @@ class _Control:
         login with a credential from ``reach creds add ID --agent-id ID --cap bench-sim``;
         the registrar refuses an announce its credential does not allow)."""
         from reach import subjects
-        from reach.messages import encode_model
+        from reach.modelcodec import encode_model
         from reach.security.credentials import ClientRecord
         from reach.security.tokens import KeyRing, TokenIssuer
 
@@ -606,7 +606,7 @@ class _Control:
 
     def request(self, agent_id: str, model: Any) -> bytes:
         from reach import envelope
-        from reach.messages import encode_model
+        from reach.modelcodec import encode_model
 
         token = self.tokens.get(agent_id) or self.security.token()
         meta = envelope.RequestMeta(call_id=secrets.token_hex(8), caller=agent_id, token=token)
@@ -614,7 +614,7 @@ class _Control:
 
     async def announce(self, agent_id: str, instance_id: str, interval: float) -> bool:
         from reach import envelope, subjects
-        from reach.messages import decode_model
+        from reach.modelcodec import decode_model
         from reach.models import AnnounceReply, AnnounceRequest
 
         request = AnnounceRequest(
@@ -1010,7 +1010,7 @@ class _Simulator:
 
     async def on_reply(self, msg: Any) -> None:
         from reach import envelope
-        from reach.messages import decode_model
+        from reach.modelcodec import decode_model
         from reach.models import HeartbeatReply
 
         n = int(msg.subject.rsplit(".", 1)[1])
@@ -1030,7 +1030,7 @@ class _Simulator:
 
     async def on_probe(self, msg: Any) -> None:
         from reach import envelope, subjects
-        from reach.messages import encode_model
+        from reach.modelcodec import encode_model
         from reach.models import ProbeReply
 
         agent_id = subjects.last_token(msg.subject)

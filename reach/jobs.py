@@ -33,7 +33,7 @@ from reach.errors import (
     ReachTimeout,
     Unavailable,
 )
-from reach.messages import decode_model
+from reach.modelcodec import decode_model
 from reach.tasks import EAGER
 from reach.transport import Connection, KVBucket
 

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from reach import envelope, subjects
 from reach.clock import Clock
 from reach.errors import DiscoveryError, NoResponders, ReachError, ReachTimeout, RegistrationRefused
-from reach.messages import decode_model, encode_model
+from reach.modelcodec import decode_model, encode_model
 from reach.models import (
     FEATURES,
     AnnounceReply,

@@ -1,5 +1,6 @@
-"""Shared by the audit tests: audit events with sensible defaults, and waiting for a
-condition (the alert watcher to fire, a line to be logged)."""
+"""Shared by the audit tests: audit events with sensible defaults, writing them to
+REACH_AUDIT, waiting for a client's events to be written, and waiting for a condition
+(the alert watcher to fire, a line to be logged)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from reach.audit import AuditWriter, WriterConfig
 from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.events import CallEvent, attempt
+from reach.client import ReachClient
+from reach.transport import Connection
 
 
 def make_event(**fields: Any) -> CallEvent:
@@ -51,3 +55,22 @@ async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
 async def until_fired(watcher: AlertWatcher, timeout: float = 10.0) -> None:
     """Wait until the watcher has fired an alert."""
     await until(lambda: watcher.fired, timeout)
+
+
+#: how many names the alert rules keep counts for (reach.audit.alerts.MAX_TRACKED)
+MAX_TRACKED = 10_000
+
+
+async def write(conn: Connection, *rows: CallEvent) -> None:
+    """Rows into REACH_AUDIT through a real writer (flushed before it returns)."""
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
+    await writer.start()
+    for row in rows:
+        writer.record(row)
+    await writer.stop()
+
+
+async def flushed(client: ReachClient) -> None:
+    """Wait until the client's audit writer has written every event it holds."""
+    assert client.audit is not None
+    await asyncio.wait_for(client.audit.flush(), 10)

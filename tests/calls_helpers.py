@@ -1,4 +1,5 @@
-"""Building blocks for call tests: in-process agents with controllable handlers."""
+"""Building blocks for call tests: in-process agents with controllable handlers, and a
+report capability's input contract."""
 
 from __future__ import annotations
 
@@ -100,3 +101,28 @@ async def wait_routable(client: ReachClient, capability: str, count: int) -> Non
         lambda c: len([i for i in c.find(capability) if i.status == "healthy"]) >= count,
         timeout=5,
     )
+
+
+def hold_until_released(answer: Any) -> tuple[Callable[[Any], Any], asyncio.Event, asyncio.Event]:
+    """A handler that says it ``entered``, then waits for ``release`` to answer."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(req: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return answer
+
+    return hold, entered, release
+
+
+#: a report capability's input contract: industry and time range required
+REPORT_INPUT = {
+    "type": "object",
+    "properties": {
+        "industry": {"type": "string"},
+        "time_range": {"type": "string"},
+        "include_charts": {"type": "boolean"},
+    },
+    "required": ["industry", "time_range"],
+}

@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 HERE = Path(__file__).parent
 
 
-#: the token fixtures (clock, ring, issuer, verifier) of the token and revocation tests
-pytest_plugins = ["tests.token_helpers"]
+#: the token fixtures (clock, ring, issuer, verifier) of the token and revocation tests,
+#: and ``secured`` (a fabric `reach up` started) of the permission and CLI tests
+pytest_plugins = ["tests.token_helpers", "tests.up_helpers"]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

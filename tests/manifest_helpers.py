@@ -1,9 +1,13 @@
-"""The annotated manifest example of docs/architecture.md ("The manifest"), for the tests
-that validate, export and check manifests."""
+"""Manifests for the tests: the annotated example of docs/architecture.md ("The
+manifest"), for the tests that validate, export and check manifests, and manifests
+whose SLA or schema no caller could follow."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from .calls_helpers import capability
 
 ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 
@@ -39,3 +43,36 @@ health:
   timeout_sec: 3
   failures_before_unhealthy: 2
 """  # noqa: E501 (verbatim from docs/architecture.md)
+
+
+#: the longest latency SLA a manifest may declare, a day (reach.models.MAX_SLA_MS),
+#: spelled out: the tests hold the code to the documented limit
+MAX_SLA_MS = 24 * 3600 * 1000.0
+
+
+def manifest_with_sla(sla: float) -> dict[str, Any]:
+    return {
+        "agent_id": "slow-1",
+        "agent_name": "slow",
+        "version": "1.0.0",
+        "capabilities": [capability("work", sla_ms=sla)],
+    }
+
+
+def manifest_with_schema(agent_id: str, bound: float) -> dict[str, Any]:
+    return {
+        "agent_id": agent_id,
+        "agent_name": "nan",
+        "version": "1.0.0",
+        "capabilities": [
+            {
+                "name": "work",
+                "security_level": 1,
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"x": {"type": "number", "maximum": bound}},
+                },
+            }
+        ],
+        "health": {"interval_sec": 3600, "timeout_sec": 5},
+    }

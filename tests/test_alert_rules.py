@@ -1,4 +1,5 @@
-"""Alert rules on their own (the engine is pure; time is a manual clock)."""
+"""Alert rules on their own (the engine is pure; time is a manual clock), their memory
+bounded however many names the events carry."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach.audit.alerts import AlertEngine, AlertRules, decode_alert, encode_alert
+from reach.audit.batch import RowSummary, encode_batch, read_counts
+from reach.audit.events import CallEvent
 from reach.clock import ManualClock
 from reach.errors import ConfigurationError
 from reach.models import Instance
-from tests.test_routing import instance
+from tests.audit_helpers import MAX_TRACKED, make_event
+from tests.routing_helpers import instance
 
 
 def retried_call(
@@ -161,7 +165,7 @@ def test_batches_from_the_stream_count_like_single_events() -> None:
     import msgpack
 
     from reach.audit.batch import encode_batch
-    from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
+    from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS
     from tests.audit_helpers import make_event
 
     def row(retried: bool, error: str | None = None) -> CallEvent:
@@ -200,7 +204,7 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
         read_header_counts,
         summary_headers,
     )
-    from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
+    from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS
     from tests.audit_helpers import make_event
 
     def row(error: str | None = None, capability: str = "query") -> CallEvent:
@@ -282,3 +286,117 @@ def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
     assert read_counts(data) == (expected_calls if notable == 0 else None)
     plain = sum(1 for s, c, e, a in rows if (s, c, e, a) == ("caller", "query", None, 1))
     assert builder.count - len(builder.positions) == plain
+
+
+# -- the engine's memory under many names ----------------------------------------------
+
+
+def _breaker_rejection(capability: str) -> dict[str, Any]:
+    return {"side": "caller", "capability": capability, "caller": "c", "error": "breaker"}
+
+
+def _retried(caller: str, callee: str, capability: str = "query") -> dict[str, Any]:
+    return {
+        "side": "caller",
+        "capability": capability,
+        "caller": caller,
+        "attempts": [{"agent_id": callee, "outcome": "timeout"}, {"agent_id": "ok-1"}],
+    }
+
+
+def test_the_alert_engine_tracks_a_bounded_number_of_names_and_forgets_empty_windows() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    # a few names over the limit each (each of those costs the engine a pass over all)
+    engine.count_calls({f"cap-{i}": 1 for i in range(MAX_TRACKED + 20)})
+    for i in range(MAX_TRACKED + 20):
+        engine.observe(_breaker_rejection(f"cap-{i}"))
+    for i in range(MAX_TRACKED + 20):
+        engine.observe(_retried("sched", f"callee-{i}", capability="cap-0"))
+    assert len(engine._calls) <= MAX_TRACKED
+    assert len(engine._rejections) <= MAX_TRACKED
+    assert len(engine._retries) <= MAX_TRACKED
+    # windows that emptied are forgotten
+    clock.advance(max(engine.rules.breaker_window_sec, engine.rules.retry_window_sec) + 1)
+    engine.prune(clock.time())
+    assert (len(engine._calls), len(engine._rejections), len(engine._retries)) == (0, 0, 0)
+    # full again: once its windows emptied, a new name is counted (room made by pruning)
+    engine.count_calls({f"again-{i}": 1 for i in range(MAX_TRACKED)})
+    assert len(engine._calls) == MAX_TRACKED
+    engine.count_calls({"late": 1})
+    assert "late" not in engine._calls
+    clock.advance(engine.rules.breaker_window_sec + 1)
+    engine.count_calls({"later": 1})
+    assert list(engine._calls) == ["later"]
+
+
+def test_a_window_that_still_counts_is_kept_by_prune() -> None:
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    engine.count_calls({"old": 1})
+    clock.advance(engine.rules.breaker_window_sec / 2)
+    engine.count_calls({"recent": 1})
+    clock.advance(engine.rules.breaker_window_sec / 2 + 1)
+    engine.prune(clock.time())
+    assert list(engine._calls) == ["recent"]
+
+
+# -- calls that passed an open breaker over --------------------------------------------
+
+
+def skipped_row(n: int, capability: str = "query") -> CallEvent:
+    return make_event(
+        ts=0.0,
+        capability=capability,
+        call_id=f"c-{n}",
+        caller="sched",
+        callee="dq-2",
+        outcome="ok",
+        skipped=("dq-1",),
+        attempts=[{"agent_id": "dq-2", "outcome": "ok", "latency_ms": 1.0}],
+    )
+
+
+def plain_row(n: int, capability: str = "query") -> CallEvent:
+    return make_event(
+        ts=0.0,
+        capability=capability,
+        call_id=f"p-{n}",
+        caller="sched",
+        callee="dq-2",
+        outcome="ok",
+        candidates=("dq-2",),
+        n_candidates=1,
+        attempts=[{"agent_id": "dq-2", "outcome": "ok", "latency_ms": 1.0}],
+    )
+
+
+def test_a_call_served_after_skipping_an_open_breaker_counts_as_a_rejection() -> None:
+    engine = AlertEngine(clock=ManualClock())
+    ok: dict[str, Any] = {"capability": "query", "caller": "c", "outcome": "ok", "attempts": [{}]}
+    skipped = {**ok, "skipped": ["dq-1"], "attempts": [{"agent_id": "dq-2", "outcome": "ok"}]}
+    for _ in range(18):
+        assert engine.observe(ok) == []
+    assert engine.observe(skipped) == []  # 1 of 19: under 20 calls
+    assert engine.observe(skipped) == []  # 2 of 20 = 10 %: not above
+    (alert,) = engine.observe(skipped)  # 3 of 21, though every call succeeded
+    assert alert.rule == "breaker_rejections"
+    assert alert.details == {"capability": "query", "rejected": 3, "calls": 21}
+
+
+def test_a_batch_with_skipped_rows_is_notable_and_raises_the_alert() -> None:
+    summary = RowSummary()
+    summary.add(plain_row(0))
+    assert summary.notable == 0
+    summary.add(skipped_row(1))
+    assert summary.notable == 1
+    assert summary.calls == {"query": 2}
+    plain = encode_batch([plain_row(n) for n in range(30)])
+    assert read_counts(plain) == {"query": 30}
+    mixed = encode_batch([plain_row(n) for n in range(30)] + [skipped_row(n) for n in range(3)])
+    assert read_counts(mixed) is None  # its rows must be read
+    engine = AlertEngine(clock=ManualClock())
+    assert engine.observe_batch(mixed) == []  # 3 of 33: below 10 %
+    (alert,) = engine.observe_batch(encode_batch([skipped_row(3)]))  # 4 of 34
+    assert alert.rule == "breaker_rejections"
+    assert alert.details == {"capability": "query", "rejected": 4, "calls": 34}

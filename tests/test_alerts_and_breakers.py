@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
 from reach import subjects
@@ -18,6 +19,7 @@ from reach.resilience import BreakerConfig, RetryBudget
 from reach.testing import NatsServer
 from reach.transport import Connection
 
+from .audit_helpers import event, write
 from .calls_helpers import make_agent, wait_routable
 from .cli_helpers import run_reach
 
@@ -122,3 +124,27 @@ async def test_doctor_blames_an_open_breaker(nats_server: NatsServer, registrar:
     assert "circuit breaker open for tripped-1" in result["conclusion"]
     fabric_step = result["steps"][5]
     assert any("breaker OPEN for tripped-1" in f for f in fabric_step["findings"])
+
+
+async def test_the_registrar_alerts_on_calls_that_skip_an_open_breaker(
+    nats_server: NatsServer, registrar: Registrar, conn: Connection
+) -> None:
+    now = time.time()
+    served = [{"agent_id": "u-2", "outcome": "ok", "latency_ms": 1.0}]
+    rows = [event(n, capability="unav", ts=now, callee="u-2", attempts=served) for n in range(20)]
+    rows += [
+        event(100 + n, capability="unav", ts=now, callee="u-2", skipped=("u-1",), attempts=served)
+        for n in range(5)
+    ]
+    await write(conn, *rows)
+    stream = await conn.stream(subjects.ALERTS_STREAM)
+    found: list[Any] = []
+    for _ in range(100):  # the registrar's watcher reads the notable batch in the background
+        messages = [m async for m in stream.read(subjects.alert("breaker_rejections"))]
+        found = [a for a in (decode_alert(m.data) for m in messages) if a is not None]
+        if found:
+            break
+        await asyncio.sleep(0.05)
+    (alert,) = found
+    assert alert.key == "unav"
+    assert alert.details["rejected"] >= 3

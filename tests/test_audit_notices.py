@@ -4,6 +4,7 @@ watcher that reads them instead of consuming REACH_AUDIT, against a real nats-se
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -15,8 +16,9 @@ from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.batch import RowSummary, encode_notice
 from reach.audit.records import AuditNotice, decode_batch, decode_notice
 from reach.errors import ReachTimeout
+from reach.registry import Registrar
 from reach.transport import Connection, Message, Stream
-from tests.audit_helpers import event, until_fired
+from tests.audit_helpers import MAX_TRACKED, event, until_fired
 
 RETRIED = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]
 
@@ -188,3 +190,33 @@ async def test_a_malformed_notice_is_skipped_and_the_watcher_goes_on(conn: Conne
         await writer.stop()
         await watcher.stop()
     assert [a.rule for a in watcher.fired] == ["retry_storm"]
+
+
+# -- notices with many names -----------------------------------------------------------
+
+
+async def test_forged_notices_with_many_names_keep_the_registrars_alert_state_bounded(
+    registrar: Registrar, conn: Connection
+) -> None:
+    watcher = registrar._alerts
+    assert watcher is not None
+    engine = watcher.engine
+    subject = subjects.audited("x", subjects.ANONYMOUS)
+
+    def notice(calls: dict[str, int]) -> bytes:
+        return json.dumps({"seq": 1, "calls": calls, "notable": 0}).encode()
+
+    await conn.publish(subject, notice({"sentinel": 1}))
+    for n in range(2):  # 10,100 names: just over the limit
+        await conn.publish(subject, notice({f"n{n}-{i}": 1 for i in range(5050)}))
+    await conn.publish(subject, notice({"sentinel": 1000}))  # the last one: all are counted
+    await conn.flush()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        sentinel = engine._calls.get("sentinel")
+        if sentinel is not None and sentinel.total >= 1001:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the registrar did not count the notices")
+    assert len(engine._calls) <= MAX_TRACKED

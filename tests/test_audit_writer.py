@@ -1,9 +1,11 @@
-"""The audit writer and the record streams, against a real nats-server with JetStream."""
+"""The audit writer and the record streams, against a real nats-server with JetStream,
+and the filters events are read back with."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import msgpack
@@ -13,7 +15,7 @@ from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.batch import encode_batch, event_row
 from reach.audit.events import EVENT_FIELDS, CallEvent, attempt
-from reach.audit.records import AuditEvent, decode_batch
+from reach.audit.records import AuditAttempt, AuditEvent, decode_batch
 from reach.errors import ReachError
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
@@ -442,3 +444,35 @@ async def test_a_flush_does_not_cut_the_back_off_short_while_the_stream_is_away(
     assert writer.pending == 1
     assert writer.dropped == 0
     await writer.stop(timeout=0.1)
+
+
+# -- the filters see calls that passed an open breaker over ----------------------------
+
+
+def skipped_call(ts: float, *, skipped: str = "u-1", served: str = "u-2") -> AuditEvent:
+    """Served by ``served`` after passing ``skipped`` over: its breaker was open."""
+    return AuditEvent(
+        ts=ts,
+        capability="unav",
+        callee=served,
+        outcome="ok",
+        candidates=[skipped, served],
+        n_candidates=2,
+        skipped=[skipped],
+        attempts=[AuditAttempt(agent_id=served, outcome="ok", latency_ms=1.0)],
+    )
+
+
+def test_the_callee_filter_and_the_breaker_kind_match_a_skipped_instance() -> None:
+    call = skipped_call(time.time())
+    assert AuditFilter(callee="u-1").matches(call)
+    assert AuditFilter(kind="breaker").matches(call)
+    assert AuditFilter(callee="u-1", kind="breaker").matches(call)
+    assert AuditFilter(callee="u-2").matches(call)  # served it
+    assert not AuditFilter(callee="u-3").matches(call)
+    assert not AuditFilter(kind="timeout").matches(call)
+    assert not AuditFilter(kind="retry").matches(call)
+    # a call that skipped nothing is no breaker event
+    plain = call.model_copy(update={"skipped": []})
+    assert not AuditFilter(kind="breaker").matches(plain)
+    assert not AuditFilter(callee="u-1").matches(plain)

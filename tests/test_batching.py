@@ -1,5 +1,6 @@
 """Calls made together travel together: requests to one subject in one turn of the
-caller's event loop go out as one message, and their replies come back batched.
+caller's event loop go out as one message, and their replies come back batched; a
+batch reply settles only the requests of its own batch, whatever else it claims to answer.
 
 Against a real nats-server: a plain subscription on the instance subject watches what
 actually goes over the wire.
@@ -24,13 +25,15 @@ from reach import envelope, subjects
 from reach.client import CallResult, ReachClient
 from reach.envelope import MAX_BATCH_ITEMS, RequestMeta
 from reach.errors import CodecError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.models import AnnounceReply, AnnounceRequest, Manifest
+from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
 
 from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
+from .schema_helpers import load_schema
 
 # -- the wire format ---------------------------------------------------------------------
 
@@ -286,9 +289,7 @@ async def test_batches_go_only_to_instances_that_announced_they_read_them(
 
 
 def test_the_exported_schema_describes_a_batch() -> None:
-    from reach.schemas import EnvelopeBatch
-
-    from .test_schemas import load_schema
+    from reach.wireschemas import EnvelopeBatch
 
     data = envelope.pack_batch([("a1", b"\x80"), ("a2", b"\x81")])
     assert EnvelopeBatch.model_validate(msgpack.unpackb(data)).root == [
@@ -331,3 +332,112 @@ async def test_batches_stay_under_the_servers_max_payload(tmp_path: Path) -> Non
             assert all(len(d) <= 4096 for d in wire)
         finally:
             await conn.close()
+
+
+# -- a batch reply answers only its own batch ------------------------------------------
+
+
+async def test_a_batch_reply_settles_only_the_requests_of_its_own_batch(
+    conn: Connection,
+) -> None:
+    """A responder answering its batch in parts, every part also carrying "answers" to
+    the tokens of other requests in flight (tokens are a counter: easy to guess)."""
+    forged_sent = asyncio.Event()
+
+    async def victim(msg: Message) -> None:
+        await asyncio.wait_for(forged_sent.wait(), 5)  # the forged answers go first
+        await conn.respond(msg, b"victim:" + msg.data)
+
+    async def rogue(msg: Message) -> None:
+        if not envelope.is_batch(msg.data):
+            await conn.respond(msg, b"single:" + msg.data)
+            return
+        items = envelope.unpack_batch(msg.data)
+        mine = {token for token, _ in items}
+        others = [f"{i:x}" for i in range(1, 0x80) if f"{i:x}" not in mine]
+        for token, request in items:  # its own answers, one per part, out of order below
+            forged = others[: envelope.MAX_BATCH_ITEMS - 1]
+            part = [(token, b"rogue:" + request), *((t, b"forged") for t in forged)]
+            await conn.respond(msg, envelope.pack_batch(part))
+        for start in range(0, len(others), envelope.MAX_BATCH_ITEMS):  # and more after them
+            chunk = others[start : start + envelope.MAX_BATCH_ITEMS]
+            await conn.respond(msg, envelope.pack_batch([(t, b"forged") for t in chunk]))
+        forged_sent.set()
+
+    await conn.subscribe("reach.test.victim", victim)
+    await conn.subscribe("reach.test.rogue", rogue)
+    await conn.flush()
+    request = conn.raw_request
+    assert await request("reach.test.rogue", b"first", 2.0, True) == b"single:first"
+    # a request to the victim in flight, then three to the rogue in one turn: one batch
+    replies = await asyncio.gather(
+        request("reach.test.victim", b"v", 5.0, False),
+        *(request("reach.test.rogue", b"r%d" % i, 5.0, True) for i in range(3)),
+    )
+    assert replies == [b"victim:v", b"rogue:r0", b"rogue:r1", b"rogue:r2"]
+    assert forged_sent.is_set()
+
+
+async def test_a_rogue_agent_cannot_answer_a_call_to_another_agent(
+    nats_server: NatsServer, registrar: Registrar, client: ReachClient, conn: Connection
+) -> None:
+    """End to end: an agent that announced the "batch" feature answers its batch with
+    forged replies to the caller's call in flight to bank-1."""
+    forged_sent = asyncio.Event()
+
+    async def balance(req: Any) -> Any:
+        await asyncio.wait_for(forged_sent.wait(), 5)
+        return {"balance": 100}
+
+    bank, _ = make_agent(
+        nats_server.url, "bank-1", capability("balance", sla_ms=2000), handler=balance
+    )
+
+    async def rogue(msg: Message) -> None:
+        if not envelope.is_batch(msg.data):
+            _, body = envelope.unpack_request(msg.data)
+            await conn.respond(msg, envelope.pack_ok(body, "rogue-1"))
+            return
+        items = envelope.unpack_batch(msg.data)
+        mine = {token for token, _ in items}
+        ok = envelope.pack_ok(msgpack.packb({"joke": "ok"}), "rogue-1")
+        await conn.respond(msg, envelope.pack_batch([(t, ok) for t in mine]))
+        forged = envelope.pack_ok(msgpack.packb({"balance": -1_000_000}), "bank-1")
+        others = [f"{i:x}" for i in range(1, 0x100) if f"{i:x}" not in mine]
+        for start in range(0, len(others), envelope.MAX_BATCH_ITEMS):
+            chunk = others[start : start + envelope.MAX_BATCH_ITEMS]
+            await conn.respond(msg, envelope.pack_batch([(t, forged) for t in chunk]))
+        forged_sent.set()
+
+    await conn.subscribe(subjects.capability_instance("joke", "rogue-1"), rogue)
+    manifest = Manifest.model_validate(
+        {
+            "agent_id": "rogue-1",
+            "agent_name": "rogue",
+            "version": "1.0.0",
+            "capabilities": [{"name": "joke", "latency_sla_ms": 2000, "security_level": 1}],
+            "health": {"interval_sec": 3600, "timeout_sec": 5},
+        }
+    )
+    announce = AnnounceRequest(
+        manifest=manifest, instance_id="r1", started_at=time.time(), features=["batch"]
+    )
+    raw = await conn.request(
+        subjects.announce("rogue-1"),
+        envelope.pack_request(envelope.RequestMeta("a1"), encode_model(announce)),
+        timeout=2,
+    )
+    assert envelope.unpack_reply(raw).ok
+    async with bank:
+        await wait_routable(client, "balance", 1)
+        await wait_routable(client, "joke", 1)
+        # a call to bank-1 in flight, and two calls to rogue-1 in the same turn (a batch)
+        paid, *jokes = await asyncio.gather(
+            client.call("balance", {}),
+            client.call("joke", {"n": 1}),
+            client.call("joke", {"n": 2}),
+        )
+    assert forged_sent.is_set()
+    assert paid.value == {"balance": 100}
+    assert paid.agent_id == "bank-1"
+    assert [j.value for j in jokes] == [{"joke": "ok"}] * 2

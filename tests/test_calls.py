@@ -1,49 +1,35 @@
-"""Calls end to end on a real nats-server: contract, typed errors, routing, timeouts,
-deadlines, retries, breakers, fallbacks."""
+"""Calls end to end on a real nats-server: contract, typed errors, routing by tag,
+admission, timeouts, deadlines, repeated calls and idempotency keys. Retries and breakers
+are in tests/test_retries.py, fallbacks in tests/test_fallbacks.py, refused inputs in
+tests/test_call_inputs.py."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from reach import envelope, subjects
-from reach.audit import AuditFilter, read_events
 from reach.client import ReachClient
 from reach.clock import ManualClock
 from reach.context import current_call
 from reach.errors import (
     BusinessError,
-    CircuitOpen,
     ContractError,
     InternalError,
     NotFound,
     ReachTimeout,
     RetriesExhausted,
-    Unavailable,
 )
 from reach.fallback import Fallback
 from reach.models import Readiness
-from reach.resilience import BreakerBoard, BreakerConfig, RetryBudget
 from reach.testing import NatsServer
-from reach.transport import Connection
 
-from .calls_helpers import Behaviour, capability, make_agent, wait_routable
-
-REPORT_INPUT = {
-    "type": "object",
-    "properties": {
-        "industry": {"type": "string"},
-        "time_range": {"type": "string"},
-        "include_charts": {"type": "boolean"},
-    },
-    "required": ["industry", "time_range"],
-}
+from .calls_helpers import REPORT_INPUT, Behaviour, capability, make_agent, wait_routable
 
 
 async def test_a_call_reaches_a_healthy_instance_and_says_who_served_it(
@@ -270,22 +256,6 @@ async def test_default_timeout_is_one_and_a_half_times_the_sla(
     assert b.finished == 0
 
 
-async def test_slow_instance_times_out_and_an_idempotent_call_moves_to_another(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    slow, bs = make_agent(nats_server.url, "slow-2", capability(sla_ms=300, idempotent=True))
-    fast, _bf = make_agent(nats_server.url, "fast-2", capability(sla_ms=300, idempotent=True))
-    bs.sleep = 5.0
-    async with slow, fast:
-        await wait_routable(client, "work", 2)
-        client.peers.observe("slow-2", 1)
-        client.peers.observe("fast-2", 250)
-        result = await client.call("work", {}, timeout=1.5)
-    assert result.agent_id == "fast-2"
-    assert result.attempts == 2
-    assert bs.calls == 1
-
-
 async def test_nested_call_stops_the_innermost_handler_at_the_outer_deadline(
     nats_server: NatsServer, client: ReachClient
 ) -> None:
@@ -315,42 +285,6 @@ async def test_nested_call_stops_the_innermost_handler_at_the_outer_deadline(
     assert bc.finished == 0
     assert seen["b_deadline"] is not None
     assert abs(seen["b_deadline"] / 1000 - (started + 1.0)) < 0.2
-
-
-async def test_retries_back_off_200ms_doubling_and_stop_after_three(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    agent, b = make_agent(nats_server.url, "down-1", readiness=lambda: False)
-    async with agent:
-        await client.routes.wait_for(lambda c: c.get("down-1") is not None, timeout=5)
-        client.retry_budget = RetryBudget(min_retries=100)
-        started = time.monotonic()
-        with pytest.raises((RetriesExhausted, Unavailable)) as err:
-            await client.call("work", {}, timeout=5.0)
-        elapsed = time.monotonic() - started
-    if isinstance(err.value, RetriesExhausted):
-        assert err.value.attempts == 4
-        assert isinstance(err.value.__cause__, Unavailable)
-        # 0.2 + 0.4 + 0.8 plus jitter of at most 3 × 0.1
-        assert 1.4 <= elapsed <= 1.4 + 0.3 + 0.5
-    else:  # the registrar already marked it degraded → routed but unavailable
-        pytest.fail(f"expected RetriesExhausted, got {err.value!r}")
-    assert b.calls == 0
-
-
-async def test_retry_budget_stops_a_retry_storm(nats_server: NatsServer, registrar: object) -> None:
-    agent, _ = make_agent(nats_server.url, "down-2", readiness=lambda: False)
-    budget = RetryBudget(ratio=0.1, min_retries=2, min_per_sec=0)
-    async with agent, ReachClient(servers=nats_server.url, retry_budget=budget) as client:
-        await client.routes.wait_for(lambda c: c.get("down-2") is not None, timeout=5)
-        outcomes = []
-        for _ in range(5):
-            try:
-                await client.call("work", {}, timeout=0.1)
-            except (RetriesExhausted, Unavailable) as exc:
-                outcomes.append(exc)
-    assert budget.retries <= 2
-    assert sum(isinstance(o, Unavailable) for o in outcomes) >= 3
 
 
 async def test_a_repeated_call_id_gets_the_first_result_and_runs_the_handler_once(
@@ -386,97 +320,6 @@ async def test_idempotency_key_dedups_across_calls(
     assert b.calls == 1
 
 
-async def test_breaker_opens_at_threshold_then_half_open_trial_closes_it(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    clock = ManualClock()
-    client.breakers = BreakerBoard(BreakerConfig(min_calls=20, consecutive_failures=20), clock)
-    client.retry_budget = RetryBudget(min_retries=0, ratio=0.0, min_per_sec=0)
-    ready = {"ok": False}
-    agent, _b = make_agent(nats_server.url, "flaky-1", readiness=lambda: ready["ok"])
-    async with agent:
-        await client.routes.wait_for(lambda c: c.get("flaky-1") is not None, timeout=5)
-        for _ in range(20):
-            with pytest.raises(Unavailable):
-                await client.call("work", {})
-        assert client.breakers.get("flaky-1").state == "open"
-        with pytest.raises(CircuitOpen) as opened:
-            await client.call("work", {})
-        assert opened.value.retry_in > 0
-        ready["ok"] = True
-        await agent.current_readiness()
-        clock.advance(opened.value.retry_in + 0.01)
-        assert (await client.call("work", {})).agent_id == "flaky-1"
-        assert (await client.call("work", {})).agent_id == "flaky-1"
-        assert client.breakers.get("flaky-1").state == "closed"
-
-
-async def test_contract_and_business_errors_never_open_a_breaker(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    agent, b = make_agent(
-        nats_server.url, "strict-1", capability("report", input_schema=REPORT_INPUT)
-    )
-    b.fail = "business"
-    client.validate = False
-    async with agent:
-        await wait_routable(client, "report", 1)
-        for _ in range(25):
-            with pytest.raises(ContractError):
-                await client.call("report", {"industry": 1})
-            with pytest.raises(BusinessError):
-                await client.call("report", {"industry": "a", "time_range": "b"})
-    assert client.breakers.get("strict-1").state == "closed"
-
-
-async def test_fallbacks_cached_result_backup_capability_and_default_body(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    primary, bp = make_agent(nats_server.url, "primary-1", capability("summary", sla_ms=300))
-    backup, _ = make_agent(nats_server.url, "backup-1", capability("summary_lite", sla_ms=300))
-    cache = Fallback(cache_max_age_sec=60)
-    async with AsyncExitStack() as stack:
-        await stack.enter_async_context(primary)
-        await stack.enter_async_context(backup)
-        await wait_routable(client, "summary", 1)
-        fresh = await client.call("summary", {"q": 1}, fallback=cache)
-        assert not fresh.from_fallback
-        bp.sleep = 5.0
-        cached = await client.call("summary", {"q": 1}, fallback=cache)
-        assert cached.from_fallback
-        assert cached.fallback is not None
-        assert cached.fallback.source == "cache"
-        assert "ReachTimeout" in cached.fallback.reason
-        assert cached.value == fresh.value
-        backed = await client.call(
-            "summary", {"q": 2}, fallback=Fallback(backup_capability="summary_lite")
-        )
-        assert backed.fallback is not None
-        assert backed.fallback.source == "backup"
-        assert backed.agent_id == "backup-1"
-        default = await client.call(
-            "summary", {"q": 3}, fallback=Fallback(default={"summary": None, "stale": True})
-        )
-        assert default.value == {"summary": None, "stale": True}
-        assert default.fallback is not None
-        assert default.fallback.source == "default"
-
-
-async def test_a_call_no_fallback_could_answer_fails_and_is_audited(
-    nats_server: NatsServer, client: ReachClient, conn: Connection
-) -> None:
-    """A cache with nothing in it yet, or a backup that fails too: the call fails with
-    its own error, and its audit event says so."""
-    with pytest.raises(NotFound):
-        await client.call("nobody_serves", {"q": 1}, fallback=Fallback(cache_max_age_sec=60))
-    with pytest.raises(NotFound):
-        await client.call("nobody_serves", {"q": 2}, fallback=Fallback(backup_capability="none"))
-    assert client.audit is not None
-    await asyncio.wait_for(client.audit.flush(), 10)
-    events = [e async for e in read_events(conn, AuditFilter(capability="nobody_serves"))]
-    assert [(e.outcome, e.error, e.fallback) for e in events] == [("error", "discovery", None)] * 2
-
-
 async def test_a_call_measures_its_time_on_the_injected_clock(
     nats_server: NatsServer, registrar: object
 ) -> None:
@@ -487,35 +330,6 @@ async def test_a_call_measures_its_time_on_the_injected_clock(
         result = await client.call("work", {"n": 1})
     assert result.latency_ms == 0.0
     assert [(agent_id, ms) for agent_id, _score, _outcome, ms in result.route] == [("timed-1", 0.0)]
-
-
-async def test_fallback_never_hides_a_contract_error(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    agent, _ = make_agent(
-        nats_server.url, "strict-2", capability("report", input_schema=REPORT_INPUT)
-    )
-    async with agent:
-        await wait_routable(client, "report", 1)
-        with pytest.raises(ContractError):
-            await client.call("report", {}, fallback=Fallback(default={}))
-
-
-async def test_retries_prefer_an_instance_that_has_not_failed_this_call(
-    nats_server: NatsServer, client: ReachClient
-) -> None:
-    flags = {"a": False}
-    a, ba = make_agent(nats_server.url, "pick-a", readiness=lambda: flags["a"])
-    bagent, bb = make_agent(nats_server.url, "pick-b")
-    async with a, bagent:
-        await client.routes.wait_for(lambda c: len(c.find("work")) == 2, timeout=5)
-        client.peers.observe("pick-a", 0.001)
-        client.peers.observe("pick-b", 390)
-        result = await client.call("work", {})
-    assert result.agent_id == "pick-b"
-    assert result.attempts == 2
-    assert ba.calls == 0
-    assert bb.calls == 1
 
 
 def test_behaviour_defaults() -> None:

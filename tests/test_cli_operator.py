@@ -1,4 +1,5 @@
-"""Operator commands as real processes: audit tail, alerts, call."""
+"""Operator commands as real processes: audit tail (its filters and their checks),
+alerts, call."""
 
 from __future__ import annotations
 
@@ -9,23 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 from reach import subjects
-from reach.audit import AuditWriter, WriterConfig
 from reach.audit.alerts import Alert, encode_alert
 from reach.audit.events import CallEvent
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection
-from tests.audit_helpers import event
-from tests.cli_helpers import run_reach
+from tests.audit_helpers import event, write
+from tests.cli_helpers import reach_cli, run_reach
 from tests.conftest import manifest
-
-
-async def write(conn: Connection, *events: CallEvent) -> None:
-    writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))
-    await writer.start()
-    for e in events:
-        writer.record(e)
-    await writer.stop()
 
 
 def failed(n: int, kind: str, **fields: Any) -> CallEvent:
@@ -165,3 +157,43 @@ async def test_top_once_shows_instances_and_capabilities(
     assert "closed" in inst_line
     (cap_line,) = [line for line in out.splitlines() if line.lstrip().startswith("top_cap")]
     assert " 3 " in cap_line
+
+
+async def test_audit_tail_lists_calls_that_skipped_an_agent(
+    nats_server: NatsServer, registrar: Registrar, conn: Connection
+) -> None:
+    served = [{"agent_id": "u-2", "outcome": "ok", "latency_ms": 1.0}]
+    await write(
+        conn,
+        event(1, capability="unav", callee="u-2", attempts=served),
+        event(2, capability="unav", callee="u-2", skipped=("u-1",), attempts=served),
+        event(3, capability="unav", callee="u-2", skipped=("u-1",), attempts=served),
+    )
+    url = ("--servers", nats_server.url)
+
+    async def ids(*args: str) -> list[str]:
+        code, out, err = await run_reach("audit", "tail", "--json", *args, *url)
+        assert code == 0, err
+        return [json.loads(line)["call_id"] for line in out.strip().splitlines() if line]
+
+    assert await ids("--callee", "u-1") == ["c-2", "c-3"]
+    assert await ids("--callee", "u-1", "--kind", "breaker") == ["c-2", "c-3"]
+    assert await ids("--kind", "breaker") == ["c-2", "c-3"]
+    assert await ids("--callee", "u-2") == ["c-1", "c-2", "c-3"]
+
+
+async def test_audit_tail_refuses_an_unknown_kind_naming_the_allowed_ones(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    code, out, err = await reach_cli(
+        "audit", "tail", "--kind", "bogus", "--servers", nats_server.url
+    )
+    assert code == 2, out + err
+    assert "bogus" in err
+    for allowed in ("ok", "error", "fallback", "denied", "retry", "timeout", "breaker"):
+        assert f"'{allowed}'" in err
+    code, out, err = await reach_cli(
+        "audit", "tail", "--kind", "timeout", "--servers", nats_server.url
+    )
+    assert code == 0, err
+    assert "no audit events" in out

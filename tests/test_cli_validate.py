@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from reach.cli import main
-from reach.schemas import WIRE_SCHEMAS
+from reach.errors import ConfigurationError
+from reach.models import parse_manifest
+from reach.wireschemas import WIRE_SCHEMAS
 
 from .manifest_helpers import MANIFEST_EXAMPLE
 
@@ -175,3 +179,61 @@ def test_schema_export_into_a_file_fails_with_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: {blocker / 'sub'}: cannot write schemas: ")
     assert len(result.stderr.splitlines()) == 1
+
+
+# -- identifiers with a trailing newline -----------------------------------------------
+
+
+VALID = {
+    "agent_id": "agent-1",
+    "agent_name": "report",
+    "version": "1.0.0",
+    "name": "echo",
+    "tag": "data-query",
+}
+
+
+def manifest_yaml(**values: str) -> str:
+    """A manifest file; JSON strings are YAML double-quoted scalars ("\\n" a newline)."""
+    v = {k: json.dumps(value) for k, value in {**VALID, **values}.items()}
+    return (
+        f"agent_id: {v['agent_id']}\n"
+        f"agent_name: {v['agent_name']}\n"
+        f"version: {v['version']}\n"
+        "capabilities:\n"
+        f"  - name: {v['name']}\n"
+        f"    tags: [{v['tag']}]\n"
+        "    security_level: 1\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "path"),
+    [
+        ("agent_id", "agent_id"),
+        ("agent_name", "agent_name"),
+        ("version", "version"),
+        ("name", "capabilities[0].name"),
+        ("tag", "capabilities[0].tags[0]"),
+    ],
+)
+def test_validate_refuses_an_identifier_with_a_trailing_newline(
+    tmp_path: Path, field: str, path: str
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(manifest_yaml(), encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(good)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    bad = tmp_path / "bad.yaml"
+    text = manifest_yaml(**{field: VALID[field] + "\n"})
+    bad.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(bad)], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines()[0].startswith(f"{path}: must be")
+    assert result.stderr.endswith("invalid manifest, 1 problem\n")
+    data = yaml.safe_load(text)
+    cap = data["capabilities"][0]
+    loaded = {**data, "name": cap["name"], "tag": cap["tags"][0]}
+    assert loaded[field] == VALID[field] + "\n"  # the YAML escape is read as a newline
+    with pytest.raises(ConfigurationError):
+        parse_manifest(data)

@@ -28,8 +28,9 @@ from reach.registry.store import RegistryStore
 from reach.security.fabric import connect_as
 from reach.transport import Connection
 
+from .cli_helpers import REACH
 from .conftest import manifest
-from .test_up import EXIT_TIMEOUT, REACH, _gone, _nats_children, _read_line, _reap
+from .up_helpers import EXIT_TIMEOUT, gone, nats_children, read_line, reap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -50,7 +51,7 @@ class Cluster:
     def node_pids(self) -> dict[int, int]:
         """client port -> pid of each running nats-server child of ``reach up``."""
         nodes = {}
-        for pid in _nats_children(self.proc.pid):
+        for pid in nats_children(self.proc.pid):
             with contextlib.suppress(OSError):
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 nodes[int(args[args.index(b"-p") + 1])] = pid
@@ -74,13 +75,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     port = free_port()
     proc = _spawn(tmp_path, "--cluster", "3", "--port", str(port), "--store", "store")
     try:
-        line = _read_line(proc, READY_TIMEOUT)
+        line = read_line(proc, READY_TIMEOUT)
         urls = line.split()[2].split(",")
         assert line.startswith(f"Agent-Reach up: nats://127.0.0.1:{port},")
         assert "(cluster reach of 3, store store, registrar reg-" in line
         yield Cluster(proc, urls, tmp_path / "store")
     finally:
-        _reap(proc)
+        reap(proc)
 
 
 async def _until(check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float) -> None:
@@ -282,7 +283,7 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
     _, err = cluster.proc.communicate(timeout=EXIT_TIMEOUT)
     assert cluster.proc.returncode == 0, err.decode()
     assert b"nats-server reach-" in err  # the restart was reported
-    assert all(_gone(pid) for pid in nodes)
+    assert all(gone(pid) for pid in nodes)
 
 
 def test_every_node_dies_with_a_killed_reach_up(cluster: Cluster) -> None:
@@ -296,7 +297,7 @@ def test_every_node_dies_with_a_killed_reach_up(cluster: Cluster) -> None:
 
 def _wait_gone(pid: int, timeout: float) -> None:
     end = time.monotonic() + timeout
-    while not _gone(pid):
+    while not gone(pid):
         if time.monotonic() > end:
             pytest.fail(f"nats-server {pid} still running {timeout}s after reach up was killed")
         time.sleep(0.02)

@@ -12,7 +12,7 @@ import pytest
 
 from reach.clock import ManualClock
 from reach.errors import ReachError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.security import (
     ClientRecord,
     CredentialCache,

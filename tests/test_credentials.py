@@ -1,5 +1,6 @@
 """Credentials: secret hashes, the rate limiter (no sleeps), the REACH_CREDENTIALS store
-(against a real nats-server) and credentials files."""
+(against a real nats-server) and credentials files, whose url says where to connect when
+nothing else does."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from reach.agent import Agent
+from reach.client import ReachClient
 from reach.clock import ManualClock
 from reach.errors import AuthenticationFailed, ConfigurationError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.security import (
     ClientRecord,
     CredentialsFile,
@@ -28,6 +31,7 @@ from reach.security import (
     verify_secret,
 )
 from reach.security.verifiers import is_slow, scrypt_hash
+from reach.settings import DEFAULT_URL, resolve_servers
 from reach.transport import Connection
 
 # -- verifiers ---------------------------------------------------------------------------
@@ -534,3 +538,55 @@ async def test_guesses_sent_in_parallel_meet_the_failure_limit(store: Credential
     with pytest.raises(TooManyAttempts):  # the right secret waits out the back-off too
         await store.authenticate("target", secret)
     assert not store._checking  # nothing left behind
+
+
+# -- where a credentials file says to connect ------------------------------------------
+
+
+def _creds(path: Path, url: str) -> Path:
+    CredentialsFile(url, "watcher", "not-a-real-secret").write(path)
+    return path
+
+
+def test_the_credentials_files_url_is_used_without_servers_or_reach_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REACH_URL", raising=False)
+    monkeypatch.delenv("REACH_CREDS", raising=False)
+    creds = _creds(tmp_path / "w.creds", "nats://fabric.example:4333")
+    assert resolve_servers(None, creds) == ["nats://fabric.example:4333"]
+    # an explicit servers= wins over it, and REACH_URL too
+    assert resolve_servers("nats://here:1", creds) == ["nats://here:1"]
+    monkeypatch.setenv("REACH_URL", "nats://env:2,nats://env:3")
+    assert resolve_servers(None, creds) == ["nats://env:2", "nats://env:3"]
+
+
+def test_clients_and_agents_connect_where_their_credentials_file_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REACH_URL", raising=False)
+    creds = _creds(tmp_path / "w.creds", "nats://fabric.example:4333")
+    assert ReachClient(credentials=creds).servers == ["nats://fabric.example:4333"]
+    agent = Agent(
+        {"agent_id": "a-1", "agent_name": "a", "version": "1.0.0"}, credentials=str(creds)
+    )
+    assert agent.servers == ["nats://fabric.example:4333"]
+    monkeypatch.setenv("REACH_URL", "nats://env:2")
+    assert ReachClient(credentials=creds).servers == ["nats://env:2"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, b"{not json", b"[1, 2]", b'{"url": ""}', b'{"url": 7}', b"\xff\xfe"],
+    ids=["missing", "not-json", "not-an-object", "empty-url", "url-not-a-string", "binary"],
+)
+def test_an_unreadable_credentials_file_falls_back_to_the_default_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: bytes | None
+) -> None:
+    monkeypatch.delenv("REACH_URL", raising=False)
+    path = tmp_path / "w.creds"
+    if body is not None:
+        path.write_bytes(body)
+    assert resolve_servers(None, path) == [DEFAULT_URL]
+    assert resolve_servers(None, tmp_path) == [DEFAULT_URL]  # a directory
+    assert resolve_servers(None, None) == [DEFAULT_URL]

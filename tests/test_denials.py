@@ -1,6 +1,7 @@
-"""Denials.guard: an operation ended by the server's refusal of what it publishes, and by
-nothing else (the logic alone; tests/test_hardening_operator.py shows it against a real
-nats-server with real permissions)."""
+"""Permission refusals: Denials.guard ends an operation on the server's refusal of what
+it publishes, and on nothing else (the logic alone); and on a fabric `reach up` started,
+with real permissions, a refused request, stream read, bucket opening or KV write is
+PermissionDenied at once, not a timeout."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import asyncio
 
 import pytest
 
-from reach.errors import PermissionDenied
+from reach import subjects
+from reach.errors import AuthError, NoResponders, PermissionDenied
+from reach.security.fabric import connect_as
 from reach.transport.denials import Denials, api_refusal_of, refusal_of
+
+from .up_helpers import Secured, secured_agent
 
 REFUSED_PROBE = 'nats: permissions violation for publish to "reach.v1.probe.a-1"'
 REFUSED_READ = (
@@ -96,3 +101,60 @@ async def test_its_own_errors_and_results_pass_through() -> None:
         await asyncio.create_task(denials.guard(cancels_itself(), "probe", refuses))
     assert await denials.guard(answers(), "probe", refuses) == 7
     assert not denials._waiting
+
+
+# -- against a fabric reach up started, with real permissions --------------------------
+
+
+async def test_a_refused_request_or_kv_write_is_permission_denied_not_a_timeout(
+    secured: Secured,
+) -> None:
+    async with secured_agent(secured):
+        conn, _ = await connect_as([secured.url], name="watcher", credentials=secured.watcher)
+        try:
+            # a caller may not probe an agent: the server drops the request and says so
+            with pytest.raises(PermissionDenied, match=r"reach\.v1\.probe\.a-1") as caught:
+                await conn.request(subjects.probe("a-1"), b"", timeout=1.0)
+            assert isinstance(caught.value, AuthError)
+            assert "refused these credentials" in str(caught.value)
+            # a subject it may publish to, where nobody listens: not blamed on the refusal
+            with pytest.raises(NoResponders):
+                await conn.request(subjects.capability("nobody_here"), b"", timeout=1.0)
+            # it may read the registry, not write it
+            registry = await conn.key_value(subjects.REGISTRY_BUCKET, create=False)
+            assert await registry.get("agent.a-1") is not None
+            with pytest.raises(PermissionDenied, match="KV put"):
+                await registry.put("agent.forged-1", b"{}")
+        finally:
+            await conn.close()
+
+
+async def test_a_refusal_ends_the_operation_at_once_not_at_its_timeout(
+    secured: Secured,
+) -> None:
+    """nats-server reports a refused publish at once (an -ERR on the connection): a
+    request, a stream read or a bucket opening ends as soon as the refusal arrives, not
+    at its own timeout (which would keep `reach agents` with a caller's credentials
+    waiting): well within deadlines far shorter than their timeouts."""
+    async with secured_agent(secured):
+        conn, _ = await connect_as([secured.url], name="watcher", credentials=secured.watcher)
+        try:
+            async with asyncio.timeout(10):  # the request's own timeout: 60 s
+                with pytest.raises(PermissionDenied, match=r"reach\.v1\.probe\.a-1"):
+                    await conn.request(subjects.probe("a-1"), b"", timeout=60.0)
+            audit = await conn.stream(subjects.AUDIT_STREAM, create=False, check=False)
+            async with asyncio.timeout(3):  # nats-py's JetStream API timeout: 5 s
+                with pytest.raises(PermissionDenied, match="read REACH_AUDIT"):
+                    async for _ in audit.read():
+                        pass
+            async with asyncio.timeout(3):
+                with pytest.raises(PermissionDenied, match="open stream REACH_AUDIT"):
+                    await conn.stream(subjects.AUDIT_STREAM, create=False)
+            async with asyncio.timeout(3):  # no jobs role
+                with pytest.raises(PermissionDenied, match="open KV bucket REACH_JOBS"):
+                    await conn.key_value(subjects.JOBS_BUCKET, create=False)
+            # the connection is as good as before: what it may do, it does
+            registry = await conn.key_value(subjects.REGISTRY_BUCKET, create=False)
+            assert await registry.get("agent.a-1") is not None
+        finally:
+            await conn.close()

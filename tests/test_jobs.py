@@ -1,8 +1,10 @@
-"""Async-mode capabilities: the call returns a job at once; its result is durable."""
+"""Async-mode capabilities: the call returns a job at once; its result is durable, kept
+as msgpack carries it (bytes, NaN), and a result that cannot be stored fails the job."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from reach.client import ReachClient
 from reach.errors import BusinessError, ConfigurationError, ContractError, ReachTimeout
 from reach.testing import NatsServer
 
-from .calls_helpers import wait_routable
+from .calls_helpers import capability, wait_routable
 
 SCHEMA = {"type": "object", "properties": {"rows": {"type": "integer"}}, "required": ["rows"]}
 
@@ -108,3 +110,63 @@ async def test_submit_to_a_sync_capability_is_refused_before_the_call_runs(
         with pytest.raises(ConfigurationError, match="not an async-mode capability"):
             await client.submit("quick", {"n": 1})
         assert ran == []  # nothing was done for nothing
+
+
+# -- results that JSON cannot carry ----------------------------------------------------
+
+
+def _async_agent(url: str, output: dict[str, Any]) -> Agent:
+    agent = Agent(
+        {
+            "agent_id": "job-1",
+            "agent_name": "job",
+            "version": "1.0.0",
+            "mode": "async",
+            "capabilities": [capability("work")],
+            "health": {"interval_sec": 0.5, "timeout_sec": 0.3},
+        },
+        servers=url,
+    )
+
+    @agent.capability("work")
+    async def work(req: Any) -> Any:
+        return output["value"]
+
+    return agent
+
+
+async def test_an_async_job_keeps_bytes_and_nan_in_its_result(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    output: dict[str, Any] = {}
+    async with _async_agent(nats_server.url, output):
+        await wait_routable(client, "work", 1)
+        output["value"] = {"blob": b"\xff\xfe\x00", "n": 1}  # not UTF-8
+        job = await client.submit("work", {})
+        assert await job.result(timeout=5) == {"blob": b"\xff\xfe\x00", "n": 1}
+        assert (await job.status()).status == "succeeded"
+        output["value"] = {"x": math.nan, "y": math.inf}
+        job = await client.submit("work", {})
+        result = await job.result(timeout=5)
+        assert math.isnan(result["x"])
+        assert result["y"] == math.inf
+        output["value"] = {"x": 1}
+        assert await (await client.submit("work", {})).result(timeout=5) == {"x": 1}
+
+
+async def test_an_async_job_whose_result_cannot_be_stored_fails_and_says_why(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    """A result just under the codec's limit (packed: 8 bytes around the string): the job
+    record around it is over it. The job is failed (a contract error), not left
+    "accepted" for ever."""
+    output: dict[str, Any] = {"value": {"s": "a" * (1024 * 1024 - 8 - 40)}}
+    async with _async_agent(nats_server.url, output):
+        await wait_routable(client, "work", 1)
+        job = await client.submit("work", {})
+        with pytest.raises(ContractError, match="cannot be stored"):
+            await job.result(timeout=5)
+        record = await job.status()
+        assert record.status == "failed"
+        output["value"] = {"x": 1}  # and the agent goes on
+        assert await (await client.submit("work", {})).result(timeout=5) == {"x": 1}

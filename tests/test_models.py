@@ -1,18 +1,27 @@
 """Manifest validation: every rule of the manifest (README.md, "Manifest reference"), and
-errors that name the field."""
+errors that name the field; and the free text of readiness reports, transitions and
+goodbyes, clipped so that records stay small."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from reach.errors import ConfigurationError
-from reach.models import Manifest, parse_manifest
+from reach.models import Bye, Manifest, Readiness, Transition, parse_manifest
 
-from .manifest_helpers import ARCHITECTURE, MANIFEST_EXAMPLE
+from .manifest_helpers import (
+    ARCHITECTURE,
+    MANIFEST_EXAMPLE,
+    MAX_SLA_MS,
+    manifest_with_schema,
+    manifest_with_sla,
+)
 
 
 def manifest_data(**overrides: Any) -> dict[str, Any]:
@@ -287,3 +296,49 @@ def test_configuration_error_message_lists_every_line() -> None:
 def test_a_manifest_round_trips_through_its_own_dump() -> None:
     manifest = parse_manifest(yaml.safe_load(MANIFEST_EXAMPLE))
     assert Manifest.model_validate(manifest.model_dump(mode="json")) == manifest
+
+
+# -- latency SLAs and schemas a deadline or a check can follow -------------------------
+
+
+@pytest.mark.parametrize("sla", [math.inf, math.nan, MAX_SLA_MS * 2, 1e20])
+def test_a_latency_sla_that_is_not_finite_or_beyond_a_day_is_refused(sla: float) -> None:
+    with pytest.raises(ConfigurationError, match="latency_sla_ms"):
+        parse_manifest(manifest_with_sla(sla))
+
+
+def test_a_latency_sla_of_a_day_is_accepted() -> None:
+    manifest = parse_manifest(manifest_with_sla(MAX_SLA_MS))
+    assert manifest.capabilities[0].latency_sla_ms == MAX_SLA_MS
+
+
+@pytest.mark.parametrize("bound", [math.nan, math.inf, -math.inf])
+def test_a_schema_holding_nan_or_an_infinity_is_refused_and_says_so(bound: float) -> None:
+    with pytest.raises(ConfigurationError, match="NaN or an infinity") as err:
+        parse_manifest(manifest_with_schema("nan-1", bound))
+    assert any("input_schema" in line for line in err.value.errors)
+
+
+# -- readiness reasons and details stay small ------------------------------------------
+
+
+#: the longest reason a record keeps (reach.models.MAX_REASON)
+MAX_REASON = 500
+
+
+def test_reasons_are_clipped_and_details_are_bounded() -> None:
+    huge = "x" * 250_000
+    readiness = Readiness(ready=False, reason=huge)
+    assert len(readiness.reason) == MAX_REASON
+    assert readiness.reason.endswith("…")
+    assert Readiness(ready=False, reason="short").reason == "short"
+    assert len(Readiness(details={huge: huge}).details) == 1
+    ((key, value),) = Readiness(details={huge: huge}).details.items()
+    assert len(key) == MAX_REASON
+    assert isinstance(value, str)
+    assert len(value) == MAX_REASON
+    assert len(Readiness(details={f"g{i}": i for i in range(32)}).details) == 32
+    with pytest.raises(ValidationError):
+        Readiness(details={f"g{i}": i for i in range(33)})
+    assert len(Transition(at=1.0, status="degraded", reason=huge).reason) == MAX_REASON
+    assert len(Bye(agent_id="a-1", instance_id="i", reason=huge).reason) == MAX_REASON

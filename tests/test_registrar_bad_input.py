@@ -1,10 +1,14 @@
 """Malformed control messages get a typed error reply (or are dropped with a log line),
-and never stop the registrar from serving well-formed ones."""
+and never stop the registrar from serving well-formed ones: among them announces of a
+manifest no caller could follow (an SLA no deadline can follow, NaN in a schema), and
+requests whose reply subject is no inbox."""
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
+import time
 
 import msgpack
 import pytest
@@ -12,12 +16,15 @@ import pytest
 from reach import envelope, subjects
 from reach.agent import Agent
 from reach.client import ReachClient
-from reach.messages import decode_model, encode_model
+from reach.modelcodec import decode_model, encode_model
 from reach.models import AnnounceReply, Heartbeat, HeartbeatReply, Manifest
 from reach.registry import Registrar
-from reach.transport import Connection
+from reach.testing import NatsServer
+from reach.transport import Connection, connect
 
+from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
+from .manifest_helpers import manifest_with_schema, manifest_with_sla
 
 
 def _request(body: bytes) -> bytes:
@@ -143,3 +150,92 @@ async def test_registrar_keeps_serving_after_a_flood_of_garbage(
 
     async with agent:
         await client.routes.wait_for(lambda c: c.get("after-flood-1") is not None, timeout=5)
+
+
+# -- announces of manifests a caller cannot follow -------------------------------------
+
+
+@pytest.mark.parametrize("sla", [math.inf, 1e20])
+async def test_a_raw_announce_with_an_sla_no_deadline_can_follow_is_refused(
+    conn: Connection, registrar: Registrar, sla: float
+) -> None:
+    """From an agent in another language (msgpack carries an infinity): registered, it
+    would make every caller's deadline uncomputable."""
+    body = msgpack.packb(
+        {"manifest": manifest_with_sla(sla), "instance_id": "i1", "started_at": time.time()}
+    )
+    raw = await conn.request(
+        subjects.announce("slow-1"),
+        envelope.pack_request(envelope.RequestMeta(secrets.token_hex(8)), body),
+        timeout=2,
+    )
+    reply = envelope.unpack_reply(raw)
+    assert not reply.ok, decode_model(AnnounceReply, reply.body)
+    assert reply.kind == "contract"
+    assert "latency_sla_ms" in reply.description
+    assert await registrar.store.get("slow-1") is None
+
+
+@pytest.mark.parametrize("bound", [math.nan, math.inf])
+async def test_a_raw_announce_whose_schema_holds_nan_is_refused_not_accepted(
+    nats_server: NatsServer, conn: Connection, registrar: Registrar, bound: float
+) -> None:
+    """An agent in another language: msgpack floats may be NaN, JSON's may not (the record
+    would say ``"maximum": null``, which no route cache reads)."""
+    body = msgpack.packb(
+        {
+            "manifest": manifest_with_schema("nan-1", bound),
+            "instance_id": "i1",
+            "started_at": time.time(),
+        }
+    )
+    raw = await conn.request(
+        subjects.announce("nan-1"),
+        envelope.pack_request(envelope.RequestMeta(secrets.token_hex(8)), body),
+        timeout=2,
+    )
+    reply = envelope.unpack_reply(raw)
+    if reply.ok:  # an answer that is not a refusal would have to say accepted=False
+        answer = decode_model(AnnounceReply, reply.body)
+        pytest.fail(f"the announce was answered as a success: {answer}")
+    assert reply.kind == "contract"
+    assert "NaN or an infinity" in reply.description
+    assert await registrar.store.get("nan-1") is None
+    # the registrar keeps serving well-formed announces
+    agent, _ = make_agent(nats_server.url, "fine-1", capability("work"))
+    async with agent:
+        assert await registrar.store.get("fine-1") is not None
+
+
+# -- replies go to inboxes only --------------------------------------------------------
+
+
+async def test_a_reply_subject_that_is_no_inbox_is_never_published_to(
+    nats_server: NatsServer, registrar: Registrar, client: ReachClient
+) -> None:
+    """NATS does not check a request's reply subject: a ping whose reply names a registry
+    key would have the registrar overwrite that record with its answer (or purge a bucket:
+    "$JS.API.STREAM.PURGE.…"), with the registrar's rights. Replies go to inboxes only."""
+    agent, _ = make_agent(nats_server.url, "victim-1", capability("work"))
+    async with agent:
+        await wait_routable(client, "work", 1)
+        store = registrar.store
+        before = await store.get("victim-1")
+        assert before is not None
+        raw = await connect([nats_server.url], name="injector")
+        try:
+            await raw.publish(
+                subjects.REGISTRAR_PING, b"", reply="$KV.REACH_REGISTRY.agent.victim-1"
+            )
+            await raw.publish(
+                subjects.REGISTRAR_PING, b"", reply="$JS.API.STREAM.PURGE.KV_REACH_REGISTRY"
+            )
+            # the same subscription answers in order: once this ping is answered, the two
+            # above were handled too
+            await raw.request(subjects.REGISTRAR_PING, b"", timeout=5)
+        finally:
+            await raw.close()
+        after = await store.get("victim-1")
+        assert after is not None  # still there (no purge) and still an Instance
+        assert after[0].instance_id == before[0].instance_id
+        assert await client.call("work", {}) is not None

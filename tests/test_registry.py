@@ -1,21 +1,29 @@
-"""Registration, discovery and health, against a real nats-server with agents as processes."""
+"""Registration, discovery and health, against a real nats-server with agents as processes
+(and in-process agents where the test drives their heartbeats or readiness)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from reach import subjects
 from reach.agent import Agent
 from reach.client import ReachClient
-from reach.errors import RegistrationRefused
+from reach.errors import DiscoveryError, RegistrationRefused
+from reach.models import Instance, Readiness
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.routecache import RouteCache
+from reach.registry.store import decode_instance
 from reach.testing import NatsServer
-from reach.transport import connect
+from reach.transport import Connection, connect
 
+from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
 
 
@@ -253,3 +261,135 @@ async def test_probe_latency_is_recorded_and_kept_fresh_by_heartbeats_alone(
         assert later is not None
         assert later.status == "healthy"
         assert later.last_heartbeat_at > first.last_heartbeat_at
+
+
+# -- an agent with no registrar --------------------------------------------------------
+
+
+async def test_an_agent_without_a_registrar_fails_to_start_with_a_discovery_error(
+    nats_server: NatsServer,
+) -> None:
+    """With no registrar to answer its announce, ``start()`` raises the documented
+    DiscoveryError, compiled as in pure Python (in a compiled coroutine, an await inside
+    an except block can let nats-py's own NoRespondersError escape instead)."""
+    agent = Agent(
+        {
+            "agent_id": "lonely-1",
+            "agent_name": "lonely",
+            "version": "1.0.0",
+            "capabilities": [{"name": "echo", "security_level": 1}],
+        },
+        servers=nats_server.url,
+        announce_timeout=1.0,
+    )
+
+    @agent.capability("echo")
+    async def echo(req: Any) -> Any:
+        return req
+
+    # awaited directly (announce_timeout bounds it): inside a wait_for task, compiled
+    # code can raise the right error where a direct await does not
+    with pytest.raises(DiscoveryError, match="no registrar answered") as caught:
+        await agent.start()
+    assert "reach up" in str(caught.value)
+    # handled is handled: nothing is left behind as the current exception (compiled, an
+    # await in the clean-up's except block would leave it there for the next error to
+    # chain to)
+    assert sys.exc_info() == (None, None, None)
+
+
+# -- a huge readiness reason -----------------------------------------------------------
+
+#: the longest reason a record keeps (reach.models.MAX_REASON)
+MAX_REASON = 500
+
+
+async def test_flips_with_a_huge_readiness_reason_keep_the_record_small_and_current(
+    nats_server: NatsServer, registrar: Registrar, client: ReachClient, conn: Connection
+) -> None:
+    state = {"ready": True}
+
+    def readiness() -> Readiness:
+        if state["ready"]:
+            return Readiness(ready=True)
+        return Readiness(ready=False, reason="pool exhausted: " + "x" * 250_000)
+
+    # heartbeats are sent by the test (a long interval: none of the agent's own)
+    agent, _ = make_agent(
+        nats_server.url,
+        "bloat-1",
+        capability("work"),
+        readiness=readiness,
+        health={"interval_sec": 60, "timeout_sec": 2, "failures_before_unhealthy": 2},
+    )
+    bucket = await conn.key_value(subjects.REGISTRY_BUCKET)
+    async with agent:
+        await wait_routable(client, "work", 1)
+        for flip in range(8):
+            state["ready"] = flip % 2 == 1  # not ready, ready, ..., ready
+            await agent._presence.send_heartbeat()  # answered (it raises on no answer)
+        state["ready"] = False
+        await agent._presence.send_heartbeat()
+        entry = await bucket.get(subjects.agent_key("bloat-1"))
+        assert entry is not None
+        assert len(entry.value) < 64 * 1024
+        record = decode_instance(entry.value)
+        assert record.status == "degraded"
+        assert record.readiness.reason.startswith("pool exhausted: ")
+        assert len(record.readiness.reason) == MAX_REASON
+        assert len(record.status_reason) <= MAX_REASON
+        assert all(len(t.reason) <= MAX_REASON for t in record.transitions)
+        # callers' route caches follow it
+        await client.routes.wait_for(
+            lambda c: (i := c.get("bloat-1")) is not None and i.status == "degraded", timeout=5
+        )
+        # and back
+        state["ready"] = True
+        await agent._presence.send_heartbeat()
+        await client.routes.wait_for(
+            lambda c: (i := c.get("bloat-1")) is not None and i.status == "healthy", timeout=5
+        )
+
+
+# -- a heartbeat does not clear failing probes -----------------------------------------
+
+
+async def test_an_instance_whose_probes_fail_stays_unhealthy_while_it_heartbeats(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    async def slow_readiness() -> Readiness:
+        await asyncio.sleep(0.35)  # longer than the probe timeout: every probe times out
+        return Readiness()
+
+    # heartbeats come every ~1.1 s (0.8 s + the check), never 2 intervals apart: never
+    # "missed"; new agents are probed every 0.4 s, so two probes fail between heartbeats
+    health = {"interval_sec": 0.8, "timeout_sec": 0.2, "failures_before_unhealthy": 2}
+    agent, _ = make_agent(
+        nats_server.url, "flap-1", capability("flap_cap"), readiness=slow_readiness, health=health
+    )
+
+    async def status() -> Instance:
+        record = await registrar.store.get("flap-1")
+        assert record is not None, "evicted: heartbeats did not arrive"
+        return record[0]
+
+    async with agent:
+        async with asyncio.timeout(5):
+            while (await status()).status != "unhealthy":  # noqa: ASYNC110 - polled
+                await asyncio.sleep(0.05)
+        marked = len((await status()).transitions)
+        # three heartbeat intervals: each heartbeat arrives, none makes it healthy again
+        seen: set[str] = set()
+        heartbeats: set[float] = set()
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            inst = await status()
+            seen.add(inst.status)
+            heartbeats.add(inst.last_heartbeat_at)
+            await asyncio.sleep(0.05)
+    assert seen == {"unhealthy"}
+    assert len(heartbeats) >= 2  # heartbeats did arrive meanwhile
+    assert inst.consecutive_failures >= 2
+    assert "probe failures" in inst.status_reason
+    later = inst.transitions[marked:]
+    assert [t.status for t in later] == [], later

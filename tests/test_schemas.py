@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from reach import envelope
 from reach.envelope import RequestMeta
-from reach.schemas import (
+from reach.wireschemas import (
     JSON_SCHEMA_DIALECT,
     SCHEMA_BASE_URL,
     WIRE_SCHEMAS,
@@ -27,8 +27,8 @@ from reach.schemas import (
 )
 
 from .manifest_helpers import MANIFEST_EXAMPLE
+from .schema_helpers import SCHEMAS_DIR, load_schema
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"
 REGENERATE = "run `reach schema export schemas` (or `make schemas`) and commit the result"
 
 
@@ -40,12 +40,6 @@ def unpacked(data: bytes) -> dict[str, Any]:
     value = msgpack.unpackb(data, raw=False)
     assert isinstance(value, dict)
     return value
-
-
-def load_schema(name: str) -> dict[str, Any]:
-    schema = json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text(encoding="utf-8"))
-    assert isinstance(schema, dict)
-    return schema
 
 
 # -- drift -----------------------------------------------------------------------------

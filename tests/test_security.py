@@ -1,5 +1,6 @@
 """Tokens end to end on a real nats-server: clearance levels, forged tokens, replays,
-and agents that may only speak for themselves."""
+and agents that may only speak for themselves and serve only what their credential
+lists."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ async def test_a_callee_cannot_use_the_tokens_its_callers_send_it_anywhere_else(
     never reaches a callee."""
     import asyncio
 
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.security.issuer import TokenRequest
     from reach.security.tokens import TokenRejected
 
@@ -240,7 +241,7 @@ async def test_a_retired_signing_key_cannot_mint_call_tokens(fabric: Fabric) -> 
     token signed with the current key)."""
     import jwt as pyjwt
 
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.security.issuer import TokenRequest
 
     assert fabric.issuer.ring is not None
@@ -435,7 +436,7 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
 async def test_heartbeat_and_bye_as_another_agent_are_refused_and_leave_its_record_alone(
     fabric: Fabric,
 ) -> None:
-    from reach.messages import encode_model
+    from reach.modelcodec import encode_model
     from reach.models import Bye, Heartbeat
 
     b = Behaviour()
@@ -493,3 +494,30 @@ async def test_a_client_whose_clock_is_off_keeps_a_usable_token(
         assert session.token
     finally:
         await conn.close()
+
+
+# -- an agent serves what its credential lists -----------------------------------------
+
+
+async def test_an_agent_credential_serves_only_the_capabilities_it_lists(
+    fabric: Fabric, tmp_path: Path
+) -> None:
+    """NATS lets an agent subscribe to any capability's subject for its own agent_id, so
+    an L1 agent with `--cap transcribe` could announce `customer_orders` and be routed
+    (and handed) other callers' L3 calls. The registrar refuses the announce, audited."""
+    assert fabric.issuer.credentials is not None
+    _, secret = await fabric.issuer.credentials.add(
+        "squatter", 1, agent_id="squat-1", capabilities=["transcribe"]
+    )
+    creds = tmp_path / "squatter.creds"
+    CredentialsFile(fabric.url, "squatter", secret).write(creds)
+
+    squat, _ = make_agent(fabric.url, "squat-1", capability("customer_orders", level=3))
+    squat.credentials = creds
+    with pytest.raises(RegistrationRefused, match="may serve transcribe; not customer_orders"):
+        await squat.start()
+
+    honest, _ = make_agent(fabric.url, "squat-1", capability("transcribe"))
+    honest.credentials = creds
+    async with honest:  # what it lists, it may serve
+        pass

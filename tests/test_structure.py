@@ -12,6 +12,9 @@ module level, inside functions and under ``if TYPE_CHECKING:`` alike.
   layer of its modules.
 - Modules of at most 500 lines, functions of at most 80 (but for the few named below,
   each with the change that removes it); only the transport imports nats-py.
+- No await inside an except block of a module compiled with mypyc (setup.py's list).
+- No test module imports another test module: what tests share lives in helper modules
+  (``tests/*_helpers.py``) and fixtures (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -391,3 +394,64 @@ def test_only_the_transport_imports_nats_py() -> None:
         if name.split(".")[0] == "nats" and not any(covers(e, module) for e in NATS_IMPORTERS)
     ]
     assert not problems, "\n".join(problems)
+
+
+# -- the compiled modules --------------------------------------------------------------
+
+
+def test_no_compiled_module_awaits_inside_an_except_block() -> None:
+    """mypyc's coroutines lose track of the exception being handled across an await in
+    an except block: the wrong error escapes, or a handled one lingers. The compiled
+    modules wait after the block instead."""
+    root = Path(__file__).resolve().parent.parent
+    setup = ast.parse((root / "setup.py").read_text())
+    compiled = next(
+        ast.literal_eval(node.value)
+        for node in setup.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets)
+    )
+    found = [
+        f"{module}:{inner.lineno}"
+        for module in compiled
+        for node in ast.walk(ast.parse((root / module).read_text()))
+        if isinstance(node, ast.ExceptHandler)
+        for inner in ast.walk(node)
+        if isinstance(inner, ast.Await)
+    ]
+    assert found == []
+
+
+# -- the tests themselves --------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def _test_module_imports(path: Path) -> list[str]:
+    """The test modules (``tests/**/test_*.py``) that the file at ``path`` imports."""
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[: len(parts) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            names = [source, *(f"{source}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            target = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+            if target.name.startswith("test_") and target.is_file():
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    return found
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    paths = sorted(TESTS.rglob("*.py"))
+    problems = [found for path in paths for found in _test_module_imports(path)]
+    assert not problems, (
+        "test modules import only helpers: move what they share to a tests/*_helpers.py"
+        " module or a fixture in tests/conftest.py\n" + "\n".join(problems)
+    )

@@ -3,14 +3,14 @@
 It supervises what it starts: a SIGKILLed nats-server is started again on its port and
 store, and the registrar part (a child process, pid in ``<store>/registrar.pid``)
 recovers without a restart; a SIGKILLed registrar part is started again within 2 s while
-nats-server runs on. Clients log in, agents register and calls work again after each."""
+nats-server runs on. Clients log in, agents register and calls work again after each.
+Options that contradict each other are refused before anything starts."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -26,45 +26,16 @@ from reach import subjects
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.embedded import free_port
-from reach.errors import AuthenticationFailed, ReachError
+from reach.errors import AuthenticationFailed, ConfigurationError, ReachError
 from reach.security.fabric import connect_as
 from reach.testing import NatsServer
+from reach.transport import Connection
 
+from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .conftest import manifest
-
-REACH = Path(sys.executable).parent / "reach"
-READY_TIMEOUT = 30.0
-EXIT_TIMEOUT = 20.0
+from .up_helpers import EXIT_TIMEOUT, READY_TIMEOUT, gone, nats_children, read_line, reap
 
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
-
-
-def _proc_stat(pid: int) -> tuple[str, str, int] | None:
-    """(comm, state, ppid) of a process, None if it does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-    head, _, rest = raw.rpartition(")")
-    state, ppid = rest.split()[:2]
-    return head.split("(", 1)[1], state, int(ppid)
-
-
-def _nats_children(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _proc_stat(int(entry.name))
-        if stat is not None and stat[0] == "nats-server" and stat[2] == pid and stat[1] != "Z":
-            children.append(int(entry.name))
-    return children
-
-
-def _gone(pid: int) -> bool:
-    stat = _proc_stat(pid)
-    return stat is None or stat[1] in ("Z", "X")  # a zombie waits for init to reap it
 
 
 def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -73,29 +44,6 @@ def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         if time.monotonic() > deadline:
             pytest.fail(f"{what} not within {timeout}s")
         time.sleep(0.02)
-
-
-def _read_line(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT) -> str:
-    """The first line ``reach up`` prints, waiting at most ``timeout``."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buf = b""
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                pytest.fail(f"reach up printed no line within {timeout}s (got {buf!r})")
-            if sel.select(left):
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    proc.wait(EXIT_TIMEOUT)
-                    assert proc.stderr is not None
-                    err = proc.stderr.read().decode(errors="replace")
-                    pytest.fail(f"reach up exited with {proc.returncode} before ready: {err}")
-                buf += chunk
-    return buf.decode().splitlines()[0]
 
 
 def _port_free(port: int) -> bool:
@@ -139,18 +87,7 @@ def reach_up(tmp_path: Path) -> Iterator[Spawn]:
 
     yield spawn
     for proc in procs:
-        _reap(proc)
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Kill ``reach up`` if it still runs, and any nats-server it left behind."""
-    children = _nats_children(proc.pid)
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate(timeout=EXIT_TIMEOUT)
-    for child in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
+        reap(proc)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -159,10 +96,10 @@ def test_up_serves_nats_with_a_registry_and_stops_cleanly_on_a_signal(
 ) -> None:
     port = free_port()
     proc = reach_up("--port", str(port), "--store", "store")
-    line = _read_line(proc)
+    line = read_line(proc)
     url = f"nats://127.0.0.1:{port}"
     assert line.startswith(f"Agent-Reach up: {url} (store store, registrar reg-")
-    (child,) = _nats_children(proc.pid)
+    (child,) = nats_children(proc.pid)
     assert (tmp_path / "store" / "nats" / "jetstream").is_dir()
     for name in ("dev.creds", "admin.creds"):
         assert (tmp_path / "store" / name).stat().st_mode & 0o777 == 0o600
@@ -176,7 +113,7 @@ def test_up_serves_nats_with_a_registry_and_stops_cleanly_on_a_signal(
     assert proc.returncode == 0, err.decode()
     # nothing more than the URL line and the first-start credentials lines
     assert all(line.startswith(b"created credentials ") for line in out.splitlines())
-    assert _gone(child)
+    assert gone(child)
     assert _port_free(port)
 
 
@@ -185,14 +122,14 @@ def test_nats_server_and_registrar_die_with_a_killed_reach_up(
 ) -> None:
     port = free_port()
     proc = reach_up("--port", str(port), "--store", "store")
-    _read_line(proc)
-    (child,) = _nats_children(proc.pid)
+    read_line(proc)
+    (child,) = nats_children(proc.pid)
     registrar = int((tmp_path / "store" / "registrar.pid").read_text())
 
     proc.kill()
     proc.wait(EXIT_TIMEOUT)
-    _wait_until(lambda: _gone(child), 10.0, "nats-server exit after reach up was killed")
-    _wait_until(lambda: _gone(registrar), 10.0, "registrar exit after reach up was killed")
+    _wait_until(lambda: gone(child), 10.0, "nats-server exit after reach up was killed")
+    _wait_until(lambda: gone(registrar), 10.0, "registrar exit after reach up was killed")
     _wait_until(lambda: _port_free(port), 10.0, "port release")
 
 
@@ -204,9 +141,9 @@ def test_up_against_existing_nats_runs_only_the_registrar(
         proc = reach_up("--servers", nats_server.url, "--store", "store")
     else:
         proc = reach_up("--store", "store", extra_env={"REACH_URL": nats_server.url})
-    line = _read_line(proc)
+    line = read_line(proc)
     assert line.startswith(f"Agent-Reach up: {nats_server.url} (external NATS, registrar reg-")
-    assert _nats_children(proc.pid) == []
+    assert nats_children(proc.pid) == []
     # no nats-server store: only the issuer's signing key and the first credentials
     assert not (tmp_path / "store" / "nats").exists()
     assert (tmp_path / "store" / "dev.creds").stat().st_mode & 0o777 == 0o600
@@ -236,7 +173,7 @@ def test_up_gates_the_logins_of_servers_it_did_not_start(reach_up: Spawn, tmp_pa
     node.write_text('server_name: "mine"\ninclude "nats-auth.conf"\n')
     with NatsServer(store_dir=tmp_path / "js", config_file=node) as server:
         proc = reach_up("--servers", server.url, "--store", "store", "--auth-callout")
-        line = _read_line(proc)
+        line = read_line(proc)
         assert line.startswith(f"Agent-Reach up: {server.url} (external NATS, auth callout,")
         with pytest.raises(AuthenticationFailed, match="refused an anonymous client"):
             asyncio.run(_registry_exists(server.url))
@@ -279,7 +216,7 @@ def test_a_gated_cluster_with_a_node_down_still_lets_clients_in(
         proc = reach_up(
             "--servers", ",".join(urls), "--store", "store", "--replicas", "2", "--auth-callout"
         )
-        line = _read_line(proc)
+        line = read_line(proc)
         assert "auth callout" in line
         for url in urls[:2]:
             with pytest.raises(AuthenticationFailed, match="refused an anonymous client"):
@@ -346,7 +283,7 @@ def _registrar_pid(store: Path) -> int:
 
 
 def _alive(pid: int) -> bool:
-    return not _gone(pid)
+    return not gone(pid)
 
 
 async def _login_when_back(url: str, creds: Path) -> None:
@@ -403,7 +340,7 @@ def _single_up(reach_up: Spawn, tmp_path: Path) -> tuple[subprocess.Popen[bytes]
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
     proc = reach_up("--port", str(port), "--store", "store")
-    line = _read_line(proc)
+    line = read_line(proc)
     assert line.startswith(f"Agent-Reach up: {url} (store store, registrar reg-")
     return proc, tmp_path / "store", url
 
@@ -413,12 +350,12 @@ def test_a_killed_nats_server_is_started_again_and_the_registrar_recovers(
     reach_up: Spawn, tmp_path: Path
 ) -> None:
     proc, store, url = _single_up(reach_up, tmp_path)
-    (server,) = _nats_children(proc.pid)
+    (server,) = nats_children(proc.pid)
     registrar = _registrar_pid(store)
 
     os.kill(server, signal.SIGKILL)
     _wait_until(
-        lambda: [p for p in _nats_children(proc.pid) if p != server] != [],
+        lambda: [p for p in nats_children(proc.pid) if p != server] != [],
         EXIT_TIMEOUT,
         "a new nats-server",
     )
@@ -430,7 +367,7 @@ def test_a_killed_nats_server_is_started_again_and_the_registrar_recovers(
     err = _stop(proc)
     assert err.count("nats-server exited unexpectedly; starting it again") == 1, err
     assert "see store/nats/nats-server.log" in err
-    assert _gone(registrar)
+    assert gone(registrar)
 
 
 @pytest.mark.slow
@@ -438,7 +375,7 @@ def test_a_killed_registrar_is_started_again_and_nats_server_runs_on(
     reach_up: Spawn, tmp_path: Path
 ) -> None:
     proc, store, url = _single_up(reach_up, tmp_path)
-    (server,) = _nats_children(proc.pid)
+    (server,) = nats_children(proc.pid)
     registrar = _registrar_pid(store)
 
     os.kill(registrar, signal.SIGKILL)
@@ -453,12 +390,50 @@ def test_a_killed_registrar_is_started_again_and_nats_server_runs_on(
 
     _wait_until(replaced, REGISTRAR_RESTART, "a new registrar part")
     assert time.monotonic() - killed <= REGISTRAR_RESTART
-    assert _nats_children(proc.pid) == [server]
+    assert nats_children(proc.pid) == [server]
     asyncio.run(_register_and_call(url, store / "dev.creds", "after-registrar"))
-    assert _nats_children(proc.pid) == [server]
+    assert nats_children(proc.pid) == [server]
 
     again = _registrar_pid(store)
     err = _stop(proc)
     assert err.count("registrar exited unexpectedly; starting it again") == 1, err
-    assert _gone(again)
-    assert _gone(server)
+    assert gone(again)
+    assert gone(server)
+
+
+# -- --port with a NATS to use ---------------------------------------------------------
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def _has_registry(conn: Connection) -> bool:
+    with contextlib.suppress(ConfigurationError):
+        await conn.key_value(subjects.REGISTRY_BUCKET, create=False)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["REACH_URL", "--servers"])
+async def test_up_with_a_port_and_a_nats_to_use_is_refused_before_starting_anything(
+    nats_server: NatsServer, conn: Connection, tmp_path: Path, how: str
+) -> None:
+    port = free_port()
+    args = ["up", "--port", str(port), "--store", str(tmp_path / "store")]
+    env = dict(CLEAN_ENV)
+    if how == "REACH_URL":
+        env["REACH_URL"] = nats_server.url
+    else:
+        args += ["--servers", nats_server.url]
+    code, _, err = await reach_cli(*args, env=env, cwd=tmp_path, timeout=20)
+    assert code == 2, err
+    assert "--port" in err
+    assert how in err
+    assert err.strip().count("\n") == 0
+    # nothing started: no registrar on the NATS named, no NATS on the port, no store
+    assert not await _has_registry(conn)
+    assert not _listening(port)
+    assert not (tmp_path / "store").exists()

@@ -11,7 +11,7 @@ import yaml
 from reach.cli.common import Target, connection_options, fail
 from reach.errors import ConfigurationError
 from reach.models import parse_manifest
-from reach.schemas import export_schemas
+from reach.wireschemas import export_schemas
 
 __all__ = ["load_yaml", "register"]
 

@@ -19,7 +19,7 @@ from reach.audit.writer import AuditWriter
 from reach.clock import Clock
 from reach.codec import Limits
 from reach.errors import CodecError, ContractError, ReachError
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.models import (
     AnnounceReply,
     AnnounceRequest,

@@ -15,7 +15,7 @@ from typing import TypeVar
 from reach import envelope, subjects
 from reach.codec import Limits
 from reach.errors import AuthenticationFailed, AuthError
-from reach.messages import decode_model
+from reach.modelcodec import decode_model
 from reach.models import AnnounceRequest, Bye, Heartbeat, Manifest
 from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR, CredentialStore
 from reach.security.fabric import FabricSecurity

@@ -10,7 +10,7 @@ from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.codec import Limits
 from reach.errors import ReachError
-from reach.messages import decode_model
+from reach.modelcodec import decode_model
 from reach.models import Instance, ProbeReply
 from reach.transport import Connection
 

@@ -31,7 +31,7 @@ from reach.audit.writer import AuditWriter
 from reach.codec import Limits
 from reach.errors import ReachError
 from reach.jobs import JobStore
-from reach.messages import encode_model
+from reach.modelcodec import encode_model
 from reach.models import Instance, RegistrarRecord
 from reach.registry.config import RegistrarConfig
 from reach.registry.handlers import ControlHandlers

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from reach import codec, subjects
 from reach.errors import CodecError
-from reach.messages import encode_model, validate_record
+from reach.modelcodec import encode_model, validate_record
 from reach.models import Instance, Manifest, RegistrarRecord
 from reach.transport import Connection, KVBucket
 

@@ -29,7 +29,7 @@ from typing import Final
 
 from reach.clock import Clock, system_clock
 from reach.errors import CodecError, ReachError
-from reach.messages import decode_record
+from reach.modelcodec import decode_record
 from reach.security.credentials import ClientRecord
 from reach.tasks import cancel_and_wait
 from reach.transport import KVBucket, KVEntry

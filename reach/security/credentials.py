@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 from reach import subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError, ReachError
-from reach.messages import decode_record, encode_model
+from reach.modelcodec import decode_record, encode_model
 from reach.models import SubjectToken, format_validation_error
 from reach.security.ratelimit import FailureLimiter
 from reach.security.verifiers import (

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
-from reach.messages import decode_model, encode_model
+from reach.modelcodec import decode_model, encode_model
 from reach.models import SubjectToken
 from reach.security.credcache import CredentialCache
 from reach.security.credentials import (

@@ -20,7 +20,7 @@ import jwt
 from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, Disconnected, ReachError, Unavailable
-from reach.messages import decode_model, encode_model
+from reach.modelcodec import decode_model, encode_model
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenReply, TokenRequest
 from reach.tasks import cancel_and_wait

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from reach import envelope, subjects
-from reach.messages import decode_model, encode_model
+from reach.modelcodec import decode_model, encode_model
 from reach.security.issuer import TokenReply, TokenRequest
 
 from .conftest import UpFabric, attacker

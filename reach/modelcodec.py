@@ -1,4 +1,12 @@
-"""Control messages (announce, heartbeat, probe, bye) as pydantic models inside the envelope."""
+"""Pydantic models to msgpack bytes and back, with typed errors.
+
+The control messages (announce, heartbeat, probe, bye, token requests) travel as a
+model's msgpack inside the envelope, and the KV records (registry, credentials, jobs)
+are stored as one; the models themselves are in ``reach.models`` and beside the code
+that owns them. A message that does not decode is a CodecError, one that is not a
+valid model a ContractError naming the field; a stored record that is not one is a
+CodecError naming the record.
+"""
 
 from __future__ import annotations
 

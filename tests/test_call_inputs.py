@@ -1,6 +1,8 @@
-"""Inputs from outside (a caller's arguments, a manifest, a callee's reply, a payload) that
-used to escape as untyped errors, silence or timeouts: each is now refused at once with a
-typed error, and whoever received it keeps working. Real nats-server throughout."""
+"""What a call is given that it cannot carry or honour (a capability name that is no
+subject token, NaN against a contract, a timeout that is not finite, a payload or an
+output too large for a NATS message, a callee's malformed denial) is refused at once with
+a typed error, not a timeout or an untyped one, and the client and the agent keep
+working. Real nats-server throughout."""
 
 from __future__ import annotations
 
@@ -24,15 +26,13 @@ from reach.errors import (
     NotAuthorized,
     ReachTimeout,
 )
-from reach.messages import decode_model
-from reach.models import AnnounceReply, parse_manifest
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection, Message
 
 from .calls_helpers import capability, make_agent, wait_routable
 
-# -- 1. a capability name that is not a subject token ------------------------------------
+# -- a capability name that is not a subject token -------------------------------------
 
 BAD_NAMES = {
     "wildcard": "foo.>",
@@ -73,7 +73,7 @@ async def test_a_capability_name_that_is_no_subject_token_is_refused_and_the_cli
     assert names == [BAD_NAMES[case]]
 
 
-# -- 4. NaN and infinities against a float "multipleOf" ----------------------------------
+# -- NaN and infinities against a float "multipleOf" -----------------------------------
 
 MULTIPLE_OF = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}}
 
@@ -108,7 +108,7 @@ async def test_nan_and_infinities_against_multiple_of_are_contract_errors_on_bot
     assert b.calls == 1
 
 
-# -- 5. a malformed "insufficient_level" code from a callee ------------------------------
+# -- a malformed "insufficient_level" code from a callee -------------------------------
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ async def test_a_callee_replying_a_malformed_denial_gives_the_caller_a_typed_err
     assert len(answered) == len(codes)
 
 
-# -- 6. an output under the codec's limit whose reply is over the server's max_payload ---
+# -- an output under the codec's limit whose reply is over the server's max_payload ----
 
 CODEC_LIMIT = 1024 * 1024
 
@@ -183,52 +183,7 @@ async def test_an_output_too_large_for_a_message_is_a_contract_error_not_a_timeo
         assert len(result.value["s"]) == CODEC_LIMIT - 8 - 100_000
 
 
-# -- 10. SLAs and timeouts that are not finite, or absurd --------------------------------
-
-#: reach.models.MAX_SLA_MS (a day), spelled out: these tests must also run against code
-#: that does not have the constant
-MAX_SLA_MS = 24 * 3600 * 1000.0
-
-
-def _manifest_with_sla(sla: float) -> dict[str, Any]:
-    return {
-        "agent_id": "slow-1",
-        "agent_name": "slow",
-        "version": "1.0.0",
-        "capabilities": [capability("work", sla_ms=sla)],
-    }
-
-
-@pytest.mark.parametrize("sla", [math.inf, math.nan, MAX_SLA_MS * 2, 1e20])
-def test_a_latency_sla_that_is_not_finite_or_beyond_a_day_is_refused(sla: float) -> None:
-    with pytest.raises(ConfigurationError, match="latency_sla_ms"):
-        parse_manifest(_manifest_with_sla(sla))
-
-
-def test_a_latency_sla_of_a_day_is_accepted() -> None:
-    manifest = parse_manifest(_manifest_with_sla(MAX_SLA_MS))
-    assert manifest.capabilities[0].latency_sla_ms == MAX_SLA_MS
-
-
-@pytest.mark.parametrize("sla", [math.inf, 1e20])
-async def test_a_raw_announce_with_an_sla_no_deadline_can_follow_is_refused(
-    conn: Connection, registrar: Registrar, sla: float
-) -> None:
-    """From an agent in another language (msgpack carries an infinity): registered, it
-    would make every caller's deadline uncomputable."""
-    body = msgpack.packb(
-        {"manifest": _manifest_with_sla(sla), "instance_id": "i1", "started_at": time.time()}
-    )
-    raw = await conn.request(
-        subjects.announce("slow-1"),
-        envelope.pack_request(envelope.RequestMeta(secrets.token_hex(8)), body),
-        timeout=2,
-    )
-    reply = envelope.unpack_reply(raw)
-    assert not reply.ok, decode_model(AnnounceReply, reply.body)
-    assert reply.kind == "contract"
-    assert "latency_sla_ms" in reply.description
-    assert await registrar.store.get("slow-1") is None
+# -- a call timeout that is not finite, or absurd --------------------------------------
 
 
 @pytest.mark.parametrize("timeout", [math.inf, math.nan, -1.0, 1e300])
@@ -251,61 +206,22 @@ async def test_a_call_timeout_that_is_not_finite_or_negative_is_refused_before_a
     assert b.calls == 2
 
 
-# -- 11. NaN or an infinity inside a capability's JSON Schema ----------------------------
+# -- a payload the server cannot carry -------------------------------------------------
 
 
-def _manifest_with_schema(agent_id: str, bound: float) -> dict[str, Any]:
-    return {
-        "agent_id": agent_id,
-        "agent_name": "nan",
-        "version": "1.0.0",
-        "capabilities": [
-            {
-                "name": "work",
-                "security_level": 1,
-                "input_schema": {
-                    "type": "object",
-                    "properties": {"x": {"type": "number", "maximum": bound}},
-                },
-            }
-        ],
-        "health": {"interval_sec": 3600, "timeout_sec": 5},
-    }
-
-
-@pytest.mark.parametrize("bound", [math.nan, math.inf, -math.inf])
-def test_a_schema_holding_nan_or_an_infinity_is_refused_and_says_so(bound: float) -> None:
-    with pytest.raises(ConfigurationError, match="NaN or an infinity") as err:
-        parse_manifest(_manifest_with_schema("nan-1", bound))
-    assert any("input_schema" in line for line in err.value.errors)
-
-
-@pytest.mark.parametrize("bound", [math.nan, math.inf])
-async def test_a_raw_announce_whose_schema_holds_nan_is_refused_not_accepted(
-    nats_server: NatsServer, conn: Connection, registrar: Registrar, bound: float
+async def test_a_payload_over_the_servers_max_payload_is_refused_before_it_is_sent(
+    nats_server: NatsServer, registrar: Registrar
 ) -> None:
-    """An agent in another language: msgpack floats may be NaN, JSON's may not (the record
-    would say ``"maximum": null``, which no route cache reads)."""
-    body = msgpack.packb(
-        {
-            "manifest": _manifest_with_schema("nan-1", bound),
-            "instance_id": "i1",
-            "started_at": time.time(),
-        }
-    )
-    raw = await conn.request(
-        subjects.announce("nan-1"),
-        envelope.pack_request(envelope.RequestMeta(secrets.token_hex(8)), body),
-        timeout=2,
-    )
-    reply = envelope.unpack_reply(raw)
-    if reply.ok:  # an answer that is not a refusal would have to say accepted=False
-        answer = decode_model(AnnounceReply, reply.body)
-        pytest.fail(f"the announce was answered as a success: {answer}")
-    assert reply.kind == "contract"
-    assert "NaN or an infinity" in reply.description
-    assert await registrar.store.get("nan-1") is None
-    # the registrar keeps serving well-formed announces
-    agent, _ = make_agent(nats_server.url, "fine-1", capability("work"))
-    async with agent:
-        assert await registrar.store.get("fine-1") is not None
+    agent, b = make_agent(nats_server.url, "a-1")
+    async with agent, ReachClient(servers=nats_server.url) as client:
+        await wait_routable(client, "work", 1)
+        # within the codec's limits, too large for the server once the envelope is added
+        big = {"blob": "x" * (client.connection.max_payload - 100)}
+        for _ in range(25):  # more than the breaker's min_calls
+            with pytest.raises(ContractError) as refused:
+                await client.call("work", big)
+        assert refused.value.rule == "max_bytes"
+        snapshot = client.breakers.get("a-1").snapshot()
+        assert (snapshot.state, snapshot.calls, snapshot.failures) == ("closed", 0, 0)
+        assert (await client.call("work", {"small": 1})).agent_id == "a-1"
+    assert b.calls == 1

@@ -1,4 +1,6 @@
-"""Scored routing: the formula of docs/architecture.md, the latency average, and ranking."""
+"""Choosing the instance a call goes to (reach.routing): the score formula of
+docs/architecture.md, the latency average, ranking, and the choice among candidates
+(ties, samples of many, open breakers, stale averages)."""
 
 from __future__ import annotations
 
@@ -9,40 +11,10 @@ from typing import Any
 import pytest
 
 from reach.errors import ConfigurationError
-from reach.models import Instance, Manifest
+from reach.models import Instance
 from reach.routing import Peers, rank, score_instance
 
-
-def instance(
-    agent_id: str,
-    *,
-    status: str = "healthy",
-    version: str = "1.0.0",
-    in_flight: int = 0,
-    max_concurrency: int = 64,
-    capabilities: tuple[str, ...] = ("echo",),
-    sla_ms: float = 500.0,
-) -> Instance:
-    manifest = Manifest.model_validate(
-        {
-            "agent_id": agent_id,
-            "agent_name": "echo_agent",
-            "version": version,
-            "max_concurrency": max_concurrency,
-            "capabilities": [{"name": c, "latency_sla_ms": sla_ms} for c in capabilities],
-        }
-    )
-    fields: dict[str, Any] = {
-        "manifest": manifest,
-        "instance_id": f"{agent_id}-i",
-        "status": status,
-        "registered_at": 1.0,
-        "last_heartbeat_at": 1.0,
-        "in_flight": in_flight,
-        "max_concurrency": max_concurrency,
-    }
-    return Instance.model_validate(fields)
-
+from .routing_helpers import instance
 
 # -- the formula -------------------------------------------------------------------------
 
