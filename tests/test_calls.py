@@ -209,6 +209,12 @@ async def test_not_ready_instance_answers_unavailable_and_the_call_moves_on(
         result = await client.call("work", {})
         assert result.agent_id == "well-1"
         assert bs.calls == 0
+        # the refusal is an answer, not a fault: the retry goes to another instance at
+        # once, so a deadline shorter than the retry backoff (200 ms) still holds it
+        client.peers.observe("sick-1", 0.01)
+        client.peers.observe("well-1", 300)
+        quick = await client.call("work", {}, timeout=0.15)
+        assert (quick.agent_id, quick.attempts) == ("well-1", 2)
         data = await client.connection.request(
             subjects.capability_instance("work", "sick-1"),
             envelope.pack_request(envelope.RequestMeta(call_id="direct"), b"\x80"),

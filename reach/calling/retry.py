@@ -30,6 +30,7 @@ from reach.errors import (
     ReachError,
     ReachTimeout,
     RetriesExhausted,
+    Unavailable,
 )
 from reach.resilience import RetryBudget, stop_at_deadline, wait_backoff
 
@@ -147,8 +148,11 @@ class RetryPolicy:
         if not self.should_retry(first_error, state) or self.max_retries == 0:
             return None
         first_wait = wait_backoff(base=_BACKOFF_BASE).delay(1)
-        if isinstance(first_error, NoResponders) and has_other(state):
-            first_wait = 0.0  # the request reached nobody: waiting only adds latency
+        if isinstance(first_error, NoResponders | Unavailable) and has_other(state):
+            # the request reached nobody, or an instance that answered it will not take
+            # calls now (not ready, at capacity): another instance may take it at once,
+            # and waiting only spends the deadline
+            first_wait = 0.0
         if self._clock.time() + first_wait >= state.deadline:
             return None
         return first_wait
