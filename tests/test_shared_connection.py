@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +18,6 @@ from reach import subjects
 from reach.agent import Agent
 from reach.audit import AuditFilter, read_events
 from reach.client import ReachClient
-from reach.embedded import free_port
 from reach.errors import ConfigurationError, PermissionDenied
 from reach.registry import Registrar
 from reach.security.credentials import CredentialsFile
@@ -31,56 +26,11 @@ from reach.testing import NatsServer
 from reach.transport import Connection, connect
 from reach.transport.adopt import adopt
 
-from .cli_helpers import REACH
 from .conftest import Fabric
+from .up_helpers import Secured
 
 #: the environment of `reach` runs: not the developer's fabric
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("REACH_URL", "REACH_CREDS")}
-
-
-@dataclass
-class ReachUp:
-    """A fabric `reach up` started (auth callout, NATS permissions), with the credentials
-    of a caller and of agent a-1 serving echo."""
-
-    url: str
-    caller: Path
-    agent: Path
-
-
-async def _reach(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        REACH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=CLEAN_ENV
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, (out + err).decode()
-
-
-@pytest.fixture
-async def reach_up(tmp_path: Path) -> AsyncIterator[ReachUp]:
-    port = free_port()
-    store = tmp_path / "store"
-    proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns at once
-        [REACH, "up", "--port", str(port), "--store", str(store)],
-        stdout=subprocess.PIPE,
-        env={**CLEAN_ENV, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
-        assert line.startswith(b"Agent-Reach up"), line
-        url = f"nats://127.0.0.1:{port}"
-        admin = str(store / "dev.creds")
-        caller, agent = tmp_path / "caller.creds", tmp_path / "agent.creds"
-        await _reach("creds", "add", "caller", "--level", "2", "--out", str(caller),
-                     "--servers", url, "--creds", admin)  # fmt: skip
-        await _reach("creds", "add", "agent-a", "--level", "2", "--agent-id", "a-1",
-                     "--cap", "echo", "--out", str(agent), "--servers", url,
-                     "--creds", admin)  # fmt: skip
-        yield ReachUp(url, caller, agent)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=30)
 
 
 def echo_agent(agent_id: str, capability: str = "echo", level: int = 1, **kwargs: Any) -> Agent:
@@ -262,16 +212,16 @@ async def test_an_adopted_nats_py_client_tells_its_wrapper_of_reconnects(
 
 
 async def test_an_adopted_nats_py_client_reports_refusals_as_permission_denied(
-    reach_up: ReachUp,
+    secured: Secured,
 ) -> None:
-    creds = CredentialsFile.read(reach_up.caller)
+    creds = CredentialsFile.read(secured.watcher)
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc))
 
     nc = await nats.connect(
-        reach_up.url,
+        secured.url,
         user=creds.client_id,
         password=creds.secret,
         inbox_prefix=f"_INBOX.{creds.client_id}",
@@ -289,23 +239,23 @@ async def test_an_adopted_nats_py_client_reports_refusals_as_permission_denied(
 
 
 async def test_on_a_fabric_reach_up_started_a_shared_and_a_nats_py_connection_call(
-    reach_up: ReachUp,
+    secured: Secured,
 ) -> None:
     """NATS permissions hold each login to its own inbox and subjects: an agent and a
     client sharing the agent's connection, and a caller's nats-py client, all call."""
-    conn, _ = await connect_as([reach_up.url], name="a-1", credentials=reach_up.agent)
-    creds = CredentialsFile.read(reach_up.caller)
+    conn, _ = await connect_as([secured.url], name="a-1", credentials=secured.agent)
+    creds = CredentialsFile.read(secured.watcher)
     nc = await nats.connect(
-        reach_up.url,
+        secured.url,
         user=creds.client_id,
         password=creds.secret,
         inbox_prefix=f"_INBOX.{creds.client_id}",
     )
     try:
         async with (
-            echo_agent("a-1", level=2, connection=conn, credentials=reach_up.agent),
-            ReachClient(connection=conn, credentials=reach_up.agent) as shared,
-            ReachClient(connection=nc, credentials=reach_up.caller) as caller,
+            echo_agent("a-1", level=2, connection=conn, credentials=secured.agent),
+            ReachClient(connection=conn, credentials=secured.agent) as shared,
+            ReachClient(connection=nc, credentials=secured.watcher) as caller,
         ):
             await call_through(shared)
             await call_through(caller)
