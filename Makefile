@@ -10,12 +10,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# with the bench extras: `make bench` needs them, and the benchmark's smoke test (part of
-# `make test`) measures every stack, FastStream's included (small pure-Python wheels);
+# with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
+# every stack, FastStream's included) and the gateways' (their tests run in `make test`);
 # setuptools >= 77 in the venv too: `make build` runs setup.py with it
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade 'setuptools>=77'
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,gateways]'
 	touch $(STAMP)
 
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
