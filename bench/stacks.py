@@ -246,9 +246,12 @@ async def _same_caller(ctx: Context) -> AsyncIterator[Call]:
 @contextmanager
 def _audit_off(ctx: Context) -> Iterator[None]:
     """No audit events while the block runs: the client's writer is idle (its calls skip
-    recording), everything else stays as it is."""
+    recording), everything else stays as it is. Its requests still say that their caller
+    records them (``au``), so that the callee does not record them in its place: the
+    variant measures the fabric without audit, not audit moved to the callee."""
     client = _CLIENTS[ctx.stack]
     writer, client.audit = client.audit, None
+    client._attempts.audits = True  # the requests' ``au``, as with the writer on
     try:
         yield
     finally:

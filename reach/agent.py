@@ -275,6 +275,7 @@ class Agent:
             self.audit = AuditWriter(conn, servers=self.servers)
             await run_step(self.agent_id, "audit writer (REACH_AUDIT)", deadline, self.audit.start)
             self._server.on_denied = self._audit_denial
+            self._server.audit = self.audit  # every call served is recorded
         if self.manifest.mode == "async":
             self._server.jobs = await run_step(
                 self.agent_id, "job store (REACH_JOBS)", deadline, lambda: self._open_jobs(conn)
@@ -356,6 +357,7 @@ class Agent:
         connection closed if the agent opened it."""
         await self._unsubscribe()
         if self.audit is not None:
+            self._server.audit = None
             await self.audit.stop(timeout=timeout)
             self.audit = None
         await self._presence.security.close()

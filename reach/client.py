@@ -169,6 +169,7 @@ class ReachClient:
     @audit.setter
     def audit(self, writer: AuditWriter | None) -> None:
         self._recorder.audit = writer
+        self._attempts.audits = writer is not None
 
     @property
     def reconnect_settle_sec(self) -> float:

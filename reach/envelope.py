@@ -6,9 +6,15 @@ echoes request headers in replies, which must never carry a token back). The bod
 pre-encoded bytes, so a callee can check the metadata (token, deadline) before decoding
 the payload.
 
-Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?, "from"?}``
-Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?}`` or
+Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?,
+"from"?, "au"?}``
+Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?, "aud"?}`` or
          ``{"v": 1, "ok": false, "err": {"kind", "code", "desc"}, "by"?}``
+
+Audit: a caller that records its calls in REACH_AUDIT says so (``"au": true``); the
+callee of a request without it records the call itself, and says so in its ok reply
+(``"aud": true``). So every call is recorded once, by its caller or else by its callee,
+whatever language either is written in (docs/protocol.md).
 
 Batch:   ``[[token, request], ...]`` (a msgpack array, where a request is a map): the
          requests a caller sent to one subject in one turn of its event loop, in one NATS
@@ -61,6 +67,7 @@ _META_NAMES = (
     "traceparent",
     "tracestate",
     "caller",
+    "audit",
 )
 
 
@@ -74,6 +81,7 @@ class RequestMeta(Plain):
     _NAMES = _META_NAMES
     __slots__ = (
         "attempt",
+        "audit",
         "call_id",
         "caller",
         "deadline_ms",
@@ -93,6 +101,7 @@ class RequestMeta(Plain):
         traceparent: str | None = None,
         tracestate: str | None = None,
         caller: str | None = None,
+        audit: bool = False,
     ) -> None:
         self.call_id = call_id
         self.token = token
@@ -102,6 +111,8 @@ class RequestMeta(Plain):
         self.traceparent = traceparent
         self.tracestate = tracestate
         self.caller = caller
+        #: the caller records this call in REACH_AUDIT (else its callee does)
+        self.audit = audit
 
     def _fields(self) -> tuple[object, ...]:  # in _META_NAMES order
         return (
@@ -113,6 +124,7 @@ class RequestMeta(Plain):
             self.traceparent,
             self.tracestate,
             self.caller,
+            self.audit,
         )
 
 
@@ -127,6 +139,9 @@ class Reply(NamedTuple):
     by: str = ""
     #: set when an async-mode agent accepted the call as a job
     job: str = ""
+    #: the callee recorded the call in REACH_AUDIT (an ok reply's ``aud``: its request
+    #: did not say its caller records it)
+    audited: bool = False
 
 
 def pack_request(meta: RequestMeta, body: bytes) -> bytes:
@@ -145,6 +160,8 @@ def pack_request(meta: RequestMeta, body: bytes) -> bytes:
         env["ts"] = meta.tracestate
     if meta.caller is not None:
         env["from"] = meta.caller
+    if meta.audit:
+        env["au"] = True
     data: bytes = packb(env)
     return data
 
@@ -186,6 +203,9 @@ def unpack_request(
     attempt = env.get("at", 1)
     if type(attempt) is not int or not 1 <= attempt <= 100:
         raise CodecError("request: 'at' (attempt) must be an integer from 1", path="at")
+    audit = env.get("au", False)
+    if type(audit) is not bool:
+        raise CodecError("request: 'au' (the caller audits) must be true or false", path="au")
     return RequestMeta(
         call_id,
         _meta_str(env, "tok", "token"),
@@ -195,6 +215,7 @@ def unpack_request(
         _meta_str(env, "tp", "traceparent"),
         _meta_str(env, "ts", "tracestate"),
         _meta_str(env, "from", "caller"),
+        audit,
     ), body
 
 
@@ -205,12 +226,14 @@ def _meta_str(env: dict[str, Any], key: str, name: str) -> str | None:
     raise CodecError(f"request: {key!r} ({name}) must be a short string", path=key)
 
 
-def pack_ok(body: bytes, by: str = "", job: str = "") -> bytes:
+def pack_ok(body: bytes, by: str = "", job: str = "", audited: bool = False) -> bytes:
     env: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": True, "b": body}
     if by:
         env["by"] = by
     if job:
         env["job"] = job
+    if audited:
+        env["aud"] = True
     data: bytes = packb(env)
     return data
 
@@ -239,7 +262,7 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
         job = env.get("job", "")
         if not isinstance(job, str) or len(job) > 256:
             raise CodecError("reply: 'job' (job id) must be a short string", path="job")
-        return Reply(ok=True, body=body, by=by, job=job)
+        return Reply(ok=True, body=body, by=by, job=job, audited=env.get("aud") is True)
     err = env.get("err")
     if not isinstance(err, dict):
         raise CodecError("reply: a failed reply must carry 'err'", path="err")

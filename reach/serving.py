@@ -24,6 +24,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from reach import codec, envelope
+from reach.audit.events import served_event
+from reach.audit.writer import AuditWriter
 from reach.clock import Clock
 from reach.context import enter_call, set_current
 from reach.endpoint import Endpoint, Failure, decode_input, endpoint_for, failure_of
@@ -33,7 +35,7 @@ from reach.replycache import ReplyCache
 from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
 from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper, run_eagerly
-from reach.telemetry import Span, Telemetry, end_span, traceparent_of
+from reach.telemetry import Span, Telemetry, end_span, trace_id_of, traceparent_of
 from reach.transport import Connection, Message, ReplyBatch
 
 __all__ = ["REPLY_FRAMING", "CallServer", "Endpoint", "ReplyCache", "endpoint_for"]
@@ -106,6 +108,10 @@ class CallServer:
         #: told of every denial (capability, request meta, code, description, client id):
         #: the agent writes it to the audit stream
         self.on_denied: Callable[[str, envelope.RequestMeta, str, str, str], None] | None = None
+        #: set while the agent writes audit events: a call whose caller does not record
+        #: it (its request does not say ``au``) is recorded there, and its ok reply says
+        #: so (``aud``)
+        self.audit: AuditWriter | None = None
         #: set when an OpenTelemetry SDK is configured: SERVER spans and served-call counts
         self.telemetry: Telemetry | None = None
         #: the largest reply the server carries (the agent sets it from the connection's
@@ -188,9 +194,18 @@ class CallServer:
                 return denied
         # a repeat is the same capability from the same client: keys never leak across them
         key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
-        early = self._before_running(endpoint, meta, key)
-        if early is not None:
-            return early if isinstance(early, bytes) else await asyncio.shield(early)
+        started = self._clock.time()
+        if meta.deadline_ms is not None and meta.deadline_ms <= started * 1000:
+            return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
+        seen = self._cache.get(key, started)
+        if seen is not None:
+            reply = seen if isinstance(seen, bytes) else await asyncio.shield(seen)
+            if self.audit is not None and not meta.audit:  # answered: recorded too
+                self._record(endpoint, meta, client, reply, started, self._clock.time())
+            return reply
+        refused = self._admit(endpoint)
+        if refused is not None:
+            return refused
         self._cache.start(key)
         self.in_flight += 1
         reply = b""
@@ -214,7 +229,8 @@ class CallServer:
             else:
                 traceparent = meta.traceparent if span is None else traceparent_of(span)
                 outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms, traceparent)
-                reply, remember, kind = self._reply_of(endpoint, outcome)
+                audited = self.audit is not None and not meta.audit
+                reply, remember, kind = self._reply_of(endpoint, outcome, audited)
         except asyncio.CancelledError:
             remember = False
             reply = self.stopping()
@@ -224,21 +240,47 @@ class CallServer:
             kind, remember = "internal", False
             reply = self._error("internal", type(exc).__name__, f"{endpoint.name}: {exc}")
         finally:
-            self._finished(endpoint, key, reply, remember, kind, span)
+            done_at = self._finished(endpoint, key, reply, remember, kind, span)
+            if self.audit is not None and not meta.audit and reply:
+                self._record(endpoint, meta, client, reply, started, done_at, kind)
         return reply
 
-    def _before_running(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta, key: str
-    ) -> bytes | asyncio.Future[bytes] | None:
-        """None if the call is to run; else its reply (the caller's deadline passed, a
-        repeat answered, or not admitted), or the first call's reply to wait for."""
-        now = self._clock.time()
-        if meta.deadline_ms is not None and meta.deadline_ms <= now * 1000:
-            return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
-        seen = self._cache.get(key, now)
-        if seen is not None:
-            return seen
-        return self._admit(endpoint)
+    def _record(
+        self,
+        endpoint: Endpoint,
+        meta: envelope.RequestMeta,
+        client: str,
+        reply: bytes,
+        started: float,
+        done_at: float,
+        kind: str = "",
+    ) -> None:
+        """The callee's audit event of a call it answered with ``reply`` (``kind``: "ok"
+        or its error kind; "": read from the reply)."""
+        assert self.audit is not None
+        code = description = ""
+        if kind != "ok":
+            try:
+                answer = envelope.unpack_reply(reply)
+            except CodecError:
+                answer = envelope.Reply(ok=False, kind="internal", code="bad_reply")
+            kind = "ok" if answer.ok else answer.kind
+            code, description = answer.code, answer.description
+        self.audit.record(
+            served_event(
+                ts=started,
+                capability=endpoint.name,
+                callee=self.agent_id,
+                call_id=meta.call_id,
+                caller=client,
+                caller_agent=meta.caller,
+                trace_id=trace_id_of(meta.traceparent),
+                latency_ms=(done_at - started) * 1000,
+                kind=kind,
+                code=code,
+                description=description,
+            )
+        )
 
     def _admit(self, endpoint: Endpoint) -> bytes | None:
         """None if the call is admitted, else the ``unavailable`` reply: not ready, at its
@@ -267,14 +309,14 @@ class CallServer:
         return None
 
     def _reply_of(
-        self, endpoint: Endpoint, outcome: tuple[bytes, Any] | Failure
+        self, endpoint: Endpoint, outcome: tuple[bytes, Any] | Failure, audited: bool = False
     ) -> tuple[bytes, bool, str]:
         """The reply to a handler's outcome, whether a repeat may be answered with it, and
-        its kind ("ok" or the error's)."""
+        its kind ("ok" or the error's). ``audited``: this side records the call."""
         if isinstance(outcome, Failure):
             reply, remember = self._fail(*outcome)
             return reply, remember, outcome.kind
-        reply = envelope.pack_ok(outcome[0], self.agent_id)
+        reply = envelope.pack_ok(outcome[0], self.agent_id, audited=audited)
         limit = self.max_reply_bytes
         if limit is not None and len(reply) > limit:
             reply, remember = self._fail(
@@ -294,8 +336,9 @@ class CallServer:
         remember: bool,
         kind: str,
         span: Span | None,
-    ) -> None:
-        """A call that ran is done: counted, its reply kept for repeats (if it may be)."""
+    ) -> float:
+        """A call that ran is done: counted, its reply kept for repeats (if it may be).
+        Returns when it was done (the clock's wall time)."""
         self.in_flight -= 1
         self.completed += 1
         self.last_completion_at = done_at = self._clock.time()
@@ -306,6 +349,7 @@ class CallServer:
         if tel is not None:
             tel.record_served(endpoint.name, kind)
             end_span(span, None if kind == "ok" else kind)
+        return done_at
 
     def _check_token(
         self, endpoint: Endpoint, meta: envelope.RequestMeta

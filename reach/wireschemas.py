@@ -125,6 +125,11 @@ class RequestEnvelope(_Envelope):
         max_length=4096,
         description="the caller's agent id",
     )
+    au: bool = Field(
+        False,
+        description="true: the caller records this call in REACH_AUDIT itself; absent or"
+        " false: the callee records it (and says so with 'aud' in its ok reply)",
+    )
 
 
 class EnvelopeError(_Envelope):
@@ -168,6 +173,11 @@ class ReplyEnvelope(_Envelope):
         max_length=128,
         description="set when an async-mode agent accepted the call as a job: its job id"
         " (the result appears in the KV bucket REACH_JOBS under key job.<job_id>)",
+    )
+    aud: bool = Field(
+        False,
+        description="true: the callee recorded this call in REACH_AUDIT (its request did not"
+        " say 'au')",
     )
 
     @model_validator(mode="after")

@@ -278,14 +278,15 @@ def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
     data, summary, _ = builder.encode()
     expected_calls: dict[str, int] = {}
     for side, cap, _, _ in rows:
-        if side == "caller":
+        if side in ("caller", "callee"):  # a callee's event is primary unless a denial
             expected_calls[cap] = expected_calls.get(cap, 0) + 1
     notable = sum(1 for s, _, e, a in rows if s == "caller" and (a > 1 or e == "breaker"))
     assert summary.calls == expected_calls
     assert summary.notable == notable
     assert read_counts(data) == (expected_calls if notable == 0 else None)
     plain = sum(1 for s, c, e, a in rows if (s, c, e, a) == ("caller", "query", None, 1))
-    assert builder.count - len(builder.positions) == plain
+    served = sum(1 for s, c, e, a in rows if (s, c, e, a) == ("callee", "query", None, 0))
+    assert builder.count - len(builder.positions) == plain + served
 
 
 # -- the engine's memory under many names ----------------------------------------------

@@ -136,6 +136,7 @@ FULL_META = RequestMeta(
     traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     tracestate="vendor=1",
     caller="agent-a",
+    audit=True,
 )
 
 
@@ -149,9 +150,9 @@ def test_request_envelope_keys_match_pack_request() -> None:
 
 
 def test_reply_envelope_keys_match_pack_ok_and_pack_error() -> None:
-    ok = unpacked(envelope.pack_ok(b"\x80", by="inst-1", job="job-1"))
+    ok = unpacked(envelope.pack_ok(b"\x80", by="inst-1", job="job-1", audited=True))
     error = unpacked(envelope.pack_error("business", "no_data", "nothing found", by="inst-1"))
-    assert set(ok) == {"v", "ok", "b", "by", "job"}
+    assert set(ok) == {"v", "ok", "b", "by", "job", "aud"}
     assert set(error) == {"v", "ok", "err", "by"}
     assert set(ok) | set(error) == wire_keys(ReplyEnvelope)
     assert set(error["err"]) == wire_keys(EnvelopeError)

@@ -185,11 +185,14 @@ class AlertEngine:
     def observe(self, event: dict[str, Any], writer: str | None = None) -> list[Alert]:
         """Alerts one audit event (a map, see ``AuditEvent``) raises; usually none.
         ``writer``: the writer token of its subject (None: not read from the stream)."""
-        if event.get("side", "caller") != "caller":
-            return []
         capability = event.get("capability")
         if not isinstance(capability, str) or not capability:
             return []  # not an event any writer of ours makes
+        side = event.get("side", "caller")
+        if side != "caller":
+            if _counted_callee(event):
+                self._count_calls(capability, 1)  # a call only its callee recorded
+            return []
         caller = _caller_of(event, writer)
         if caller is None:
             return []  # written by someone else than the caller it names: nobody's call
@@ -215,7 +218,11 @@ class AlertEngine:
         special: list[dict[str, Any]] = []
         for event in decode_raw(data):
             capability = event.get("capability")
-            if event.get("side") != "caller" or not isinstance(capability, str) or not capability:
+            if not isinstance(capability, str) or not capability:
+                continue
+            if event.get("side") != "caller":
+                if _counted_callee(event):
+                    counted[capability] = counted.get(capability, 0) + 1
                 continue
             caller = _caller_of(event, writer)
             if caller is None:
@@ -410,3 +417,8 @@ def _caller_of(event: Mapping[str, Any], writer: str | None) -> str | None:
     if writer is None or writer in ("", subjects.ANONYMOUS):
         return str(event.get("caller_agent") or caller or subjects.ANONYMOUS)
     return writer if caller == writer else None
+
+
+def _counted_callee(event: dict[str, Any]) -> bool:
+    """A callee's event that is its call's record (``primary``): counted as the call."""
+    return event.get("side") == "callee" and event.get("primary") is True

@@ -4,10 +4,12 @@ One stream message holds the events of one capability, so the stream is written 
 times a second instead of once per call. ``BatchBuilder.add`` is the one conversion from
 the writer's record (``reach.audit.events.CallEvent``) to the batch format: a plain call
 (answered at the first attempt by the instance it went to, nothing skipped, no fallback)
-becomes a slot in the batch's columns (``reach.audit.columns``), any other event a packed
-row in ``EVENT_FIELDS`` order. Readers get maps of ``AuditEvent``'s fields back
-(``decode_events``), from batches of either layout (rows only, version 1; columns beside
-rows, version 2), and can count a batch's calls without reading its rows (``read_counts``,
+becomes a slot in the batch's columns (``reach.audit.columns``), and so does a callee's
+primary event of a call it answered ok (in a second set of columns, ``served``); any
+other event is a packed row in ``EVENT_FIELDS`` order. Readers get maps of
+``AuditEvent``'s fields back (``decode_events``), from batches of any layout (rows only,
+version 1; a caller's columns beside rows, version 2; a callee's too, version 3), and can
+count a batch's calls without reading its rows (``read_counts``,
 or its headers alone, ``read_header_counts``).
 """
 
@@ -43,8 +45,9 @@ __all__ = [
     "summary_headers",
 ]
 
-#: version of a batch's layout: 2 keeps plain calls as columns beside the rows
-BATCH_VERSION = 2
+#: version of a batch's layout: 2 keeps plain calls as columns beside the rows, 3 a
+#: callee's plain calls too
+BATCH_VERSION = 3
 
 
 def event_row(event: CallEvent) -> tuple[Any, ...]:
@@ -70,6 +73,7 @@ def event_row(event: CallEvent) -> tuple[Any, ...]:
         event.attempts,
         event.fallback,
         event.fallback_reason,
+        event.primary,
     )
 
 
@@ -98,6 +102,9 @@ class RowSummary:
             self.calls[capability] = self.calls.get(capability, 0) + 1
             if len(event.attempts) > 1 or event.error == "breaker" or event.skipped:
                 self.notable += 1
+        elif event.side == "callee" and event.primary:
+            capability = event.capability
+            self.calls[capability] = self.calls.get(capability, 0) + 1
 
     def add_calls(self, capability: str, n: int) -> None:
         """``n`` calls that are not notable."""
@@ -128,16 +135,47 @@ def _is_plain(event: CallEvent) -> bool:
     )
 
 
+def _is_served_plain(event: CallEvent) -> bool:
+    """A callee's primary event of a call it answered ok, with nothing else to say: what
+    the ``served`` columns hold."""
+    return (
+        event.side == "callee"
+        and event.primary
+        and event.outcome == "ok"
+        and event.error is None
+        and not event.attempts
+        and not event.candidates
+        and event.n_candidates == 0
+        and event.fallback is None
+        and event.code == ""
+        and event.description == ""
+        and event.fallback_reason == ""
+        and not event.skipped
+    )
+
+
 class BatchBuilder:
     """The events of one stream message as they are recorded: plain calls of the
     batch's capability as columns (``reach.audit.columns``), every other event a packed
     row, with its place among them. ``count`` counts them all."""
 
-    __slots__ = ("capability", "columns", "count", "positions", "rows", "summary")
+    __slots__ = (
+        "capability",
+        "columns",
+        "count",
+        "positions",
+        "rows",
+        "served",
+        "served_positions",
+        "summary",
+    )
 
     def __init__(self, capability: str) -> None:
         self.capability = capability
         self.columns = Columns()
+        #: a callee's plain events (made on its first one), and where each one falls
+        self.served: Columns | None = None
+        self.served_positions: list[int] = []
         #: rows packed by ``pack_event``, one after another, and where each one falls
         self.rows = bytearray()
         self.positions: list[int] = []
@@ -147,11 +185,13 @@ class BatchBuilder:
     @property
     def size(self) -> int:
         """Packed size, estimated."""
-        return len(self.rows) + self.columns.size
+        served = self.served
+        return len(self.rows) + self.columns.size + (served.size if served is not None else 0)
 
     @property
     def full(self) -> bool:
-        return self.columns.full
+        served = self.served
+        return self.columns.full or (served is not None and served.full)
 
     def add(self, event: CallEvent) -> None:
         """Any event: a plain call of this capability joins the columns, anything else is
@@ -162,9 +202,20 @@ class BatchBuilder:
 
     def add_if_plain(self, event: CallEvent) -> bool:
         """Add ``event`` if it is a plain call of this capability; False if it is not."""
-        if event.capability != self.capability or self.columns.full or not _is_plain(event):
+        if event.capability != self.capability:
             return False
-        self.columns.add(event)
+        if event.side == "callee":
+            served = self.served
+            if served is None:
+                served = self.served = Columns("callee")
+            if served.full or not _is_served_plain(event):
+                return False
+            served.add(event)
+            self.served_positions.append(self.count)
+        else:
+            if self.columns.full or not _is_plain(event):
+                return False
+            self.columns.add(event)
         self.count += 1
         return True
 
@@ -178,53 +229,71 @@ class BatchBuilder:
 
     def encode(self) -> tuple[bytes, RowSummary, int]:
         """One stream message (``AuditBatch``): ``{"v", "fields", "attempt_fields",
-        "calls", "notable", ["positions", "plain",] "events": [row, ...]}``; the summary
-        of its events (``summary_headers``); and how many events it had to leave out.
+        "calls", "notable", ["plain",] ["served", "served_positions",] ["positions",]
+        "events": [row, ...]}``; the summary of its events (``summary_headers``); and how
+        many events it had to leave out.
 
-        Columns are packed only here: if one of them cannot be (a name that is not
-        valid UTF-8, say), the batch is written as rows instead, each plain call packed on
-        its own after the other rows, and only those that cannot be packed are left out.
+        Columns are packed only here: if a set of them cannot be (a name that is not
+        valid UTF-8, say), its events are written as rows instead, each packed on its own
+        after the other rows (the batch then says nothing of their order), and only those
+        that cannot be packed are left out.
         """
         summary = RowSummary()
         summary.calls = dict(self.summary.calls)
         summary.notable = self.summary.notable
-        n_plain = len(self.columns)
-        rows, count, positions = bytes(self.rows), len(self.positions), self.positions
-        plain: bytes | None = None
-        lost = 0
-        if n_plain:
-            try:
-                plain = msgpack.packb(self.columns.encode(self.capability), use_bin_type=True)
-            except (TypeError, ValueError, OverflowError, struct.error):
-                packed = []
-                for event in self.columns.events(self.capability):
-                    try:
-                        packed.append(pack_event(event))
-                    except (TypeError, ValueError, OverflowError):
-                        lost += 1
-                rows += b"".join(packed)
-                count += len(packed)
-                positions = list(range(count))
-                n_plain = len(packed)
-        summary.add_calls(self.capability, n_plain)
+        rows, n_rows = bytearray(self.rows), len(self.positions)
+        plain, plain_rows, n_plain, lost = _pack_columns(self.columns, self.capability)
+        served, served_rows, n_served, lost_served = _pack_columns(self.served, self.capability)
+        lost += lost_served
+        for as_rows, n in ((plain_rows, n_plain), (served_rows, n_served)):
+            if as_rows:
+                rows += as_rows
+                n_rows += n
+        in_order = not (plain_rows or served_rows) and (plain is not None or served is not None)
+        summary.add_calls(self.capability, n_plain + n_served)
         packer = msgpack.Packer(use_bin_type=True)
+        extra: list[tuple[str, bytes]] = []
+        if plain is not None:
+            extra.append(("plain", plain))
+        if served is not None:
+            extra.append(("served", served))
+        if in_order:
+            extra.append(("positions", packer.pack(self.positions)))
+            if served is not None:
+                extra.append(("served_positions", packer.pack(self.served_positions)))
         parts = [
-            packer.pack_map_header(6 if plain is None else 8),
+            packer.pack_map_header(6 + len(extra)),
             _HEAD,
             packer.pack("calls"),
             packer.pack(summary.calls),
             packer.pack("notable"),
             packer.pack(summary.notable),
         ]
-        if plain is not None:
-            parts += (
-                packer.pack("positions"),
-                packer.pack(positions),
-                packer.pack("plain"),
-                plain,
-            )
-        parts += (packer.pack("events"), packer.pack_array_header(count), rows)
+        for key, value in extra:
+            parts += (packer.pack(key), value)
+        parts += (packer.pack("events"), packer.pack_array_header(n_rows), bytes(rows))
         return b"".join(parts), summary, lost
+
+
+def _pack_columns(columns: Columns | None, capability: str) -> tuple[bytes | None, bytes, int, int]:
+    """``columns`` packed (None when there are none, or when they cannot be packed: then
+    their events packed one by one as rows, second), how many events they stand for, and
+    how many could not be packed at all."""
+    if columns is None or not len(columns):
+        return None, b"", 0, 0
+    try:
+        packed: bytes = msgpack.packb(columns.encode(capability), use_bin_type=True)
+        return packed, b"", len(columns), 0
+    except (TypeError, ValueError, OverflowError, struct.error):
+        pass
+    rows: list[bytes] = []
+    lost = 0
+    for event in columns.events(capability):
+        try:
+            rows.append(pack_event(event))
+        except (TypeError, ValueError, OverflowError):
+            lost += 1
+    return None, b"".join(rows), len(rows), lost
 
 
 #: the constant entries of every batch (without their map's header)
@@ -355,47 +424,65 @@ def decode_events(data: bytes) -> DecodedBatch:
         return DecodedBatch([], 1)
     full: list[Any] = [_row_to_map(row, fields, attempt_fields) for row in rows]
     bad = full.count(None)
-    plain_part = batch.get("plain")
-    if plain_part is None:
-        return DecodedBatch([e for e in full if e is not None], bad)
+    plain, bad_plain = _expand(batch.get("plain"))
+    served, bad_served = _expand(batch.get("served"))
+    bad += bad_plain + bad_served
+    if bad_plain or bad_served:  # the places of the rest no longer add up
+        return DecodedBatch(plain + [e for e in full if e is not None] + served, bad)
+    order = _order(
+        len(plain), batch.get("positions"), len(full), batch.get("served_positions"), len(served)
+    )
+    if order is None:
+        return DecodedBatch(plain + [e for e in full if e is not None] + served, bad)
+    sources = (iter(plain), iter(full), iter(served))
+    events = [event for event in (next(sources[i]) for i in order) if event is not None]
+    return DecodedBatch(events, bad)
+
+
+def _expand(part: Any) -> tuple[list[dict[str, Any]], int]:
+    """The events of a set of columns (none: no events), and how many could not be read."""
+    if part is None:
+        return [], 0
     try:
-        plain = expand_plain(plain_part)
+        events = expand_plain(part)
     except ValueError:
-        n = plain_part.get("n") if isinstance(plain_part, dict) else None
-        lost = n if type(n) is int and n > 0 else 1
-        return DecodedBatch([e for e in full if e is not None], bad + lost)
-    for event in plain:
+        n = part.get("n") if isinstance(part, dict) else None
+        return [], n if type(n) is int and n > 0 else 1
+    for event in events:
         event["v"] = EVENT_VERSION
-    return DecodedBatch(_merge(plain, full, batch.get("positions")), bad)
+    return events, 0
 
 
 def _names(value: Any) -> TypeGuard[list[str]]:
     return type(value) is list and all(type(name) is str for name in value)
 
 
-def _merge(plain: list[dict[str, Any]], full: list[Any], positions: Any) -> list[dict[str, Any]]:
-    """Plain events and rows in recorded order (rows after the rest when their positions
-    do not fit)."""
-    total = len(plain) + len(full)
-    if not (
-        type(positions) is list
-        and len(positions) == len(full)
-        and all(type(p) is int and 0 <= p < total for p in positions)
-        and all(a < b for a, b in pairwise(positions))
-    ):
-        return plain + [e for e in full if e is not None]
-    out: list[dict[str, Any]] = []
-    rest = iter(plain)
-    at = 0
-    for position, event in zip(positions, full, strict=True):
-        while at < position:
-            out.append(next(rest))
-            at += 1
-        if event is not None:
-            out.append(event)
-        at += 1
-    out.extend(rest)
-    return out
+def _order(
+    n_plain: int, positions: Any, n_rows: int, served_positions: Any, n_served: int
+) -> list[int] | None:
+    """Where each event of a batch comes from, in recorded order (0: the caller's columns,
+    1: the rows, 2: the callee's columns): rows at ``positions``, the callee's plain
+    events at ``served_positions``, the caller's filling the other places. None when the
+    places do not fit (then the reader takes the columns, the rows, then the callee's)."""
+    total = n_plain + n_rows + n_served
+    if n_served == 0 and served_positions is None:
+        served_positions = []
+    if n_plain + n_served == 0 and positions is None:
+        positions = list(range(n_rows))
+    places: list[int | None] = [None] * total
+    for source, at, n in ((1, positions, n_rows), (2, served_positions, n_served)):
+        if not (
+            type(at) is list
+            and len(at) == n
+            and all(type(p) is int and 0 <= p < total for p in at)
+            and all(a < b for a, b in pairwise(at))
+        ):
+            return None
+        for p in at:
+            if places[p] is not None:
+                return None
+            places[p] = source
+    return [0 if source is None else source for source in places]
 
 
 def decode_raw(data: bytes) -> list[dict[str, Any]]:

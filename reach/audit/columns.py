@@ -8,6 +8,10 @@ index into the batch's candidate sets. Recording one is a handful of list append
 tuple, no msgpack call, nothing for the garbage collector), and it takes far fewer bytes
 than a row, which the server stores and every reader reads.
 
+A callee's plain events (a call it answered ok, counted as the call) take the same
+columns in a second set with ``side`` "callee": they have no candidates (the empty set),
+no score (NaN) and no attempts (their attempt latency is their latency).
+
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
 row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.records``
 (``schemas/audit-batch.schema.json``).
@@ -67,6 +71,7 @@ class Columns:
         "latency",
         "score",
         "sets",
+        "side",
         "size",
         "trace_hex",
         "trace_id",
@@ -74,7 +79,9 @@ class Columns:
         "values",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, side: str = "caller") -> None:
+        #: whose plain events: a caller's, or a callee's
+        self.side = side
         self.ts: list[float] = []
         self.call_id: list[str] = []
         self.trace_id: list[str] = []
@@ -117,7 +124,10 @@ class Columns:
         n_candidates = event.n_candidates
         if not 0 <= n_candidates <= 0xFFFFFFFF:
             raise ValueError("Columns.add: n_candidates must be in [0, 2**32)")
-        _agent, score, _outcome, attempt_latency_ms = event.attempts[0]
+        if event.attempts:
+            _agent, score, _outcome, attempt_latency_ms = event.attempts[0]
+        else:  # a callee's: no routing, one attempt that is the call
+            score, attempt_latency_ms = None, event.latency_ms
         call_id, trace_id = event.call_id, event.trace_id
         # a caller's own id and its callee's are the same objects call after call
         caller = event.caller
@@ -176,8 +186,10 @@ class Columns:
             caller = values[self.caller[i]]
             assert caller is not None
             score = self.score[i]
+            callee_side = self.side == "callee"
             events.append(
                 CallEvent(
+                    side="callee" if callee_side else "caller",
                     ts=self.ts[i],
                     capability=capability,
                     call_id=self.call_id[i],
@@ -189,7 +201,9 @@ class Columns:
                     latency_ms=self.latency[i],
                     candidates=names,
                     n_candidates=count,
-                    attempts=(
+                    attempts=()
+                    if callee_side
+                    else (
                         attempt(
                             agent_id=callee,
                             score=None if math.isnan(score) else score,
@@ -213,7 +227,7 @@ class Columns:
                 raw = bytes.fromhex(joined)
                 if len(raw) == 16 * n:
                     trace = raw
-        return {
+        out: dict[str, Any] = {
             "n": n,
             "capability": capability,
             "ts": doubles(*self.ts),
@@ -229,6 +243,9 @@ class Columns:
             "values": self.values,
             "candidate_sets": [[list(names), count] for names, count in self.sets],
         }
+        if self.side != "caller":
+            out["side"] = self.side
+        return out
 
 
 def _doubles(value: Any, n: int) -> tuple[float, ...]:
@@ -284,6 +301,9 @@ def expand_plain(plain: Any) -> list[dict[str, Any]]:
         raise ValueError("the plain part has no count")
     if type(capability) is not str:
         raise ValueError("the plain part has no capability")
+    side = plain.get("side", "caller")
+    if side not in ("caller", "callee"):
+        raise ValueError("the plain part's side is neither caller nor callee")
     values = plain.get("values")
     if type(values) is not list or not all(v is None or type(v) is str for v in values):
         raise ValueError("the plain part's values are not names")
@@ -299,12 +319,13 @@ def expand_plain(plain: Any) -> list[dict[str, Any]]:
     callee = _indexes(plain.get("callee"), n, values)
     candidates = _indexes(plain.get("candidates"), n, sets)
     return _event_maps(
-        capability, ts, call_id, trace_id, caller, caller_agent, callee, latency, candidates,
+        side, capability, ts, call_id, trace_id, caller, caller_agent, callee, latency, candidates,
         score, attempt_latency, values, sets,
     )  # fmt: skip
 
 
 def _event_maps(
+    side: str,
     capability: str,
     ts: Sequence[float],
     call_id: Sequence[str],
@@ -321,12 +342,13 @@ def _event_maps(
 ) -> list[dict[str, Any]]:
     """Plain events as event maps, from their columns (decoded, or being filled)."""
     events: list[dict[str, Any]] = []
+    callee_side = side == "callee"
     for i in range(len(ts)):
         names, count = sets[candidates[i]]
         agent = values[callee[i]]
         events.append(
             {
-                "side": "caller",
+                "side": side,
                 "ts": ts[i],
                 "capability": capability,
                 "call_id": call_id[i],
@@ -342,7 +364,9 @@ def _event_maps(
                 "candidates": list(names),
                 "n_candidates": count,
                 "skipped": [],
-                "attempts": [
+                "attempts": []
+                if callee_side
+                else [
                     {
                         "agent_id": agent,
                         "score": None if math.isnan(score[i]) else score[i],
@@ -352,6 +376,7 @@ def _event_maps(
                 ],
                 "fallback": None,
                 "fallback_reason": "",
+                "primary": True,
             }
         )
     return events

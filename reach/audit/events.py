@@ -1,10 +1,15 @@
 """Audit events as the writing side builds them: one typed record per event.
 
-A caller writes one ``CallEvent`` per cross-agent call, a callee or a registrar one per
-refusal (``denial_event``). The record is built with keyword arguments only, so two
-fields of the same type cannot trade places at a call site, and its fields are read-only
-once built. The writer turns it into the batch format (``reach.audit.batch``); readers
-decode batches into ``AuditEvent`` (``reach.audit.records``), the documented shape
+A caller writes one ``CallEvent`` per cross-agent call; a callee one per call whose
+caller does not record it (a caller in another language, say: ``served_event``); a callee
+or a registrar one per refusal (``denial_event``). Each call has one *primary* event, the
+one counted as the call (``primary``): its caller's, else its callee's; the others (the
+denials) add to it, and readers merge them by call id (``reach.audit.merge``).
+
+The record is built with keyword arguments only, so two fields of the same type cannot
+trade places at a call site, and its fields are read-only once built. The writer turns
+it into the batch format (``reach.audit.batch``); readers decode batches into
+``AuditEvent`` (``reach.audit.records``), the documented shape
 (``schemas/audit-event.schema.json``), whose fields are the same.
 """
 
@@ -39,6 +44,7 @@ __all__ = [
     "attempt",
     "denial_event",
     "error_class",
+    "served_event",
 ]
 
 #: version of an event's map (``AuditEvent.v``)
@@ -47,7 +53,8 @@ EVENT_VERSION = 1
 #: how a call ended: served, failed, answered by a fallback after a failure, or refused
 Outcome = Literal["ok", "error", "fallback", "denied"]
 
-#: who wrote an event: the caller for calls, the side that refused for denials
+#: who wrote an event: the caller or the callee for calls, the side that refused for
+#: denials
 Side = Literal["caller", "callee", "registrar"]
 
 #: what failed, in the operator's words (connect failure, timeout, business rejection,
@@ -113,6 +120,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     "attempts",
     "fallback",
     "fallback_reason",
+    "primary",
 )
 #: the fields of one attempt, in ``AttemptRow`` order
 ATTEMPT_FIELDS: tuple[str, ...] = ("agent_id", "score", "outcome", "latency_ms")
@@ -152,6 +160,7 @@ class CallEvent:
         "latency_ms",
         "n_candidates",
         "outcome",
+        "primary",
         "side",
         "skipped",
         "trace_id",
@@ -180,6 +189,7 @@ class CallEvent:
         attempts: tuple[AttemptRow, ...] = (),
         fallback: str | None = None,
         fallback_reason: str = "",
+        primary: bool = True,
     ) -> None:
         #: who wrote it
         self.side: Final[Side] = side
@@ -207,6 +217,9 @@ class CallEvent:
         #: where a fallback answer came from (cache, backup, default), and why
         self.fallback: Final = fallback
         self.fallback_reason: Final = fallback_reason
+        #: the event counted as the call (see the module's docstring); False for denials,
+        #: which add to their call's primary event
+        self.primary: Final = primary
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in EVENT_FIELDS)
@@ -240,4 +253,50 @@ def denial_event(
         error="denied",
         code=code,
         description=description,
+        primary=False,
     )
+
+
+def served_event(
+    *,
+    ts: float,
+    capability: str,
+    callee: str,
+    call_id: str,
+    caller: str,
+    caller_agent: str | None,
+    trace_id: str,
+    latency_ms: float,
+    kind: str = "ok",
+    code: str = "",
+    description: str = "",
+) -> CallEvent:
+    """The callee's event of a call it answered whose caller does not record it (the
+    call's primary event): ``kind`` is "ok" or the error kind of its reply."""
+    ok = kind == "ok"
+    return CallEvent(
+        side="callee",
+        ts=ts,
+        capability=capability,
+        call_id=call_id,
+        trace_id=trace_id,
+        caller=caller,
+        caller_agent=caller_agent,
+        callee=callee,
+        outcome="ok" if ok else "error",
+        error=None if ok else _KIND_CLASS.get(kind, "internal"),
+        code=code,
+        description=description,
+        latency_ms=latency_ms,
+    )
+
+
+#: the error class of a reply's error kind, as a callee answers it
+_KIND_CLASS: dict[str, ErrorClass] = {
+    "contract": "contract",
+    "business": "business",
+    "unavailable": "unavailable",
+    "denied": "denied",
+    "timeout": "timeout",
+    "internal": "internal",
+}

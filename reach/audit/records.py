@@ -9,7 +9,7 @@ rest of auditing.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -48,7 +48,8 @@ class AuditEvent(_Model):
 
     v: int = EVENT_VERSION
     side: Side = Field(
-        "caller", description="who wrote it: the caller for calls, the denier for denials"
+        "caller",
+        description="who wrote it: the caller or the callee for calls, the denier for denials",
     )
     ts: float = Field(description="start of the call, Unix seconds")
     capability: str
@@ -72,6 +73,11 @@ class AuditEvent(_Model):
     attempts: list[AuditAttempt] = Field(default_factory=list)
     fallback: str | None = Field(None, description="cache, backup or default when one answered")
     fallback_reason: str = ""
+    primary: bool = Field(
+        True,
+        description="the event counted as the call: its caller's, else its callee's (a"
+        " caller that does not record its calls); denials add to it under the same call_id",
+    )
 
     @property
     def retries(self) -> int:
@@ -88,6 +94,11 @@ class AuditPlain(_Model):
 
     n: int = Field(ge=0, description="events in the columns")
     capability: str
+    side: Literal["caller", "callee"] = Field(
+        "caller",
+        description="whose events: a caller's, or a callee's (no candidates, no score, no"
+        " attempts: candidates index an empty set, scores are NaN, attempt latency is latency)",
+    )
     ts: bytes = Field(description="start of each call, Unix seconds (n doubles)")
     call_id: list[str]
     trace_id: bytes | list[str] = Field(
@@ -112,7 +123,9 @@ class AuditBatch(_Model):
     for their meaning) and ``attempt_fields`` the columns of each entry of a row's
     ``attempts``. From version 2, plain calls are columns in ``plain`` instead, and
     ``positions`` says where each row falls among all the batch's events (the plain ones
-    fill the other places, in order).
+    fill the other places, in order); from version 3, a callee's plain events are columns
+    in ``served``, at ``served_positions``. A batch without positions lists the columns'
+    events, then the rows, then the callee's columns'.
 
     ``calls`` and ``notable`` come before the events so a reader that only counts (the
     alert watcher) can stop there when no row needs a closer look."""
@@ -121,13 +134,21 @@ class AuditBatch(_Model):
     fields: list[str]
     attempt_fields: list[str]
     calls: dict[str, int] | None = Field(
-        None, description="calls recorded by callers (side 'caller'), by capability"
+        None,
+        description="calls in the batch by capability: its primary events (a caller's, or a"
+        " callee's of a call its caller does not record)",
     )
     notable: int | None = Field(None, description="caller rows with retries or a breaker rejection")
     positions: list[int] | None = Field(
         None, description="place of each row among all the events (with plain)"
     )
     plain: AuditPlain | None = None
+    served: AuditPlain | None = Field(
+        None, description="a callee's plain events (side 'callee'; from version 3)"
+    )
+    served_positions: list[int] | None = Field(
+        None, description="place of each of the callee's plain events among all the events"
+    )
     events: list[list[Any]]
 
 
@@ -139,7 +160,7 @@ class AuditNotice(_Model):
 
     seq: int = Field(ge=1, description="the batch's sequence in REACH_AUDIT")
     calls: dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1)]] = Field(
-        description="calls recorded by callers (side 'caller') in the batch, by capability"
+        description="calls in the batch by capability (its primary events, see AuditBatch)"
     )
     notable: int = Field(ge=0, description="caller rows with retries or a breaker rejection")
     dropped: int = Field(

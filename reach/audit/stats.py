@@ -75,7 +75,9 @@ class Tally:
 
 
 class CallStats:
-    """Aggregates caller-side audit events kept within ``window_sec`` of the newest."""
+    """Aggregates the calls of audit events kept within ``window_sec`` of the newest: each
+    call's primary event (its caller's, or its callee's when only that one recorded it),
+    and the denials apart."""
 
     def __init__(self, window_sec: float = 60.0) -> None:
         self.window_sec = window_sec
@@ -83,10 +85,10 @@ class CallStats:
         self.denials: deque[AuditEvent] = deque()
 
     def add(self, event: AuditEvent) -> None:
-        if event.side != "caller":
+        if event.outcome == "denied" and event.side != "caller":
             self.denials.append(event)
-            return
-        self._events.append(event)
+        elif event.primary:
+            self._events.append(event)
 
     def trim(self, now: float) -> None:
         for queue in (self._events, self.denials):

@@ -99,6 +99,9 @@ class AttemptRunner:
         #: request/reply on the call path (``Connection.raw_request``)
         self.request: RawRequest = _not_connected
         self.closing = False
+        #: this client records its calls in REACH_AUDIT: each request says so, and its
+        #: callee records nothing
+        self.audits = False
         self.reconnected_at = -float("inf")
         self.settle_sec = 10.0
         self._clock = clock
@@ -130,6 +133,7 @@ class AttemptRunner:
                 f"{state.capability}: deadline passed before attempt {state.attempts}"
             )
         chosen, subject, peer = self._target(state)
+        meta.audit = self.audits
         target = state.last_target
         breaker = self.breakers.get(target) if target else None
         security = self.security

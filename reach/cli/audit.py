@@ -1,4 +1,5 @@
-"""``reach audit tail``: the audit stream, history and live, one line per call."""
+"""``reach audit tail``: the audit stream, history and live, one line per call (its
+events merged by call id, ``reach.audit.merge``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import get_args
 import click
 
 from reach.audit.events import ErrorClass, Outcome
-from reach.audit.reader import AuditFilter, format_event, parse_since, read_records
+from reach.audit.merge import merge_calls
+from reach.audit.reader import (
+    AuditFilter,
+    AuditRecord,
+    format_event,
+    parse_since,
+    read_records,
+)
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
 from reach.errors import ReachError
 from reach.security.credentials import CredentialStore
@@ -37,26 +45,49 @@ async def _tail(
     async with connection(target, "reach-audit-tail") as conn:
         agents = await _agents_of(conn)
         shown = 0
-        async for record in read_records(conn, flt, since=start, follow=follow, agents=agents):
+        records = read_records(conn, flt, since=start, follow=follow, agents=agents)
+        async for call in merge_calls(records):
             shown += 1
+            record = call.record
             if as_json:
-                body = record.event.model_dump(mode="json")
-                # who wrote it (the subject's writer token) beside what it claims
-                body |= {"writer": record.writer, "verified": record.verified}
+                body = _json(record)
+                # the call's other events (its callee's beside its caller's, say)
+                body["also"] = [_json(other) for other in call.others]
                 click.echo(json.dumps(body, sort_keys=True))
             else:
                 line = format_event(
                     record.event, colour=colour, writer=record.writer, found=record.verdict
                 )
-                click.echo(line)
+                click.echo(line + _also(call.others))
         if not follow and not shown and not as_json:
             click.echo("no audit events" + (" matching the filter" if flt != AuditFilter() else ""))
+
+
+def _json(record: AuditRecord) -> dict[str, object]:
+    body: dict[str, object] = record.event.model_dump(mode="json")
+    # who wrote it (the subject's writer token) beside what it claims
+    body |= {"writer": record.writer, "verified": record.verified}
+    return body
+
+
+def _also(others: tuple[AuditRecord, ...]) -> str:
+    """The call's other events, in a few words: who else recorded it and how it ended
+    there (a callee's handling time, a denial)."""
+    if not others:
+        return ""
+    said = []
+    for other in others:
+        event = other.event
+        how = event.outcome if event.outcome != "error" else f"{event.error} {event.code}".strip()
+        said.append(f"{event.side} {event.callee or other.writer}: {how} {event.latency_ms:.1f}ms")
+    return "  [also " + "; ".join(said) + "]"
 
 
 def register(main: click.Group) -> None:
     @main.group("audit")
     def audit() -> None:
-        """The audit stream REACH_AUDIT: one event per cross-agent call."""
+        """The audit stream REACH_AUDIT: every cross-agent call, recorded by its callee,
+        its caller, or both."""
 
     @audit.command("tail")
     @click.option("-f", "--follow", is_flag=True, help="keep printing new events as they come")
