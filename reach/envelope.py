@@ -8,7 +8,7 @@ the payload.
 
 Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?, "from"?}``
 Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?}`` or
-         ``{"v": 1, "ok": false, "err": {"kind", "code", "desc"}, "by"?}``
+         ``{"v": 1, "ok": false, "err": {"kind", "code", "desc", "path"?}, "by"?}``
 
 Batch:   ``[[token, request], ...]`` (a msgpack array, where a request is a map): the
          requests a caller sent to one subject in one turn of its event loop, in one NATS
@@ -127,6 +127,8 @@ class Reply(NamedTuple):
     by: str = ""
     #: set when an async-mode agent accepted the call as a job
     job: str = ""
+    #: a contract error's field (``err.path``), "" when the callee named none
+    path: str = ""
 
 
 def pack_request(meta: RequestMeta, body: bytes) -> bytes:
@@ -215,12 +217,12 @@ def pack_ok(body: bytes, by: str = "", job: str = "") -> bytes:
     return data
 
 
-def pack_error(kind: str, code: str, description: str, by: str = "") -> bytes:
-    env: dict[str, Any] = {
-        "v": PROTOCOL_VERSION,
-        "ok": False,
-        "err": {"kind": kind, "code": code, "desc": description[:_MAX_META_STR]},
-    }
+def pack_error(kind: str, code: str, description: str, by: str = "", path: str = "") -> bytes:
+    """A failed reply; ``path`` names the field of a contract error (left out when "")."""
+    err: dict[str, str] = {"kind": kind, "code": code, "desc": description[:_MAX_META_STR]}
+    if path:
+        err["path"] = path[:_MAX_META_STR]
+    env: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": False, "err": err}
     if by:
         env["by"] = by
     data: bytes = packb(env)
@@ -246,7 +248,12 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
     kind, code, desc = err.get("kind"), err.get("code", ""), err.get("desc", "")
     if not isinstance(kind, str) or kind not in ERROR_KINDS:  # a list kind is unhashable
         raise CodecError(f"reply: unknown error kind {kind!r}", path="err.kind")
-    return Reply(ok=False, kind=kind, code=str(code), description=str(desc), by=by)
+    path = err.get("path", "")
+    if not isinstance(path, str):  # a callee's oddity, not worth refusing the reply for
+        path = ""
+    return Reply(
+        ok=False, kind=kind, code=str(code), description=str(desc), by=by, path=path[:_MAX_META_STR]
+    )
 
 
 def is_batch(data: bytes) -> bool:
