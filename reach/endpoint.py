@@ -76,11 +76,13 @@ def endpoint_for(capability: Capability, handler: Handler) -> Endpoint:
 
 
 class Failure(NamedTuple):
-    """A failed call as its caller hears it: the reply's kind, code and description."""
+    """A failed call as its caller hears it: the reply's kind, code and description, and
+    for a contract error the field at fault (the reply's ``err.path``)."""
 
     kind: str
     code: str
     description: str
+    path: str = ""
 
 
 def failure_of(capability: str, exc: ReachError) -> Failure:
@@ -96,9 +98,11 @@ def failure_of(capability: str, exc: ReachError) -> Failure:
         )
     if isinstance(exc, RemoteError):
         return Failure(exc.kind, exc.code, exc.description)
+    path = exc.path if isinstance(exc, ContractError) else ""
     if isinstance(exc, ContractError) and exc.rule:
-        return Failure(exc.kind, exc.rule, str(exc))  # the rule it names, as the caller's own
-    return Failure(exc.kind, type(exc).__name__, str(exc))
+        # the rule it names, as the caller's own
+        return Failure(exc.kind, exc.rule, str(exc), path)
+    return Failure(exc.kind, type(exc).__name__, str(exc), path)
 
 
 def decode_input(endpoint: Endpoint, body: bytes) -> Any:
@@ -111,6 +115,8 @@ def decode_input(endpoint: Endpoint, body: bytes) -> Any:
             return endpoint.input_model.model_validate(payload)
         return payload
     except ContractError as exc:
-        return Failure("contract", exc.rule or "input", str(exc))
+        return Failure("contract", exc.rule or "input", str(exc), exc.path)
     except ValidationError as exc:
-        return Failure("contract", "input", "; ".join(format_validation_error(exc)))
+        lines = format_validation_error(exc)
+        path = lines[0].split(": ", 1)[0] if lines else ""
+        return Failure("contract", "input", "; ".join(lines), path)

@@ -9,7 +9,7 @@ the payload.
 Request: ``{"v": 1, "id": call_id, "b": body, "tok"?, "dl"?, "ik"?, "at"?, "tp"?, "ts"?,
 "from"?, "au"?}``
 Reply:   ``{"v": 1, "ok": true, "b": body, "by"?, "job"?, "aud"?}`` or
-         ``{"v": 1, "ok": false, "err": {"kind", "code", "desc"}, "by"?}``
+         ``{"v": 1, "ok": false, "err": {"kind", "code", "desc", "path"?}, "by"?}``
 
 Audit: a caller that records its calls in REACH_AUDIT says so (``"au": true``); the
 callee of a request without it records the call itself, and says so in its ok reply
@@ -142,6 +142,8 @@ class Reply(NamedTuple):
     #: the callee recorded the call in REACH_AUDIT (an ok reply's ``aud``: its request
     #: did not say its caller records it)
     audited: bool = False
+    #: a contract error's field (``err.path``), "" when the callee named none
+    path: str = ""
 
 
 def pack_request(meta: RequestMeta, body: bytes) -> bytes:
@@ -238,12 +240,12 @@ def pack_ok(body: bytes, by: str = "", job: str = "", audited: bool = False) -> 
     return data
 
 
-def pack_error(kind: str, code: str, description: str, by: str = "") -> bytes:
-    env: dict[str, Any] = {
-        "v": PROTOCOL_VERSION,
-        "ok": False,
-        "err": {"kind": kind, "code": code, "desc": description[:_MAX_META_STR]},
-    }
+def pack_error(kind: str, code: str, description: str, by: str = "", path: str = "") -> bytes:
+    """A failed reply; ``path`` names the field of a contract error (left out when "")."""
+    err: dict[str, str] = {"kind": kind, "code": code, "desc": description[:_MAX_META_STR]}
+    if path:
+        err["path"] = path[:_MAX_META_STR]
+    env: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": False, "err": err}
     if by:
         env["by"] = by
     data: bytes = packb(env)
@@ -269,7 +271,12 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
     kind, code, desc = err.get("kind"), err.get("code", ""), err.get("desc", "")
     if not isinstance(kind, str) or kind not in ERROR_KINDS:  # a list kind is unhashable
         raise CodecError(f"reply: unknown error kind {kind!r}", path="err.kind")
-    return Reply(ok=False, kind=kind, code=str(code), description=str(desc), by=by)
+    path = err.get("path", "")
+    if not isinstance(path, str):  # a callee's oddity, not worth refusing the reply for
+        path = ""
+    return Reply(
+        ok=False, kind=kind, code=str(code), description=str(desc), by=by, path=path[:_MAX_META_STR]
+    )
 
 
 def is_batch(data: bytes) -> bool:

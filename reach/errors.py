@@ -192,6 +192,11 @@ class RetriesExhausted(ReachError):
 class AuthError(ReachError):
     layer = "security"
     kind = "denied"
+    #: the code of the ``denied`` reply it stands for ("" when this side decided):
+    #: ``authentication_failed``, ``replayed``, ``insufficient_level:3:2``, …
+    code: str = ""
+    #: the instance or service whose reply it stands for ("" when this side decided)
+    agent_id: str = ""
 
 
 class AuthenticationFailed(AuthError):
@@ -199,11 +204,23 @@ class AuthenticationFailed(AuthError):
 
 
 class NotAuthorized(AuthError):
-    """The caller's clearance is below the capability's security level."""
+    """The caller may not make this call: its clearance is below the capability's security
+    level (``level_required`` > ``level_held``), or the callee refused it for another
+    reason of authorization (both levels 0: the callee did not say them)."""
 
-    def __init__(self, message: str, *, level_required: int, level_held: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        level_required: int = 0,
+        level_held: int = 0,
+        code: str = "",
+        agent_id: str = "",
+    ) -> None:
         self.level_required = level_required
         self.level_held = level_held
+        self.code = code
+        self.agent_id = agent_id
         super().__init__(message)
 
 

@@ -121,8 +121,8 @@ class CallServer:
         # is refused, a retry (the next attempt) is not
         self._recent = RecentCalls(clock=clock)
 
-    def _error(self, kind: str, code: str, description: str) -> bytes:
-        return envelope.pack_error(kind, code, description, self.agent_id)
+    def _error(self, kind: str, code: str, description: str, path: str = "") -> bytes:
+        return envelope.pack_error(kind, code, description, self.agent_id, path)
 
     def stopping(self) -> bytes:
         """The reply to a call that arrives while the agent stops: not served, retry
@@ -185,7 +185,7 @@ class CallServer:
         try:
             meta, body = envelope.unpack_request(data)
         except CodecError as exc:
-            return self._error("contract", "bad_envelope", str(exc))
+            return self._error("contract", "bad_envelope", str(exc), exc.path)
         client = ""
         if self.verifier is not None:
             # before anything else is decoded: no token, no work
@@ -427,9 +427,9 @@ class CallServer:
         if when is not None:
             self._reaper.watch(task, when)
 
-    def _fail(self, kind: str, code: str, description: str) -> tuple[bytes, bool]:
+    def _fail(self, kind: str, code: str, description: str, path: str = "") -> tuple[bytes, bool]:
         # a timed-out or refused attempt may be retried with the same call id: not remembered
-        return self._error(kind, code, description), kind not in _RETRYABLE_KINDS
+        return self._error(kind, code, description, path), kind not in _RETRYABLE_KINDS
 
     async def _invoke(
         self,
@@ -482,4 +482,4 @@ class CallServer:
             endpoint.output_validator.validate(result, plain=plain)
             return codec.encode(result, checked=False, plain=plain), result
         except ContractError as exc:
-            return Failure("contract", "output", f"output of {endpoint.name}: {exc}")
+            return Failure("contract", "output", f"output of {endpoint.name}: {exc}", exc.path)

@@ -142,8 +142,18 @@ class EnvelopeError(_Envelope):
             " (token or security level), 'timeout' (deadline passed), 'internal' (handler crashed)"
         )
     )
-    code: str = Field("", description="a short machine-readable code chosen by the callee")
+    code: str = Field(
+        "",
+        description="a short machine-readable code: a name, optionally followed by arguments"
+        " after colons ('insufficient_level:3:2'); docs/protocol.md lists them",
+    )
     desc: str = Field("", max_length=4096, description="a human-readable description")
+    path: str = Field(
+        "",
+        max_length=4096,
+        description="the field a contract error is about, as 'items[2].n' ('<root>': the"
+        " whole payload); left out when there is none",
+    )
 
 
 class ReplyEnvelope(_Envelope):

@@ -20,7 +20,6 @@ from reach.audit.records import decode_batch
 from reach.calling.attempt import remote_error
 from reach.client import ReachClient
 from reach.errors import (
-    AuthenticationFailed,
     ConfigurationError,
     ContractError,
     NotAuthorized,
@@ -120,10 +119,12 @@ async def test_nan_and_infinities_against_multiple_of_are_contract_errors_on_bot
         "insufficient_level:x:y",
     ],
 )
-def test_a_malformed_insufficient_level_code_is_an_authentication_failure(code: str) -> None:
+def test_a_malformed_insufficient_level_code_is_a_refusal_with_levels_unsaid(code: str) -> None:
     reply = envelope.Reply(ok=False, kind="denied", code=code, description="no", by="rogue-1")
     error = remote_error(reply, "work")
-    assert isinstance(error, AuthenticationFailed)
+    assert isinstance(error, NotAuthorized)
+    assert (error.level_required, error.level_held) == (0, 0)  # not guessed from the text
+    assert (error.code, error.agent_id) == (code, "rogue-1")
     assert "rogue-1" in str(error)
 
 
@@ -148,7 +149,7 @@ async def test_a_callee_replying_a_malformed_denial_gives_the_caller_a_typed_err
     await conn.subscribe(subjects.capability("work"), rogue, queue="work")
     await conn.flush()
     for _ in codes:
-        with pytest.raises(AuthenticationFailed, match="rogue-1"):
+        with pytest.raises(NotAuthorized, match="rogue-1"):
             await client.call("work", {"a": 1}, timeout=2)
     assert len(answered) == len(codes)
 

@@ -151,7 +151,7 @@ def test_request_envelope_keys_match_pack_request() -> None:
 
 def test_reply_envelope_keys_match_pack_ok_and_pack_error() -> None:
     ok = unpacked(envelope.pack_ok(b"\x80", by="inst-1", job="job-1", audited=True))
-    error = unpacked(envelope.pack_error("business", "no_data", "nothing found", by="inst-1"))
+    error = unpacked(envelope.pack_error("contract", "type", "n: bad", by="inst-1", path="n"))
     assert set(ok) == {"v", "ok", "b", "by", "job", "aud"}
     assert set(error) == {"v", "ok", "err", "by"}
     assert set(ok) | set(error) == wire_keys(ReplyEnvelope)

@@ -17,18 +17,15 @@ from typing import Any
 
 from reach import codec, envelope, subjects
 from reach.audit.events import error_class
+from reach.calling.remote import remote_error
 from reach.calling.state import CallState
 from reach.clock import Clock
 from reach.errors import (
     AuthenticationFailed,
     AuthError,
-    BusinessError,
     ConfigurationError,
-    ContractError,
     Disconnected,
-    InternalError,
     NoResponders,
-    NotAuthorized,
     NotFound,
     ReachError,
     ReachTimeout,
@@ -47,32 +44,6 @@ __all__ = ["AttemptRunner", "remote_error"]
 _CONNECT_WAIT_SLICE = 0.25
 
 _NOT_CONNECTED = "connect the client first: `async with ReachClient() as client:`"
-
-
-def remote_error(reply: envelope.Reply, target: str) -> ReachError:
-    """The exception of the one documented tree for a failed reply."""
-    by = reply.by or target
-    desc = reply.description
-    if reply.kind == "contract":
-        return ContractError(
-            f"{desc} (at {by})", path=desc.split(":", 1)[0] if ":" in desc else "", rule=reply.code
-        )
-    if reply.kind == "business":
-        return BusinessError(desc, code=reply.code, agent_id=by)
-    if reply.kind == "unavailable":
-        return Unavailable(f"{by}: {desc}")
-    if reply.kind == "timeout":
-        return ReachTimeout(f"{by}: {desc}")
-    if reply.kind == "denied":
-        if reply.code.startswith("insufficient_level:"):
-            try:
-                _, required_text, held_text = reply.code.split(":")
-                required, held = int(required_text), int(held_text)
-            except ValueError:  # a callee that does not say it our way
-                return AuthenticationFailed(f"{by}: {desc}")
-            return NotAuthorized(f"{by}: {desc}", level_required=required, level_held=held)
-        return AuthenticationFailed(f"{by}: {desc}")
-    return InternalError(desc, code=reply.code, agent_id=by)
 
 
 async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool) -> bytes:
