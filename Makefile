@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean
+.PHONY: test test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,15 @@ typecheck: $(STAMP)
 	$(BIN)/mypy reach
 	$(BIN)/mypy bench
 
-pytest: $(NATIVE)
+# The Node.js examples' packages (examples/node, from its package-lock.json), for their
+# test in tests/conformance; only where npm is installed (the test is skipped without it)
+NPM := $(shell command -v npm 2>/dev/null)
+NODE_DEPS := examples/node/node_modules/.package-lock.json
+$(NODE_DEPS): examples/node/package.json examples/node/package-lock.json
+	cd examples/node && npm ci --no-audit --no-fund
+node-deps: $(if $(NPM),$(NODE_DEPS))
+
+pytest: $(NATIVE) node-deps
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke"
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled

@@ -152,10 +152,18 @@ class Permissions:
 ROLES = ("agent", "caller", "registrar", "admin")
 
 
+#: the JetStream account info (read-only: the account's usage and limits), asked by
+#: standard clients before they open a bucket (nats.js ``js.views.kv()``, nats-py
+#: ``js.account_info()``, the nats CLI): without it they report JetStream as missing
+_JS_ACCOUNT_INFO = "$JS.API.INFO"
+
+
 def _js_read(bucket: str) -> list[str]:
-    """What a reader of the public bucket b publishes: open it, get a key, scan it. No
-    JetStream consumer: changes arrive as the server republishes them (``_kv_follow``),
-    so a reader leaves no state on the server and points nothing anywhere."""
+    """What a reader of the public bucket b publishes: open it, get a key, scan it, as
+    any NATS client's key-value API does it (nats-py, nats.js, nats.go). No JetStream
+    consumer (a client's ``kv.watch()`` and ``kv.keys()`` make one): changes arrive as
+    the server republishes them (``_kv_follow``), so a reader leaves no state on the
+    server and points nothing anywhere."""
     stream = f"KV_{bucket}"
     return [
         f"$JS.API.STREAM.INFO.{stream}",  # open the bucket: read its config
@@ -200,6 +208,7 @@ def permissions_for(
         # id only: readers take the writer from the subject
         subjects.audit("*", _client_of(inbox_prefix)),
         subjects.audited("*", _client_of(inbox_prefix)),  # once stored: where (alert rules)
+        _JS_ACCOUNT_INFO,  # standard clients' check that JetStream is there
         *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
         *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
     ]

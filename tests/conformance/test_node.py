@@ -1,0 +1,159 @@
+"""The Node.js examples (examples/node: nats.js, @msgpack/msgpack, ajv, jose) against a
+fabric `reach up` started with tokens on: the Node caller calls a ``reach.Agent``, a
+``ReachClient`` calls the Node agent, and the Node caller calls the Node agent.
+
+Run when ``node`` and ``npm`` are on PATH (``npm ci`` installs the examples' packages
+into examples/node/node_modules first if they are missing; ``make test`` does it too),
+skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reach.client import ReachClient
+from reach.errors import ContractError, NotAuthorized
+
+from ..attacks.conftest import UpFabric
+from ..calls_helpers import make_agent, wait_routable
+from .conftest import add, adder, audit_events, audited
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node"
+NODE, NPM = shutil.which("node"), shutil.which("npm")
+
+pytestmark = [
+    pytest.mark.node,
+    pytest.mark.skipif(
+        NODE is None or NPM is None,
+        reason="node and npm are not on PATH: the Node.js examples cannot run",
+    ),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def node_modules() -> None:
+    """The examples' packages, installed from package-lock.json when missing."""
+    if not (EXAMPLES / "node_modules" / ".package-lock.json").exists():
+        assert NPM is not None
+        subprocess.run(
+            [NPM, "ci", "--no-audit", "--no-fund"], cwd=EXAMPLES, check=True, timeout=300
+        )
+
+
+async def node_call(creds: Path, capability: str, payload: Any) -> dict[str, Any]:
+    """What ``node caller.js`` printed for one call."""
+    assert NODE is not None
+    proc = await asyncio.create_subprocess_exec(
+        NODE, "caller.js", str(creds), capability, json.dumps(payload),
+        cwd=EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert out, err.decode()
+    printed: dict[str, Any] = json.loads(out.decode().splitlines()[-1])
+    assert proc.returncode == (0 if printed["ok"] else 1), err.decode()
+    return printed
+
+
+@contextlib.asynccontextmanager
+async def node_agent(
+    up: UpFabric, agent_id: str, capability: str, level: int = 1
+) -> AsyncIterator[str]:
+    """``node agent.js`` serving ``capability`` as ``agent_id``, until the block ends."""
+    assert NODE is not None
+    _, creds = await up.add_client(agent_id=agent_id, caps=(capability,))
+    proc = await asyncio.create_subprocess_exec(
+        NODE, "agent.js", str(creds), agent_id, capability, str(level),
+        cwd=EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.decode().strip() == f"ready {agent_id}", await _stderr(proc)
+        yield agent_id
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def _stderr(proc: asyncio.subprocess.Process) -> str:
+    proc.kill()
+    assert proc.stderr is not None
+    return (await proc.stderr.read()).decode()
+
+
+async def test_the_node_caller_calls_a_reach_agent(up: UpFabric) -> None:
+    _, agent_creds = await up.add_client(agent_id="py-plus-1", caps=("plus",))
+    _, creds = await up.add_client(level=2)
+    _, low = await up.add_client(level=1)
+    agent, _ = make_agent(up.url, "py-plus-1", adder("plus", level=2), handler=add)
+    agent.credentials = agent_creds
+    async with agent:
+        assert await node_call(creds, "plus", {"a": 20, "b": 22}) == {
+            "ok": True,
+            "result": {"sum": 42},
+            "by": "py-plus-1",
+        }
+        contract = await node_call(creds, "plus", {"a": 1})
+        assert (contract["kind"], contract["code"]) == ("contract", "required")
+        denied = await node_call(low, "plus", {"a": 1, "b": 1})
+        assert (denied["kind"], denied["code"]) == ("denied", "insufficient_level:2:1")
+
+
+async def test_a_reach_client_calls_the_node_agent(up: UpFabric) -> None:
+    _, creds = await up.add_client(level=2)
+    _, low = await up.add_client(level=1)
+    async with (
+        node_agent(up, "node-sum-1", "nsum", level=2),
+        ReachClient(servers=up.url, credentials=creds) as client,
+        ReachClient(servers=up.url, credentials=low) as weak,
+    ):
+        await wait_routable(client, "nsum", 1)
+        result = await client.call("nsum", {"a": 1.5, "b": 2})
+        assert (result.value, result.agent_id) == ({"sum": 3.5}, "node-sum-1")
+        with pytest.raises(ContractError) as contract:
+            await client.call("nsum", {"a": 1, "b": 2, "c": 3})
+        assert (contract.value.rule, contract.value.path) == ("additionalProperties", "c")
+        await wait_routable(weak, "nsum", 1)
+        with pytest.raises(NotAuthorized) as denied:
+            await weak.call("nsum", {"a": 1, "b": 1})
+        assert (denied.value.level_required, denied.value.level_held) == (2, 1)
+        events = await audited(up, {result.call_id})
+    assert ("callee", "node-sum-1", "ok") in {
+        (e["side"], e["callee"], e["outcome"]) for e in events
+    }
+
+
+async def test_the_node_caller_calls_the_node_agent(up: UpFabric) -> None:
+    _, creds = await up.add_client(level=1)
+    async with node_agent(up, "node-add-1", "nadd"):
+        answer = await node_call(creds, "nadd", {"a": 2, "b": 5})
+        assert answer == {"ok": True, "result": {"sum": 7}, "by": "node-add-1"}
+        contract = await node_call(creds, "nadd", {"a": "2", "b": 5})
+        assert (contract["kind"], contract["code"]) == ("contract", "type")
+        assert contract["desc"].startswith("a:")
+        caller = json.loads(creds.read_text())["client_id"]
+
+        async def callee_events() -> list[dict[str, Any]]:
+            return [e for e in await audit_events(up) if e["caller"] == caller]
+
+        async with asyncio.timeout(10):
+            while len(events := await callee_events()) < 2:  # noqa: ASYNC110 - polled, bounded
+                await asyncio.sleep(0.2)
+    assert sorted((e["side"], e["callee"], e["outcome"]) for e in events) == [
+        ("callee", "node-add-1", "error"),
+        ("callee", "node-add-1", "ok"),
+    ]
