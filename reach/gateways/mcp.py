@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 import sys
@@ -248,8 +249,22 @@ async def _serve_http(gateway: McpGateway, host: str, port: int) -> None:
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     _say(f"reach mcp: {len(gateway.tools)} tools at http://{where}:{bound}{HTTP_PATH}")
+    if not _loopback(host):
+        _say(
+            f"reach mcp: warning: listening on {host}, beyond this machine: whoever reaches"
+            " the port calls the fabric with this gateway's credential"
+        )
     with contextlib.closing(sock):
         await server.serve(sockets=[sock])
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
 
 
 def _say(line: str) -> None:
