@@ -26,13 +26,27 @@ def _register() -> None:
         creds,
         demo,
         doctor,
+        mcp,
         natsauth,
         top,
         up,
         validate,
     )
 
-    for module in (agents, alerts, audit, call, creds, demo, doctor, natsauth, top, up, validate):
+    for module in (
+        agents,
+        alerts,
+        audit,
+        call,
+        creds,
+        demo,
+        doctor,
+        mcp,
+        natsauth,
+        top,
+        up,
+        validate,
+    ):
         module.register(main)
 
 

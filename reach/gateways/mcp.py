@@ -1,0 +1,272 @@
+"""``reach mcp``: the fabric's capabilities as the tools of an MCP server.
+
+An MCP host (Claude Desktop, an MCP-capable IDE, any client of the official SDK) lists
+the tools and calls them; each tool is a capability of the agents on the fabric
+(``reach.gateways.mcptools`` says how one maps onto the other). The gateway is a
+``ReachClient`` under its own credential: a tool call is ``ReachClient.call``, with its
+routing, retries, breakers, call tokens (the gateway's clearance) and audit event.
+
+The tool list follows the registry live, through the client's route cache. When the
+set of tools changes (an agent with a new capability announced itself, the last
+instance of one left, a new version changed a contract) the gateway tells its
+clients: a ``notifications/tools/list_changed`` on each connection that made the
+initialize handshake (protocol versions up to 2025-11-25), and a ``ToolsListChanged``
+event on each ``subscriptions/listen`` stream that asked for tool changes (2026-07-28
+and later). A heartbeat, or a health change, changes no tool and tells nobody.
+
+It serves one client over stdio (what a desktop host launches), or any number over
+streamable HTTP at ``/mcp`` on a port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import sys
+import weakref
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.connection import Connection
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+
+from reach.client import ReachClient
+from reach.errors import ReachError
+from reach.gateways.mcptools import ToolSpec, answer, catalogue, payload_of, refusal
+from reach.models import Instance, Manifest
+from reach.tasks import cancel_and_wait
+
+__all__ = ["HTTP_PATH", "McpGateway", "serve"]
+
+log = logging.getLogger("reach.mcp")
+
+#: where the streamable HTTP endpoint is served
+HTTP_PATH = "/mcp"
+
+_INSTRUCTIONS = (
+    "Each tool is a capability of an agent on the Agent-Reach fabric; calling it routes the"
+    " call to a healthy instance. A failed call's text starts with the layer that failed:"
+    " contract (fix the arguments), discovery or routing (no instance could take it now),"
+    " breaker, authentication or authorization (this gateway may not call it), business"
+    " (the agent refused the request), agent (the agent failed)."
+)
+
+
+def _reach_version() -> str:
+    try:
+        return version("agent-reach")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "0"
+
+
+class _GatewayServer(Server[Any]):
+    """The SDK's low-level server, announcing that its tool list changes (also where the
+    streamable HTTP transport asks for the initialize options itself)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+class McpGateway:
+    """An MCP server whose tools are the capabilities of a connected ``ReachClient``.
+
+    ``start`` after the client connected; ``stop`` before it closes."""
+
+    def __init__(self, client: ReachClient) -> None:
+        self.client = client
+        #: the tools by name, rebuilt when a manifest comes, goes or changes
+        self.tools: dict[str, ToolSpec] = {}
+        self._manifests: dict[str, Manifest] = {}
+        self._dirty = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+        self._bus = InMemorySubscriptionBus()
+        self._listen = ListenHandler(self._bus)
+        #: the handshake-era connections, told of changes; each goes when its client does
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self.server = _GatewayServer(
+            "agent-reach",
+            version=_reach_version(),
+            title="Agent-Reach",
+            description="The capabilities of the agents on an Agent-Reach fabric, as tools",
+            instructions=_INSTRUCTIONS,
+            get_tool_input_schema=self._input_schema,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=self._listen,
+        )
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self._initialized
+        )
+
+    async def start(self) -> None:
+        """Take the tools from the route cache and follow it from now on."""
+        routes = self.client.routes
+        for instance in routes.all():
+            self._manifests[instance.agent_id] = instance.manifest
+        self.tools = catalogue(self._manifests.values())
+        routes.on_change(self._instance_changed)
+        self._watcher = asyncio.create_task(self._follow(), name="mcp-tools-follow")
+
+    async def stop(self) -> None:
+        """Stop following the registry; open listen streams end gracefully."""
+        if self._watcher is not None:
+            await cancel_and_wait([self._watcher])
+            self._watcher = None
+        self._listen.close()
+
+    # -- the tool list follows the registry ----------------------------------------------
+
+    def _instance_changed(self, agent_id: str, instance: Instance | None) -> None:
+        """A route cache change: only a manifest that came, went or changed matters."""
+        if instance is None:
+            if self._manifests.pop(agent_id, None) is None:
+                return
+        else:
+            known = self._manifests.get(agent_id)
+            if known is not None and known == instance.manifest:
+                return  # a heartbeat, a health change: the same tools
+            self._manifests[agent_id] = instance.manifest
+        self._dirty.set()
+
+    async def _follow(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            tools = catalogue(self._manifests.values())
+            if [s.tool for s in tools.values()] == [s.tool for s in self.tools.values()]:
+                continue  # another instance of capabilities already listed
+            self.tools = tools
+            log.info("tools now: %s", ", ".join(tools) or "none")
+            await self._announce()
+
+    async def _announce(self) -> None:
+        """Tell every client that listens that the tool list changed."""
+        await self._bus.publish(ToolsListChanged())
+        for conn in list(self._connections):
+            try:
+                await conn.send_tool_list_changed()
+            except Exception:  # one client's broken stream must not stop the others
+                log.warning("could not tell an MCP client of the tool change", exc_info=True)
+
+    async def _initialized(
+        self, ctx: ServerRequestContext[Any], params: types.NotificationParams
+    ) -> None:
+        """A handshake-era client is ready: it hears of tool changes from now on."""
+        # The SDK gives a handler the per-request session; the connection behind it is
+        # what outlives the request (held weakly: it goes when its client does).
+        conn = getattr(ctx.session, "_connection", None)
+        if isinstance(conn, Connection):
+            self._connections.add(conn)
+        else:  # pragma: no cover - an SDK that keeps its connection elsewhere
+            log.warning("cannot tell this MCP client of tool changes (unknown SDK session)")
+
+    # -- the MCP requests -----------------------------------------------------------------
+
+    def _input_schema(self, name: str) -> Mapping[str, Any] | None:
+        spec = self.tools.get(name)
+        return spec.tool.input_schema if spec is not None else None
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[spec.tool for spec in self.tools.values()])
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        spec = self.tools.get(params.name)
+        if spec is None:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"unknown tool {params.name!r}: no agent on the fabric offers it now"
+                " (list the tools again)",
+            )
+        try:
+            payload = payload_of(spec, params.arguments)
+            result = await self.client.call(spec.capability, payload)
+        except ReachError as exc:
+            return refusal(exc)
+        return answer(result.value)
+
+
+async def serve(
+    servers: list[str],
+    credentials: Path | None,
+    *,
+    http_port: int | None = None,
+    host: str = "127.0.0.1",
+) -> None:
+    """Connect to the fabric and serve its capabilities over stdio, or over streamable
+    HTTP on ``host:http_port`` (0: a free port) when a port is given."""
+    async with ReachClient(servers=servers, credentials=credentials, name="reach-mcp") as client:
+        gateway = McpGateway(client)
+        await gateway.start()
+        try:
+            if http_port is None:
+                await _serve_stdio(gateway)
+            else:
+                await _serve_http(gateway, host, http_port)
+        finally:
+            await gateway.stop()
+
+
+async def _serve_stdio(gateway: McpGateway) -> None:
+    from mcp.server.stdio import stdio_server
+
+    _say(f"reach mcp: {len(gateway.tools)} tools over stdio")
+    async with stdio_server() as (read_stream, write_stream):
+        server = gateway.server
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def _serve_http(gateway: McpGateway, host: str, port: int) -> None:
+    import uvicorn
+
+    app = gateway.server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
+    # bound and listening before the address is printed: a client may connect at once
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
+    bound = sock.getsockname()[1]
+    where = f"[{host}]" if family == socket.AF_INET6 else host
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    _say(f"reach mcp: {len(gateway.tools)} tools at http://{where}:{bound}{HTTP_PATH}")
+    if not _loopback(host):
+        _say(
+            f"reach mcp: warning: listening on {host}, beyond this machine: whoever reaches"
+            " the port calls the fabric with this gateway's credential"
+        )
+    with contextlib.closing(sock):
+        await server.serve(sockets=[sock])
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def _say(line: str) -> None:
+    """A line for the operator: on stderr (stdout is the stdio transport's)."""
+    print(line, file=sys.stderr, flush=True)
