@@ -19,6 +19,7 @@ def main(verbose: int) -> None:
 def _register() -> None:
     # Imported here so each command module stays independent of the others.
     from reach.cli import (
+        a2a,
         agents,
         alerts,
         audit,
@@ -32,7 +33,20 @@ def _register() -> None:
         validate,
     )
 
-    for module in (agents, alerts, audit, call, creds, demo, doctor, natsauth, top, up, validate):
+    for module in (
+        a2a,
+        agents,
+        alerts,
+        audit,
+        call,
+        creds,
+        demo,
+        doctor,
+        natsauth,
+        top,
+        up,
+        validate,
+    ):
         module.register(main)
 
 

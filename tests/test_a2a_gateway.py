@@ -1,0 +1,309 @@
+"""`reach a2a` against a fabric `reach up` started (tokens on), used through the A2A SDK's
+own client: an Agent Card per agent whose skills are its capabilities, `SendMessage`
+(and 0.3's `message/send`) answered by a fabric call, its errors naming the layer,
+`GetTask` onto async-mode jobs, and an index that follows the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import (
+    A2ACardResolver,
+    AgentCardResolutionError,
+    Client,
+    ClientConfig,
+    ClientFactory,
+)
+from a2a.helpers import get_data_parts, get_message_text, new_data_part, new_text_part
+from a2a.types import (
+    AgentCard,
+    AgentInterface,
+    GetTaskRequest,
+    InvalidParamsError,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    Task,
+    TaskState,
+)
+
+from reach.agent import Agent
+
+from .cli_helpers import CLEAN_ENV, REACH, reach_cli
+from .up_helpers import Secured, secured_agent
+
+pytest.importorskip("uvicorn")
+
+#: how long the gateway may take to say it listens, to exit once told to, and the
+#: registry's news to reach its index
+READY_TIMEOUT = 30.0
+EXIT_TIMEOUT = 20.0
+FOLLOW_TIMEOUT = 10.0
+
+HEALTH = {"interval_sec": 0.5, "timeout_sec": 0.3, "failures_before_unhealthy": 2}
+REPORT_INPUT = {
+    "type": "object",
+    "properties": {"industry": {"type": "string"}, "time_range": {"type": "string"}},
+    "required": ["industry", "time_range"],
+    "examples": [{"industry": "ev", "time_range": "2025"}],
+}
+
+
+async def add_creds(fabric: Secured, tmp_path: Path, client_id: str, *options: str) -> Path:
+    """Level-2 credentials made by the fabric's admin (`reach creds add`)."""
+    out = tmp_path / f"{client_id}.creds"
+    code, text, err = await reach_cli(
+        "creds", "add", client_id, "--level", "2", *options,
+        "--out", str(out), "--servers", fabric.url, "--creds", str(fabric.admin),
+    )  # fmt: skip
+    assert code == 0, text + err
+    return out
+
+
+def reporter(fabric: Secured, creds: Path) -> Agent:
+    """rep-1 ("reporter"): a report with an input contract, a summary, and a capability
+    above the gateway's clearance."""
+    agent = Agent(
+        {
+            "agent_id": "rep-1",
+            "agent_name": "reporter",
+            "version": "2.1.0",
+            "health": HEALTH,
+            "capabilities": [
+                {
+                    "name": "report",
+                    "description": "A report on an industry.",
+                    "input_schema": REPORT_INPUT,
+                    "tags": ["report"],
+                    "security_level": 2,
+                },
+                {"name": "summary", "security_level": 1},
+                {"name": "secret", "security_level": 3},
+            ],
+        },
+        servers=fabric.url,
+        credentials=creds,
+    )
+
+    @agent.capability("report")
+    async def report(req: dict[str, Any]) -> dict[str, Any]:
+        return {"industry": req["industry"], "pages": 12}
+
+    @agent.capability("summary")
+    async def summary(req: Any) -> str:
+        return "short"
+
+    @agent.capability("secret")
+    async def secret(req: Any) -> str:
+        return "never seen"
+
+    return agent
+
+
+def exporter(fabric: Secured, creds: Path, gate: asyncio.Event) -> Agent:
+    """export-1 ("exporter"), an async-mode agent: its calls are jobs, done at ``gate``."""
+    agent = Agent(
+        {
+            "agent_id": "export-1",
+            "agent_name": "exporter",
+            "version": "1.0.0",
+            "mode": "async",
+            "health": HEALTH,
+            "capabilities": [{"name": "bulk_export", "security_level": 2, "latency_sla_ms": 200}],
+        },
+        servers=fabric.url,
+        credentials=creds,
+    )
+
+    @agent.capability("bulk_export")
+    async def export(req: dict[str, Any]) -> dict[str, Any]:
+        await gate.wait()
+        return {"file": f"export-{req['rows']}.csv"}
+
+    return agent
+
+
+@contextlib.asynccontextmanager
+async def gateway(fabric: Secured, creds: Path | None = None) -> AsyncIterator[str]:
+    """`reach a2a` on a free loopback port, with the watcher's credentials unless told
+    others; its base URL. It must exit cleanly when told to."""
+    creds = creds or fabric.watcher
+    proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns at once
+        [REACH, "a2a", "--port", "0", "--servers", fabric.url, "--creds", str(creds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**CLEAN_ENV, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), READY_TIMEOUT)
+        found = re.search(r"on (http://\S+/) ", line.decode())
+        assert found, line
+        yield found.group(1).rstrip("/")
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(asyncio.to_thread(proc.communicate), EXIT_TIMEOUT)
+        assert proc.returncode == 0, err.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=EXIT_TIMEOUT)
+
+
+def message(*parts: Part, **metadata: str) -> SendMessageRequest:
+    sent = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=list(parts))
+    sent.metadata.update(metadata)
+    return SendMessageRequest(message=sent)
+
+
+async def send(client: Client, request: SendMessageRequest) -> Task:
+    """The task a non-streaming `SendMessage` answers with."""
+    answers = [answer async for answer in client.send_message(request)]
+    assert len(answers) == 1, answers
+    assert answers[0].HasField("task"), answers
+    return answers[0].task
+
+
+def answer_of(task: Task) -> Any:
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED, task
+    (artifact,) = task.artifacts
+    (value,) = get_data_parts(artifact.parts)
+    return value
+
+
+def error_of(task: Task) -> tuple[str, dict[str, Any]]:
+    """A failed task's status text and error data."""
+    (data,) = get_data_parts(task.status.message.parts)
+    return get_message_text(task.status.message), data
+
+
+async def index(http: httpx.AsyncClient, base: str) -> dict[str, dict[str, Any]]:
+    response = await http.get(f"{base}/")
+    response.raise_for_status()
+    return {entry["name"]: entry for entry in response.json()["agents"]}
+
+
+async def card_of(http: httpx.AsyncClient, url: str) -> AgentCard:
+    return await A2ACardResolver(http, url).get_agent_card()
+
+
+async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabric_call(
+    secured: Secured, tmp_path: Path
+) -> None:
+    caps = ("--cap", "report", "--cap", "summary", "--cap", "secret")
+    rep_creds = await add_creds(secured, tmp_path, "rep-1", "--agent-id", "rep-1", *caps)
+    async with (
+        secured_agent(secured),
+        reporter(secured, rep_creds) as rep,
+        gateway(secured) as base,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        agents = await index(http, base)
+        assert set(agents) == {"test", "reporter"}
+        cards = {name: await card_of(http, entry["url"]) for name, entry in agents.items()}
+        assert [s.id for s in cards["test"].skills] == ["echo"]
+        assert [s.id for s in cards["reporter"].skills] == ["report", "secret", "summary"]
+        report = cards["reporter"].skills[0]
+        assert report.description.startswith("A report on an industry.")
+        assert list(report.examples) == ['{"industry":"ev","time_range":"2025"}']
+        assert cards["reporter"].version == "2.1.0"
+
+        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+        echo = factory.create(cards["test"])
+        task = await send(echo, message(new_data_part({"x": 1})))
+        assert answer_of(task) == {"by": "a-1", "echo": {"x": 1}}
+        assert await echo.get_task(GetTaskRequest(id=task.id)) == task  # its call's task
+
+        reports = factory.create(cards["reporter"])
+        good = new_text_part('{"industry": "ev", "time_range": "2025"}')
+        assert answer_of(await send(reports, message(good, skill="report"))) == {
+            "industry": "ev",
+            "pages": 12,
+        }
+        # a contract-breaking input: the call fails, naming the contract and the field
+        failed = await send(reports, message(new_data_part({"industry": "ev"}), skill="report"))
+        assert failed.status.state == TaskState.TASK_STATE_FAILED
+        text, data = error_of(failed)
+        assert text.startswith("contract error calling report (ContractError)"), text
+        assert data["layer"] == "contract"
+        assert "time_range" in data["message"]
+        # above the gateway's clearance: the authorization layer says so
+        denied = await send(reports, message(new_data_part({}), skill="secret"))
+        assert error_of(denied)[1]["layer"] == "authorization"
+        # several skills and none named: A2A's invalid-params error lists them
+        with pytest.raises(InvalidParamsError, match="report, secret, summary"):
+            await send(reports, message(new_data_part({})))
+
+        # 0.3's method names (message/send) on the same endpoint, by the SDK's 0.3 client
+        legacy = AgentCard()
+        legacy.CopyFrom(cards["test"])
+        del legacy.supported_interfaces[:]
+        legacy.supported_interfaces.append(
+            AgentInterface(url=agents["test"]["url"], protocol_binding="JSONRPC",
+                           protocol_version="0.3")
+        )  # fmt: skip
+        old = factory.create(legacy)
+        assert answer_of(await send(old, message(new_data_part("hi")))) == {
+            "by": "a-1",
+            "echo": "hi",
+        }
+
+        # an agent that stops leaves the index, and its card goes
+        await rep.stop()
+        deadline = time.monotonic() + FOLLOW_TIMEOUT
+        while "reporter" in await index(http, base):
+            assert time.monotonic() < deadline, "reporter still listed after it stopped"
+            await asyncio.sleep(0.1)
+        with pytest.raises(AgentCardResolutionError) as gone:
+            await card_of(http, agents["reporter"]["url"])
+        assert gone.value.status_code == 404
+
+
+async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task(
+    secured: Secured, tmp_path: Path
+) -> None:
+    # an async-mode agent, and a gateway that reads its jobs' records: the jobs role
+    jobs = ("--role", "jobs")
+    agent_id = ("--agent-id", "export-1", "--cap", "bulk_export")
+    creds = await add_creds(secured, tmp_path, "export-1", *agent_id, *jobs)
+    gw_creds = await add_creds(secured, tmp_path, "gw", *jobs)
+    gate = asyncio.Event()
+    async with (
+        exporter(secured, creds, gate),
+        gateway(secured, gw_creds) as base,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        card = await card_of(http, (await index(http, base))["exporter"]["url"])
+        client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+        request = message(new_data_part({"rows": 5}))
+        request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+        task = await send(client, request)
+        # the job's id is the task's, and it is not done yet
+        assert task.id.split(".")[:2] == ["gw", "export-1"], task.id
+        assert task.status.state == TaskState.TASK_STATE_SUBMITTED
+        gate.set()
+        deadline = time.monotonic() + FOLLOW_TIMEOUT
+        while (got := await client.get_task(GetTaskRequest(id=task.id))).status.state in (
+            TaskState.TASK_STATE_SUBMITTED,
+            TaskState.TASK_STATE_WORKING,
+        ):
+            assert time.monotonic() < deadline, "the job did not finish"
+            await asyncio.sleep(0.1)
+        assert answer_of(got) == {"file": "export-5.csv"}
+        assert got.context_id == task.context_id
+        # a message that waits: the job's result at once (the gate is open)
+        assert answer_of(await send(client, message(new_data_part({"rows": 7})))) == {
+            "file": "export-7.csv"
+        }
