@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import signal
 import subprocess
@@ -41,6 +42,29 @@ from a2a.types import (
 )
 
 from reach.agent import Agent
+from reach.calling.result import CallResult
+from reach.errors import (
+    AuthenticationFailed,
+    BusinessError,
+    CircuitOpen,
+    ContractError,
+    InternalError,
+    NoResponders,
+    NotAuthorized,
+    NotFound,
+    ReachError,
+)
+from reach.gateways.a2a_cards import SCHEMAS_EXTENSION, agents_of, card_for, runs_as_job
+from reach.gateways.a2a_tasks import (
+    choose_skill,
+    completed_task,
+    failed_task,
+    job_task,
+    layer_of,
+    payload_of,
+)
+from reach.jobs import JobRecord
+from reach.models import Instance, parse_manifest
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .up_helpers import Secured, secured_agent
@@ -307,3 +331,118 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
         assert answer_of(await send(client, message(new_data_part({"rows": 7})))) == {
             "file": "export-7.csv"
         }
+
+
+# -- what the gateway makes of cards, messages, results and errors (no fabric) ----------
+
+
+def instance(agent_id: str, version: str, *caps: dict[str, Any], mode: str = "sync") -> Instance:
+    manifest = parse_manifest(
+        {
+            "agent_id": agent_id,
+            "agent_name": "maker",
+            "version": version,
+            "mode": mode,
+            "capabilities": list(caps),
+        }
+    )
+    return Instance(manifest=manifest, instance_id=agent_id, registered_at=0, last_heartbeat_at=0)
+
+
+def test_a_card_is_every_instance_of_a_name_the_newest_version_describing() -> None:
+    old = instance("m-1", "1.9.0", {"name": "make", "description": "old"}, {"name": "mend"})
+    new = instance(
+        "m-2",
+        "1.10.0",
+        {"name": "make", "description": "new", "input_schema": {"examples": [{"n": 1}]}},
+        mode="async",
+    )
+    ((name, found),) = agents_of([new, old]).items()
+    card = card_for(name, found, "http://gw/agents/maker")
+    assert card.version == "1.10.0"
+    assert [(s.id, s.description.split(" (")[0]) for s in card.skills] == [
+        ("make", "new"),
+        ("mend", "The fabric capability mend."),
+    ]
+    assert list(card.skills[0].examples) == ['{"n":1}']
+    assert runs_as_job(found, "make")
+    assert not runs_as_job(found, "mend")
+    assert [i.protocol_version for i in card.supported_interfaces] == ["1.0", "0.3"]
+    (contracts,) = card.capabilities.extensions
+    assert contracts.uri == SCHEMAS_EXTENSION
+    assert contracts.params["make"]["input_schema"]["examples"][0]["n"] == 1
+
+
+def test_a_message_names_its_skill_and_carries_its_input_as_data_or_json_text() -> None:
+    skills = ["make", "mend"]
+    by_metadata = message(new_data_part({"n": 5, "xs": [1.5, 2]}), skill="mend")
+    assert choose_skill(by_metadata, skills) == "mend"
+    payload = payload_of(by_metadata.message)
+    assert payload == {"n": 5, "xs": [1.5, 2]}
+    assert isinstance(payload["n"], int)  # a data part's doubles, whole: integers again
+    assert payload_of(message(new_text_part("[1, 2]")).message) == [1, 2]
+    with pytest.raises(InvalidParamsError, match="discovery: this agent has no skill 'melt'"):
+        choose_skill(message(skill="melt"), skills)
+    with pytest.raises(InvalidParamsError, match=r"contract: .* 'skill': make, mend"):
+        choose_skill(message(), skills)
+    assert choose_skill(message(), ["make"]) == "make"
+    with pytest.raises(InvalidParamsError, match="serves no capability"):
+        choose_skill(message(), [])
+    with pytest.raises(InvalidParamsError, match="contract: the text part is not JSON"):
+        payload_of(message(new_text_part("make it so")).message)
+    with pytest.raises(InvalidParamsError, match="contract: the message holds no data part"):
+        payload_of(message().message)
+
+
+def test_a_result_json_cannot_hold_is_carried_as_json_can() -> None:
+    value = {"raw": b"\x00\x01", "nan": math.nan, "big": 2**60, 7: ("a", "b")}
+    result = CallResult(value, "make", "call-1", "m-1", 1, 2.5)
+    task = completed_task(result, "ctx", [])
+    assert task.id == "call-1"
+    assert answer_of(task) == {"raw": "AAE=", "nan": None, "big": str(2**60), "7": ["a", "b"]}
+
+
+@pytest.mark.parametrize(
+    ("error", "layer", "state"),
+    [
+        (ContractError("no", path="industry"), "contract", TaskState.TASK_STATE_FAILED),
+        (NotFound("nobody"), "discovery", TaskState.TASK_STATE_FAILED),
+        (NoResponders("silent"), "routing", TaskState.TASK_STATE_FAILED),
+        (CircuitOpen("m-1", 0.0), "breaker", TaskState.TASK_STATE_FAILED),
+        (AuthenticationFailed("bad token"), "authentication", TaskState.TASK_STATE_FAILED),
+        (
+            NotAuthorized("low", level_required=3, level_held=2),
+            "authorization",
+            TaskState.TASK_STATE_FAILED,
+        ),
+        (BusinessError("no data", code="no_data"), "business", TaskState.TASK_STATE_REJECTED),
+        (InternalError("boom"), "agent", TaskState.TASK_STATE_FAILED),
+    ],
+)
+def test_a_failed_call_is_a_task_naming_the_layer(
+    error: ReachError, layer: str, state: TaskState
+) -> None:
+    assert layer_of(error) == layer
+    task = failed_task("t-1", "ctx", "make", error, [])
+    assert task.status.state == state
+    text, data = error_of(task)
+    assert text.startswith(f"{layer} error calling make ({type(error).__name__}): ")
+    assert data["layer"] == layer
+
+
+def test_a_job_is_a_task_of_its_status() -> None:
+    accepted = JobRecord(
+        job_id="gw.m-1.abc", capability="make", agent_id="m-1", status="accepted", accepted_at=1
+    )
+    assert job_task(accepted, "ctx").status.state == TaskState.TASK_STATE_SUBMITTED
+    running = accepted.model_copy(update={"status": "running"})
+    assert job_task(running, "ctx").status.state == TaskState.TASK_STATE_WORKING
+    done = accepted.model_copy(update={"status": "succeeded", "result": {"ok": True}})
+    assert answer_of(job_task(done, "ctx")) == {"ok": True}
+    failed = accepted.model_copy(
+        update={"status": "failed", "error_kind": "business", "error_code": "x", "error": "no"}
+    )
+    task = job_task(failed, "ctx")
+    assert task.id == "gw.m-1.abc"
+    assert task.status.state == TaskState.TASK_STATE_REJECTED
+    assert error_of(task)[1]["code"] == "x"

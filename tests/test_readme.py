@@ -212,9 +212,7 @@ def _start_server(
     assert first, f"{snippet}: {' '.join(words)} printed nothing within 30 s"
 
 
-def _run_sh(
-    snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]
-) -> None:
+def _run_sh(snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]) -> None:
     for raw in snippet.code.splitlines():
         line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
         if not line:

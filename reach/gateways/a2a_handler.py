@@ -32,6 +32,7 @@ from a2a.types import (
     GetExtendedAgentCardRequest,
     GetTaskPushNotificationConfigRequest,
     GetTaskRequest,
+    InternalError,
     InvalidParamsError,
     ListTaskPushNotificationConfigsRequest,
     ListTaskPushNotificationConfigsResponse,
@@ -48,13 +49,14 @@ from a2a.types import (
 from a2a.utils.proto_utils import validate_proto_required_fields
 
 from reach.client import ReachClient
-from reach.errors import NotFound, ReachError
+from reach.errors import NotFound, PermissionDenied, ReachError
 from reach.gateways.a2a_cards import agents_of, capabilities_of, runs_as_job
 from reach.gateways.a2a_tasks import (
     choose_skill,
     completed_task,
     failed_task,
     job_task,
+    layer_of,
     payload_of,
 )
 from reach.jobs import JobHandle
@@ -141,8 +143,10 @@ class FabricRequestHandler(RequestHandler):
         try:
             handle = await self._client.job(params.id)
             record = await handle.status()
-        except NotFound:
+        except (NotFound, PermissionDenied):  # none, or another client's
             return None
+        except ReachError as exc:
+            raise InternalError(message=f"{layer_of(exc)} error reading the job: {exc}") from None
         return job_task(record, self._contexts.get(params.id, params.id))
 
     async def on_list_tasks(

@@ -78,6 +78,8 @@ def choose_skill(request: SendMessageRequest, skills: list[str]) -> str:
             )
     if len(skills) == 1:
         return skills[0]
+    if not skills:
+        raise InvalidParamsError(message="discovery: this agent serves no capability")
     raise InvalidParamsError(
         message="contract: this agent has several skills; name one in the message's"
         f" metadata as 'skill': {', '.join(skills)}"
