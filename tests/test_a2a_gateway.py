@@ -69,8 +69,6 @@ from reach.models import Instance, parse_manifest
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .up_helpers import Secured, secured_agent
 
-pytest.importorskip("uvicorn")
-
 #: how long the gateway may take to say it listens, to exit once told to, and the
 #: registry's news to reach its index
 READY_TIMEOUT = 30.0
@@ -283,6 +281,13 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
             "by": "a-1",
             "echo": "hi",
         }
+
+        # a second gateway on the same port says why it cannot start
+        port = base.rsplit(":", 1)[1]
+        creds = ("--servers", secured.url, "--creds", str(secured.watcher))
+        code, _, err = await reach_cli("a2a", "--port", port, *creds)
+        assert code == 2, err
+        assert f"cannot listen on 127.0.0.1:{port}" in err
 
         # an agent that stops leaves the index, and its card goes
         await rep.stop()

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reach.client import ReachClient
+from reach.errors import ConfigurationError
 from reach.gateways.a2a_cards import agents_of, card_for, index_entry
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
 
@@ -117,8 +118,11 @@ class _Server(uvicorn.Server):
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return socket.create_server((host, port), family=family)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 async def serve(gateway: A2AGateway, host: str, port: int, ready: Callable[[str], None]) -> None:
