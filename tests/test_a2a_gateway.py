@@ -241,6 +241,11 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
         assert report.description.startswith("A report on an industry.")
         assert list(report.examples) == ['{"industry":"ev","time_range":"2025"}']
         assert cards["reporter"].version == "2.1.0"
+        # the contracts, in a card extension, with their numbers as they were written
+        served = (await http.get(agents["reporter"]["card_url"])).json()
+        (contracts,) = served["capabilities"]["extensions"]
+        assert contracts["params"]["report"]["input_schema"] == REPORT_INPUT
+        assert repr(contracts["params"]["secret"]["security_level"]) == "3"
 
         factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
         echo = factory.create(cards["test"])

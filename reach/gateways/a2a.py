@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from reach.client import ReachClient
 from reach.errors import ConfigurationError
-from reach.gateways.a2a_cards import agents_of, card_for, index_entry
+from reach.gateways.a2a_cards import agents_of, card_for, index_entry, whole_numbers
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
 
 __all__ = ["A2AGateway", "serve"]
@@ -93,7 +93,7 @@ class A2AGateway:
         if not found:
             return JSONResponse({"error": f"no agent named {name!r} is live"}, status_code=404)
         card = card_for(name, found, self._urls(request, name)[0])
-        return JSONResponse(agent_card_to_dict(card))
+        return JSONResponse(whole_numbers(agent_card_to_dict(card)))
 
     def app(self) -> Starlette:
         routes: list[Any] = [

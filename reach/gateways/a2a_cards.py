@@ -28,6 +28,7 @@ __all__ = [
     "card_for",
     "index_entry",
     "runs_as_job",
+    "whole_numbers",
 ]
 
 JSON = "application/json"
@@ -41,6 +42,18 @@ SCHEMAS_EXTENSION = "urn:agent-reach:a2a:capability-contracts:v1"
 MAX_EXAMPLES = 5
 
 _NUMBERS = re.compile(r"\d+")
+
+
+def whole_numbers(value: Any) -> Any:
+    """``value`` with its integral floats as ints: ``google.protobuf.Value``, which holds
+    A2A's data parts and extension parameters, has only doubles."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
 
 
 def agents_of(instances: Iterable[Instance]) -> dict[str, list[Instance]]:

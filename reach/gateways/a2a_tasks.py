@@ -39,6 +39,7 @@ from reach.errors import (
     ReachError,
     RemoteError,
 )
+from reach.gateways.a2a_cards import whole_numbers
 from reach.jobs import JobRecord
 
 __all__ = [
@@ -86,23 +87,12 @@ def choose_skill(request: SendMessageRequest, skills: list[str]) -> str:
     )
 
 
-def _whole(value: Any) -> Any:
-    """``value`` with its integral floats as ints (a data part has only doubles)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    return value
-
-
 def payload_of(message: Message) -> Any:
     """The capability's input: the message's first data part, else its first text part
     read as JSON."""
     data = get_data_parts(message.parts)
     if data:
-        return _whole(data[0])
+        return whole_numbers(data[0])
     for part in message.parts:
         if part.HasField("text"):
             try:
