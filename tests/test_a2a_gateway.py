@@ -29,7 +29,6 @@ from a2a.client import (
 from a2a.helpers import get_data_parts, get_message_text, new_data_part, new_text_part
 from a2a.types import (
     AgentCard,
-    AgentInterface,
     GetTaskRequest,
     InvalidParamsError,
     Message,
@@ -211,6 +210,16 @@ def error_of(task: Task) -> tuple[str, dict[str, Any]]:
     return get_message_text(task.status.message), data
 
 
+def legacy_client(factory: ClientFactory, card: AgentCard) -> Client:
+    """The SDK's client of A2A 0.3 (``message/send``, ``tasks/get``) for ``card``'s agent."""
+    legacy = AgentCard()
+    legacy.CopyFrom(card)
+    (interface,) = [i for i in card.supported_interfaces if i.protocol_version == "0.3"]
+    del legacy.supported_interfaces[:]
+    legacy.supported_interfaces.append(interface)
+    return factory.create(legacy)
+
+
 async def index(http: httpx.AsyncClient, base: str) -> dict[str, dict[str, Any]]:
     response = await http.get(f"{base}/")
     response.raise_for_status()
@@ -274,14 +283,7 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
             await send(reports, message(new_data_part({})))
 
         # 0.3's method names (message/send) on the same endpoint, by the SDK's 0.3 client
-        legacy = AgentCard()
-        legacy.CopyFrom(cards["test"])
-        del legacy.supported_interfaces[:]
-        legacy.supported_interfaces.append(
-            AgentInterface(url=agents["test"]["url"], protocol_binding="JSONRPC",
-                           protocol_version="0.3")
-        )  # fmt: skip
-        old = factory.create(legacy)
+        old = legacy_client(factory, cards["test"])
         assert answer_of(await send(old, message(new_data_part("hi")))) == {
             "by": "a-1",
             "echo": "hi",
@@ -320,7 +322,8 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
         httpx.AsyncClient(timeout=10) as http,
     ):
         card = await card_of(http, (await index(http, base))["exporter"]["url"])
-        client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
+        client = factory.create(card)
         request = message(new_data_part({"rows": 5}))
         request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
         task = await send(client, request)
@@ -337,6 +340,9 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
             await asyncio.sleep(0.1)
         assert answer_of(got) == {"file": "export-5.csv"}
         assert got.context_id == task.context_id
+        # and by 0.3's tasks/get
+        old = legacy_client(factory, card)
+        assert answer_of(await old.get_task(GetTaskRequest(id=task.id))) == {"file": "export-5.csv"}
         # a message that waits: the job's result at once (the gate is open)
         assert answer_of(await send(client, message(new_data_part({"rows": 7})))) == {
             "file": "export-7.csv"
