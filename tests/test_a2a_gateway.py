@@ -348,6 +348,14 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
             "file": "export-7.csv"
         }
 
+        # a gateway whose credentials lack the jobs role: the job's call fails, saying why
+        async with gateway(secured) as other:
+            card = await card_of(http, (await index(http, other))["exporter"]["url"])
+            client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+            text, data = error_of(await send(client, message(new_data_part({"rows": 1}))))
+            assert data["layer"] == "authorization", text
+            assert "REACH_JOBS" in text
+
 
 # -- what the gateway makes of cards, messages, results and errors (no fabric) ----------
 

@@ -131,7 +131,11 @@ class FabricRequestHandler(RequestHandler):
             # the outcome, an error included, is read from the record below
             with contextlib.suppress(ReachError):
                 await handle.result(timeout=wait)
-        return job_task(await handle.status(), context_id, history)
+        try:
+            record = await handle.status()
+        except ReachError as exc:  # unreadable (credentials without the jobs role, say)
+            return failed_task(handle.job_id, context_id, handle.capability, exc, history)
+        return job_task(record, context_id, history)
 
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
         validate_proto_required_fields(params)
