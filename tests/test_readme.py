@@ -9,7 +9,9 @@ How each fenced block is executed:
   defining pytest tests is run with pytest; any other must exit 0 (top-level ``await``
   is allowed, as in the README).
 * ``sh`` — line by line: ``reach ...`` commands run against the fabric and must exit 0
-  (a following ``-f`` command must still be running after two seconds: it follows);
+  (a following ``-f`` command must still be running after two seconds: it follows; a
+  server started with a trailing ``&`` must print its first line and keep running, and
+  is stopped when the snippets are done);
   ``make`` lines must name a Makefile target (running ``make test`` inside the tests
   would recurse; the targets themselves are what CI runs); pipes run through bash.
 * ``text`` — diagrams and sample output: not code, not run.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -189,7 +192,27 @@ def _make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][\w-]*):", text, flags=re.MULTILINE))
 
 
-def _run_sh(snippet: Snippet, fabric: Fabric) -> None:
+def _start_server(
+    words: list[str], snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]
+) -> None:
+    """A server the snippet starts in the background: up once it printed a line."""
+    server = subprocess.Popen(
+        [REACH, *words[1:]],
+        cwd=fabric.cwd,
+        env=fabric.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    background.append(server)
+    assert server.stdout is not None
+    ready, _, _ = select.select([server.stdout], [], [], 30)
+    first = server.stdout.readline() if ready else b""
+    assert server.poll() is None, f"{snippet}: {' '.join(words)} exited: {first!r}"
+    assert first, f"{snippet}: {' '.join(words)} printed nothing within 30 s"
+
+
+def _run_sh(snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]) -> None:
     for raw in snippet.code.splitlines():
         line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
         if not line:
@@ -208,6 +231,9 @@ def _run_sh(snippet: Snippet, fabric: Fabric) -> None:
             )
             for option in re.findall(r"--[a-z-]+", line):
                 assert option in proc.stdout, f"{snippet}: reach up has no {option}"
+            continue
+        if words[-1] == "&":
+            _start_server(words[:-1], snippet, fabric, background)
             continue
         if "-f" in words or "--follow" in words:
             follower = subprocess.Popen(
@@ -258,7 +284,7 @@ def test_every_snippet_runs_in_order_against_a_real_fabric(fabric: Fabric) -> No
             if snippet.lang == "python":
                 _run_python(snippet, fabric, background)
             elif snippet.lang == "sh":
-                _run_sh(snippet, fabric)
+                _run_sh(snippet, fabric, background)
             elif snippet.lang == "yaml":
                 _run_yaml(snippet, fabric)
     finally:
@@ -269,3 +295,6 @@ def test_every_snippet_runs_in_order_against_a_real_fabric(fabric: Fabric) -> No
                 proc.wait(15)
             if proc.poll() is None:
                 proc.kill()
+                proc.wait()
+            if proc.stdout is not None:  # a server's, read up to its first line
+                proc.stdout.close()

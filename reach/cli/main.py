@@ -19,6 +19,7 @@ def main(verbose: int) -> None:
 def _register() -> None:
     # Imported here so each command module stays independent of the others.
     from reach.cli import (
+        a2a,
         agents,
         alerts,
         audit,
@@ -34,6 +35,7 @@ def _register() -> None:
     )
 
     for module in (
+        a2a,
         agents,
         alerts,
         audit,

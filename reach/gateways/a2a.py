@@ -1,0 +1,144 @@
+"""``reach a2a``: the fabric's agents as A2A agents, over HTTP.
+
+One A2A agent per agent name on the fabric, at ``/agents/<name>``:
+
+- ``GET /agents/<name>/.well-known/agent-card.json``: its Agent Card
+  (``reach.gateways.a2a_cards``: skills = capabilities);
+- ``POST /agents/<name>``: its A2A JSON-RPC endpoint (protocol 1.0, and 0.3's method
+  names), served by the SDK's dispatcher over ``reach.gateways.a2a_handler``;
+- ``GET /`` (also ``/agents``): the index, every live agent with its card's URL.
+
+Cards and index are built from the route cache of the gateway's ``ReachClient`` on each
+request, so they follow the registry: an agent whose instances have all left (or are
+unhealthy) is no longer listed and its card is 404. The calls are the gateway's:
+its credentials, clearance and audit, for whoever can reach its port (it listens on
+127.0.0.1 unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from reach.client import ReachClient
+from reach.errors import ConfigurationError
+from reach.gateways.a2a_cards import agents_of, card_for, index_entry, whole_numbers
+from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
+
+__all__ = ["A2AGateway", "serve"]
+
+#: where an agent's JSON-RPC endpoint is; its card is under it, at the well-known path
+AGENT_PATH = "/agents/{agent}"
+
+
+class _AgentContext(DefaultServerCallContextBuilder):
+    """The SDK's call context, with the agent name of the request's path."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[AGENT_KEY] = request.path_params.get("agent", "")
+        return context
+
+
+class A2AGateway:
+    """The HTTP app of the A2A gateway over a connected ``ReachClient``.
+
+    ``public_url``: the base URL the cards give (behind a proxy, say); by default the one
+    each request came to. ``job_wait``: how long a message to an async-mode capability
+    waits for its job before it answers with the task still working.
+    """
+
+    def __init__(
+        self, client: ReachClient, *, public_url: str | None = None, job_wait: float = 30.0
+    ) -> None:
+        self.client = client
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.handler = FabricRequestHandler(client, job_wait=job_wait)
+
+    def _base(self, request: Request) -> str:
+        return self.public_url or str(request.base_url).rstrip("/")
+
+    def _urls(self, request: Request, name: str) -> tuple[str, str]:
+        url = f"{self._base(request)}/agents/{name}"
+        return url, url + AGENT_CARD_WELL_KNOWN_PATH
+
+    async def index(self, request: Request) -> Response:
+        agents = agents_of(self.client.routes.find())
+        return JSONResponse(
+            {
+                "agents": [
+                    index_entry(name, found, *self._urls(request, name))
+                    for name, found in agents.items()
+                ]
+            }
+        )
+
+    async def card(self, request: Request) -> Response:
+        name = request.path_params["agent"]
+        found = agents_of(self.client.routes.find()).get(name)
+        if not found:
+            return JSONResponse({"error": f"no agent named {name!r} is live"}, status_code=404)
+        card = card_for(name, found, self._urls(request, name)[0])
+        return JSONResponse(whole_numbers(agent_card_to_dict(card)))
+
+    def app(self) -> Starlette:
+        routes: list[Any] = [
+            Route("/", self.index, methods=["GET"]),
+            Route("/agents", self.index, methods=["GET"]),
+            Route(AGENT_PATH + AGENT_CARD_WELL_KNOWN_PATH, self.card, methods=["GET"]),
+            *create_jsonrpc_routes(
+                self.handler, AGENT_PATH, context_builder=_AgentContext(), enable_v0_3_compat=True
+            ),
+        ]
+        return Starlette(routes=routes)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, leaving the signals to ``serve``: uvicorn raises a signal it caught once
+    it has stopped, which for SIGTERM would end the process before the gateway's client
+    had written its audit events and closed."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+async def serve(gateway: A2AGateway, host: str, port: int, ready: Callable[[str], None]) -> None:
+    """Serve ``gateway`` on ``host``:``port`` (0: a free port) until SIGINT or SIGTERM;
+    ``ready(url)`` once it listens."""
+    sock = _listen(host, port)
+    server = _Server(uvicorn.Config(gateway.app(), log_level="warning", lifespan="off"))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, setattr, server, "should_exit", True)
+    try:
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        ready(f"http://{shown}:{bound_port}/")
+        await server.serve(sockets=[sock])
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        sock.close()
