@@ -102,7 +102,6 @@ async def test_the_raw_caller_calls_a_reach_agent(up: UpFabric, py_agent: str) -
         await weak.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="callee-side audit (issue 26 item 2)")
 async def test_the_raw_callers_calls_to_a_reach_agent_are_audited(
     up: UpFabric, py_agent: str
 ) -> None:
