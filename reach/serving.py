@@ -118,15 +118,26 @@ class CallServer:
     def _error(self, kind: str, code: str, description: str) -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id)
 
-    def stopping(self) -> bytes:
+    def stopping(self, endpoint: Endpoint) -> bytes:
         """The reply to a call that arrives while the agent stops: not served, retry
         elsewhere (the handler never ran)."""
-        return self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
+        return self._refuse(
+            endpoint, "unavailable", "shutting_down", f"{self.agent_id} is stopping"
+        )
 
-    def refuse_batch(self, description: str) -> bytes:
+    def _refuse(self, endpoint: Endpoint, kind: str, code: str, description: str) -> bytes:
+        """The error reply to a call of ``endpoint``, counted as one of its errors."""
+        stats = endpoint.stats
+        stats.errors += 1
+        stats.last_code = code
+        stats.last_description = description
+        return self._error(kind, code, description)
+
+    def refuse_batch(self, endpoint: Endpoint, description: str) -> bytes:
         """The reply to a batch that cannot be read: it answers each of its calls."""
         log.warning("refused a batch of calls to %s: %s", self.agent_id, description)
-        return self._error("contract", "bad_batch", description)
+        endpoint.stats.requests += 1
+        return self._refuse(endpoint, "contract", "bad_batch", description)
 
     def message_handler(
         self, endpoint: Endpoint, conn: Connection, tasks: set[asyncio.Task[None]]
@@ -155,7 +166,8 @@ class CallServer:
             if not self.accepting:
                 # stopping (subscriptions drain one by one): said at once, so the caller
                 # goes to another instance now rather than after its timeout
-                respond(msg.reply, self.stopping())
+                endpoint.stats.requests += 1
+                respond(msg.reply, self.stopping(endpoint))
                 return
             if not envelope.is_batch(msg.data):
                 run_eagerly(serve(msg), on_task=continued)
@@ -164,7 +176,7 @@ class CallServer:
             try:
                 requests = envelope.unpack_batch(msg.data)
             except CodecError as exc:
-                respond(msg.reply, self.refuse_batch(str(exc)))
+                respond(msg.reply, self.refuse_batch(endpoint, str(exc)))
                 return
             batch = conn.reply_batch(msg)
             for token, request in requests:
@@ -176,10 +188,11 @@ class CallServer:
 
     async def handle(self, endpoint: Endpoint, data: bytes) -> bytes:
         """Serve one request; always returns reply bytes, never raises (but CancelledError)."""
+        endpoint.stats.requests += 1
         try:
             meta, body = envelope.unpack_request(data)
         except CodecError as exc:
-            return self._error("contract", "bad_envelope", str(exc))
+            return self._refuse(endpoint, "contract", "bad_envelope", str(exc))
         client = ""
         if self.verifier is not None:
             # before anything else is decoded: no token, no work
@@ -188,7 +201,8 @@ class CallServer:
                 return denied
         # a repeat is the same capability from the same client: keys never leak across them
         key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
-        early = self._before_running(endpoint, meta, key)
+        now = self._clock.time()
+        early = self._before_running(endpoint, meta, key, now)
         if early is not None:
             return early if isinstance(early, bytes) else await asyncio.shield(early)
         self._cache.start(key)
@@ -206,7 +220,7 @@ class CallServer:
             arg = decode_input(endpoint, body)
             if isinstance(arg, Failure):
                 kind = arg.kind
-                reply, remember = self._fail(*arg)
+                reply, remember = self._fail(endpoint, *arg)
             elif self.jobs is not None:
                 reply = await self._job_runner.accept(
                     self.jobs, endpoint, meta, arg, client, self.job_timeout_sec
@@ -217,24 +231,27 @@ class CallServer:
                 reply, remember, kind = self._reply_of(endpoint, outcome)
         except asyncio.CancelledError:
             remember = False
-            reply = self.stopping()
+            reply = self.stopping(endpoint)
             raise
         except Exception as exc:  # a bug on this side: the caller hears of it, not silence
             log.exception("serving a call to %s failed", endpoint.name)
             kind, remember = "internal", False
-            reply = self._error("internal", type(exc).__name__, f"{endpoint.name}: {exc}")
+            reply = self._refuse(
+                endpoint, "internal", type(exc).__name__, f"{endpoint.name}: {exc}"
+            )
         finally:
-            self._finished(endpoint, key, reply, remember, kind, span)
+            self._finished(endpoint, key, reply, remember, kind, span, now)
         return reply
 
     def _before_running(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta, key: str
+        self, endpoint: Endpoint, meta: envelope.RequestMeta, key: str, now: float
     ) -> bytes | asyncio.Future[bytes] | None:
         """None if the call is to run; else its reply (the caller's deadline passed, a
         repeat answered, or not admitted), or the first call's reply to wait for."""
-        now = self._clock.time()
         if meta.deadline_ms is not None and meta.deadline_ms <= now * 1000:
-            return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
+            return self._refuse(
+                endpoint, "timeout", "deadline_passed", "the caller's deadline had passed"
+            )
         seen = self._cache.get(key, now)
         if seen is not None:
             return seen
@@ -245,9 +262,12 @@ class CallServer:
         max concurrency, or over the capability's declared qps."""
         ready, why = self._is_ready()
         if not ready:
-            return self._error("unavailable", "not_ready", f"{self.agent_id} not ready: {why}")
+            return self._refuse(
+                endpoint, "unavailable", "not_ready", f"{self.agent_id} not ready: {why}"
+            )
         if self.in_flight >= self.max_concurrency:
-            return self._error(
+            return self._refuse(
+                endpoint,
                 "unavailable",
                 "over_capacity",
                 f"{self.agent_id} is at its max concurrency ({self.max_concurrency})",
@@ -258,7 +278,8 @@ class CallServer:
                 endpoint.capability.qps, self._clock
             )
         if not admission.take():
-            return self._error(
+            return self._refuse(
+                endpoint,
                 "unavailable",
                 "over_qps",
                 f"{endpoint.name} at {self.agent_id} is over its declared"
@@ -272,12 +293,13 @@ class CallServer:
         """The reply to a handler's outcome, whether a repeat may be answered with it, and
         its kind ("ok" or the error's)."""
         if isinstance(outcome, Failure):
-            reply, remember = self._fail(*outcome)
+            reply, remember = self._fail(endpoint, *outcome)
             return reply, remember, outcome.kind
         reply = envelope.pack_ok(outcome[0], self.agent_id)
         limit = self.max_reply_bytes
         if limit is not None and len(reply) > limit:
             reply, remember = self._fail(
+                endpoint,
                 "contract",
                 "output_too_large",
                 f"output of {endpoint.name} is {len(reply)} bytes packed, more than"
@@ -294,11 +316,14 @@ class CallServer:
         remember: bool,
         kind: str,
         span: Span | None,
+        started: float,
     ) -> None:
         """A call that ran is done: counted, its reply kept for repeats (if it may be)."""
         self.in_flight -= 1
         self.completed += 1
         self.last_completion_at = done_at = self._clock.time()
+        if done_at > started:  # (the wall clock may have been set back meanwhile)
+            endpoint.stats.busy_sec += done_at - started
         self._cache.finish(key, reply, done_at, remember=remember)
         if self._on_done is not None:
             self._on_done()
@@ -365,10 +390,11 @@ class CallServer:
         client: str = "",
     ) -> bytes:
         self.denials += 1
+        endpoint.stats.denied += 1
         log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
         if self.on_denied is not None:
             self.on_denied(endpoint.name, meta, code, description, client)
-        return self._error("denied", code, description)
+        return self._refuse(endpoint, "denied", code, description)
 
     def watch_deadline(self, when: float) -> None:
         """Cancel the running call at loop time ``when`` (its task may not exist yet)."""
@@ -383,9 +409,11 @@ class CallServer:
         if when is not None:
             self._reaper.watch(task, when)
 
-    def _fail(self, kind: str, code: str, description: str) -> tuple[bytes, bool]:
+    def _fail(
+        self, endpoint: Endpoint, kind: str, code: str, description: str
+    ) -> tuple[bytes, bool]:
         # a timed-out or refused attempt may be retried with the same call id: not remembered
-        return self._error(kind, code, description), kind not in _RETRYABLE_KINDS
+        return self._refuse(endpoint, kind, code, description), kind not in _RETRYABLE_KINDS
 
     async def _invoke(
         self,
