@@ -43,7 +43,8 @@ class ServedStats:
     def __init__(self) -> None:
         #: calls received: each call of a batch, the refused ones too
         self.requests = 0
-        #: calls answered with an error of any kind (refused, denied, failed)
+        #: calls answered with an error of any kind (refused, denied, failed); a repeat
+        #: answered with the first call's reply counts as a request only
         self.errors = 0
         #: calls refused for their token or clearance (also counted in ``errors``)
         self.denied = 0
