@@ -17,6 +17,7 @@ from setuptools import setup
 #: it. Not here: modules with async generators (mypyc does not compile them yet), the
 #: CLI, the demo and the test helpers, where speed does not matter.
 COMPILED = [
+    "reach/admission.py",
     "reach/agent.py",
     "reach/audit/batch.py",
     "reach/audit/columns.py",

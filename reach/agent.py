@@ -33,6 +33,7 @@ from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError, LoginUnanswered
 from reach.jobs import JobStore
 from reach.joining import run_step
+from reach.microsvc import MicroService
 from reach.models import Manifest, Readiness, parse_manifest
 from reach.presence import Presence
 from reach.security.credentials import CredentialsFile
@@ -111,6 +112,8 @@ class Agent:
         self._conn: Connection | None = None
         self._cap_subs: list[Subscription] = []
         self._probe_sub: Subscription | None = None
+        #: its ``$SRV`` side (NATS micro: PING, INFO, STATS) while it runs
+        self.micro: MicroService | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -319,6 +322,10 @@ class Agent:
         self._probe_sub = await conn.subscribe(
             subjects.probe(self.agent_id), self._presence.on_probe
         )
+        self.micro = MicroService(
+            self.manifest, list(self._endpoints.values()), self._presence.started_at
+        )
+        await self.micro.start(conn)
         await conn.flush()
 
     async def _unsubscribe(self) -> None:
@@ -328,6 +335,9 @@ class Agent:
         if self._probe_sub is not None:
             await self._probe_sub.unsubscribe()
             self._probe_sub = None
+        if self.micro is not None:
+            await self.micro.stop()
+            self.micro = None
 
     async def serve_forever(self) -> None:
         """Wait until ``stop()`` is called (or the task is cancelled)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
@@ -17,7 +17,15 @@ from reach.errors import BusinessError, ContractError, ReachError, RemoteError
 from reach.models import Capability, format_validation_error
 from reach.security.tokens import call_audience
 
-__all__ = ["Endpoint", "Failure", "Handler", "decode_input", "endpoint_for", "failure_of"]
+__all__ = [
+    "Endpoint",
+    "Failure",
+    "Handler",
+    "ServedStats",
+    "decode_input",
+    "endpoint_for",
+    "failure_of",
+]
 
 Handler = Callable[[Any], Awaitable[Any]]
 
@@ -26,6 +34,25 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return (
         annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     )
+
+
+class ServedStats:
+    """What an endpoint served, counted by the call path as it serves (``$SRV.STATS``,
+    ``reach.microsvc``): plain attributes bumped in place, read when someone asks."""
+
+    def __init__(self) -> None:
+        #: calls received: each call of a batch, the refused ones too
+        self.requests = 0
+        #: calls answered with an error of any kind (refused, denied, failed); a repeat
+        #: answered with the first call's reply counts as a request only
+        self.errors = 0
+        #: calls refused for their token or clearance (also counted in ``errors``)
+        self.denied = 0
+        #: seconds spent on the calls that ran, from admission to their reply
+        self.busy_sec = 0.0
+        #: the code and description of the last error answered
+        self.last_code = ""
+        self.last_description = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +68,8 @@ class Endpoint:
     #: the audience of the tokens its calls carry (``call_audience``; ``endpoint_for``
     #: sets it)
     audience: str = ""
+    #: what it served: shared by the copies made for its subjects (``dataclasses.replace``)
+    stats: ServedStats = field(default_factory=ServedStats, compare=False, repr=False)
 
     @property
     def name(self) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from reach import codec, envelope
+from reach.admission import QpsBucket
 from reach.audit.events import served_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock
@@ -46,28 +47,6 @@ REPLY_FRAMING = 64
 log = logging.getLogger("reach.serving")
 
 _RETRYABLE_KINDS = frozenset({"timeout", "unavailable"})
-
-
-class _Admission:
-    """Declared capacity: max concurrency for the agent, qps per capability (token bucket)."""
-
-    def __init__(self, qps: float | None, clock: Clock) -> None:
-        self._rate = qps
-        self._burst = max(1.0, qps or 0.0)
-        self._tokens = self._burst
-        self._clock = clock
-        self._last = clock.monotonic()
-
-    def take(self) -> bool:
-        if self._rate is None:
-            return True
-        now = self._clock.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
-        self._last = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        return False
 
 
 class CallServer:
@@ -96,7 +75,7 @@ class CallServer:
         self._is_ready = is_ready
         self._on_done = on_done
         self._cache = reply_cache or ReplyCache()
-        self._admission: dict[str, _Admission] = {}
+        self._admission: dict[str, QpsBucket] = {}
         #: set for async-mode agents: calls become jobs stored in REACH_JOBS
         self.jobs = jobs
         self.job_timeout_sec = job_timeout_sec
@@ -124,15 +103,28 @@ class CallServer:
     def _error(self, kind: str, code: str, description: str, path: str = "") -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id, path)
 
-    def stopping(self) -> bytes:
+    def stopping(self, endpoint: Endpoint) -> bytes:
         """The reply to a call that arrives while the agent stops: not served, retry
         elsewhere (the handler never ran)."""
-        return self._error("unavailable", "shutting_down", f"{self.agent_id} is stopping")
+        return self._refuse(
+            endpoint, "unavailable", "shutting_down", f"{self.agent_id} is stopping"
+        )
 
-    def refuse_batch(self, description: str) -> bytes:
+    def _refuse(
+        self, endpoint: Endpoint, kind: str, code: str, description: str, path: str = ""
+    ) -> bytes:
+        """The error reply to a call of ``endpoint``, counted as one of its errors."""
+        stats = endpoint.stats
+        stats.errors += 1
+        stats.last_code = code
+        stats.last_description = description
+        return self._error(kind, code, description, path)
+
+    def refuse_batch(self, endpoint: Endpoint, description: str) -> bytes:
         """The reply to a batch that cannot be read: it answers each of its calls."""
         log.warning("refused a batch of calls to %s: %s", self.agent_id, description)
-        return self._error("contract", "bad_batch", description)
+        endpoint.stats.requests += 1
+        return self._refuse(endpoint, "contract", "bad_batch", description)
 
     def message_handler(
         self, endpoint: Endpoint, conn: Connection, tasks: set[asyncio.Task[None]]
@@ -161,7 +153,8 @@ class CallServer:
             if not self.accepting:
                 # stopping (subscriptions drain one by one): said at once, so the caller
                 # goes to another instance now rather than after its timeout
-                respond(msg.reply, self.stopping())
+                endpoint.stats.requests += 1
+                respond(msg.reply, self.stopping(endpoint))
                 return
             if not envelope.is_batch(msg.data):
                 run_eagerly(serve(msg), on_task=continued)
@@ -170,7 +163,7 @@ class CallServer:
             try:
                 requests = envelope.unpack_batch(msg.data)
             except CodecError as exc:
-                respond(msg.reply, self.refuse_batch(str(exc)))
+                respond(msg.reply, self.refuse_batch(endpoint, str(exc)))
                 return
             batch = conn.reply_batch(msg)
             for token, request in requests:
@@ -182,10 +175,11 @@ class CallServer:
 
     async def handle(self, endpoint: Endpoint, data: bytes) -> bytes:
         """Serve one request; always returns reply bytes, never raises (but CancelledError)."""
+        endpoint.stats.requests += 1
         try:
             meta, body = envelope.unpack_request(data)
         except CodecError as exc:
-            return self._error("contract", "bad_envelope", str(exc), exc.path)
+            return self._refuse(endpoint, "contract", "bad_envelope", str(exc), exc.path)
         client = ""
         if self.verifier is not None:
             # before anything else is decoded: no token, no work
@@ -196,7 +190,9 @@ class CallServer:
         key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
         started = self._clock.time()
         if meta.deadline_ms is not None and meta.deadline_ms <= started * 1000:
-            return self._error("timeout", "deadline_passed", "the caller's deadline had passed")
+            return self._refuse(
+                endpoint, "timeout", "deadline_passed", "the caller's deadline had passed"
+            )
         seen = self._cache.get(key, started)
         if seen is not None:
             reply = seen if isinstance(seen, bytes) else await asyncio.shield(seen)
@@ -221,7 +217,7 @@ class CallServer:
             arg = decode_input(endpoint, body)
             if isinstance(arg, Failure):
                 kind = arg.kind
-                reply, remember = self._fail(*arg)
+                reply, remember = self._fail(endpoint, *arg)
             elif self.jobs is not None:
                 reply = await self._job_runner.accept(
                     self.jobs, endpoint, meta, arg, client, self.job_timeout_sec
@@ -233,14 +229,16 @@ class CallServer:
                 reply, remember, kind = self._reply_of(endpoint, outcome, audited)
         except asyncio.CancelledError:
             remember = False
-            reply = self.stopping()
+            reply = self.stopping(endpoint)
             raise
         except Exception as exc:  # a bug on this side: the caller hears of it, not silence
             log.exception("serving a call to %s failed", endpoint.name)
             kind, remember = "internal", False
-            reply = self._error("internal", type(exc).__name__, f"{endpoint.name}: {exc}")
+            reply = self._refuse(
+                endpoint, "internal", type(exc).__name__, f"{endpoint.name}: {exc}"
+            )
         finally:
-            done_at = self._finished(endpoint, key, reply, remember, kind, span)
+            done_at = self._finished(endpoint, key, reply, remember, kind, span, started)
             if self.audit is not None and not meta.audit and reply:
                 self._record(endpoint, meta, client, reply, started, done_at, kind)
         return reply
@@ -287,20 +285,24 @@ class CallServer:
         max concurrency, or over the capability's declared qps."""
         ready, why = self._is_ready()
         if not ready:
-            return self._error("unavailable", "not_ready", f"{self.agent_id} not ready: {why}")
+            return self._refuse(
+                endpoint, "unavailable", "not_ready", f"{self.agent_id} not ready: {why}"
+            )
         if self.in_flight >= self.max_concurrency:
-            return self._error(
+            return self._refuse(
+                endpoint,
                 "unavailable",
                 "over_capacity",
                 f"{self.agent_id} is at its max concurrency ({self.max_concurrency})",
             )
         admission = self._admission.get(endpoint.name)
         if admission is None:
-            admission = self._admission[endpoint.name] = _Admission(
+            admission = self._admission[endpoint.name] = QpsBucket(
                 endpoint.capability.qps, self._clock
             )
         if not admission.take():
-            return self._error(
+            return self._refuse(
+                endpoint,
                 "unavailable",
                 "over_qps",
                 f"{endpoint.name} at {self.agent_id} is over its declared"
@@ -314,12 +316,13 @@ class CallServer:
         """The reply to a handler's outcome, whether a repeat may be answered with it, and
         its kind ("ok" or the error's). ``audited``: this side records the call."""
         if isinstance(outcome, Failure):
-            reply, remember = self._fail(*outcome)
+            reply, remember = self._fail(endpoint, *outcome)
             return reply, remember, outcome.kind
         reply = envelope.pack_ok(outcome[0], self.agent_id, audited=audited)
         limit = self.max_reply_bytes
         if limit is not None and len(reply) > limit:
             reply, remember = self._fail(
+                endpoint,
                 "contract",
                 "output_too_large",
                 f"output of {endpoint.name} is {len(reply)} bytes packed, more than"
@@ -336,12 +339,15 @@ class CallServer:
         remember: bool,
         kind: str,
         span: Span | None,
+        started: float,
     ) -> float:
         """A call that ran is done: counted, its reply kept for repeats (if it may be).
         Returns when it was done (the clock's wall time)."""
         self.in_flight -= 1
         self.completed += 1
         self.last_completion_at = done_at = self._clock.time()
+        if done_at > started:  # (the wall clock may have been set back meanwhile)
+            endpoint.stats.busy_sec += done_at - started
         self._cache.finish(key, reply, done_at, remember=remember)
         if self._on_done is not None:
             self._on_done()
@@ -409,10 +415,11 @@ class CallServer:
         client: str = "",
     ) -> bytes:
         self.denials += 1
+        endpoint.stats.denied += 1
         log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
         if self.on_denied is not None:
             self.on_denied(endpoint.name, meta, code, description, client)
-        return self._error("denied", code, description)
+        return self._refuse(endpoint, "denied", code, description)
 
     def watch_deadline(self, when: float) -> None:
         """Cancel the running call at loop time ``when`` (its task may not exist yet)."""
@@ -427,9 +434,11 @@ class CallServer:
         if when is not None:
             self._reaper.watch(task, when)
 
-    def _fail(self, kind: str, code: str, description: str, path: str = "") -> tuple[bytes, bool]:
+    def _fail(
+        self, endpoint: Endpoint, kind: str, code: str, description: str, path: str = ""
+    ) -> tuple[bytes, bool]:
         # a timed-out or refused attempt may be retried with the same call id: not remembered
-        return self._error(kind, code, description, path), kind not in _RETRYABLE_KINDS
+        return self._refuse(endpoint, kind, code, description, path), kind not in _RETRYABLE_KINDS
 
     async def _invoke(
         self,

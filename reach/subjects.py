@@ -31,6 +31,16 @@ REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 #: other subject of anyone's inbox
 CALL_REPLIES = "_INBOX.*.r.*.*"
 
+#: NATS micro services' control subjects (``$SRV.<verb>[.<name>[.<id>]]``): every agent
+#: answers PING, INFO and STATS as a micro service (``reach.microsvc``)
+SRV_PREFIX = "$SRV"
+SRV_VERBS = ("PING", "INFO", "STATS")
+#: where an agent may publish its answers to ``$SRV`` requests on a secured fabric: the
+#: discovery space of a client's inbox, ``_INBOX.<client_id>.srv.…`` (a tool that lists
+#: the fabric's services connects with the inbox prefix ``_INBOX.<client_id>.srv``), and no
+#: other subject of anyone's inbox
+SRV_REPLIES = "_INBOX.*.srv.>"
+
 #: registry keys: instances under ``agent.``, live registrars under ``registrar.``
 AGENT_KEY_PREFIX = "agent."
 REGISTRAR_KEY_PREFIX = "registrar."
@@ -122,3 +132,13 @@ def agent_key(agent_id: str) -> str:
 
 def registrar_key(registrar_id: str) -> str:
     return REGISTRAR_KEY_PREFIX + registrar_id
+
+
+def srv(verb: str, name: str | None = None, service_id: str | None = None) -> str:
+    """A NATS micro control subject: every service (no name), every instance of a service
+    (a name), or one instance (a name and its id)."""
+    if name is None:
+        return f"{SRV_PREFIX}.{verb}"
+    if service_id is None:
+        return f"{SRV_PREFIX}.{verb}.{name}"
+    return f"{SRV_PREFIX}.{verb}.{name}.{service_id}"

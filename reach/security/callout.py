@@ -211,6 +211,7 @@ def permissions_for(
         _JS_ACCOUNT_INFO,  # standard clients' check that JetStream is there
         *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
         *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
+        f"{subjects.SRV_PREFIX}.>",  # NATS micro discovery: ask the agents PING/INFO/STATS
     ]
     sub = [
         f"{inbox_prefix}.>",  # replies and JetStream API answers
@@ -244,13 +245,27 @@ def permissions_for(
     sub += [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
     sub += [f"{subjects.capability(cap)} {cap}" for cap in caps]  # its share of the queue
     sub.append(subjects.probe(agent_id))  # the registrar's health probes
+    sub += _srv_subjects(agent_id)
     # Replies go to callers' call-reply subjects only, through a publish permission: never
     # NATS's response permission, which lets a client publish to the reply subject of any
     # message it receives, past every allow and deny list; an agent that sends itself a
     # message with reply "$KV.REACH_CREDENTIALS.…" would then write there with the
     # fabric account's rights
     pub.append(subjects.CALL_REPLIES)
+    # answers to $SRV requests: in the discovery space of inboxes only (see SRV_REPLIES)
+    pub.append(subjects.SRV_REPLIES)
     return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
+
+
+def _srv_subjects(agent_id: str) -> list[str]:
+    """The NATS micro control subjects an agent answers on: every service's, every
+    instance's of a name, and its own id's only. A credential binds an agent id, not a
+    name: any name at the middle level (where an agent could claim any name anyway, as it
+    can in its answer to ``$SRV.PING``), the instance level only under its own id."""
+    out: list[str] = []
+    for verb in subjects.SRV_VERBS:
+        out += [subjects.srv(verb), subjects.srv(verb, "*"), subjects.srv(verb, "*", agent_id)]
+    return out
 
 
 def _check_inbox(prefix: str) -> None:

@@ -43,7 +43,8 @@ _ITEM_OVERHEAD = 24
 
 #: the token after a client's inbox prefix that marks the reply subjects of its requests:
 #: ``<inbox prefix>.r.<base>.<token>``. On a secured fabric agents may publish only there
-#: (``subjects.CALL_REPLIES``), never to the rest of anyone's inbox, where nats-py's own
+#: (``subjects.CALL_REPLIES``) and to the discovery space a tool asking ``$SRV`` chooses
+#: (``subjects.SRV_REPLIES``), never to the rest of anyone's inbox, where nats-py's own
 #: requests (JetStream API answers, KV watches) are delivered under guessable names
 CALL_REPLY_MARK = "r"
 #: random bytes in a request's reply token: an agent that learns one reply subject of a
