@@ -59,9 +59,9 @@ from reach.gateways.a2a_tasks import (
     completed_task,
     failed_task,
     job_task,
-    layer_of,
     payload_of,
 )
+from reach.gateways.failures import layer_of
 from reach.jobs import JobRecord
 from reach.models import Instance, parse_manifest
 

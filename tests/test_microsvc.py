@@ -7,7 +7,6 @@ follow the NATS micro protocol, read here with nats-py's own micro types (nats.m
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from reach.security.callout import permissions_for
 from .calls_helpers import Behaviour
 from .cli_helpers import reach_cli
 from .conftest import Fabric, vault_agent
+from .srv_helpers import gather
 from .up_helpers import Secured
 
 #: what a capability of these tests takes and gives
@@ -89,28 +89,6 @@ async def discovery_client(url: str, creds: Path) -> NatsClient:
         inbox_prefix=f"_INBOX.{client_id}.srv",
         allow_reconnect=False,
     )
-
-
-async def gather(nc: NatsClient, subject: str, want: int, timeout: float = 5.0) -> list[Any]:
-    """The answers to one request on ``subject``: until ``want`` came, or ``timeout``."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    answers: list[Any] = []
-    try:
-        await nc.publish(subject, b"", reply=inbox)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while len(answers) < want and (left := deadline - loop.time()) > 0:
-            try:
-                msg = await sub.next_msg(timeout=left)
-            except nats.errors.TimeoutError:
-                break
-            if msg.headers and msg.headers.get("Status") == "503":
-                break  # no responders: nobody listens on the subject
-            answers.append(json.loads(msg.data))
-    finally:
-        await sub.unsubscribe()
-    return answers
 
 
 async def add_agent_creds(fabric: Secured, name: str, agent_id: str, cap: str) -> Path:

@@ -56,9 +56,9 @@ from reach.gateways.a2a_tasks import (
     completed_task,
     failed_task,
     job_task,
-    layer_of,
     payload_of,
 )
+from reach.gateways.failures import layer_of
 from reach.jobs import JobHandle
 from reach.models import Instance
 

@@ -30,16 +30,11 @@ from a2a.types import (
 
 from reach.calling.result import CallResult
 from reach.errors import (
-    AuthenticationFailed,
-    AuthError,
-    BusinessError,
-    CircuitOpen,
     ContractError,
-    NotAuthorized,
     ReachError,
-    RemoteError,
 )
 from reach.gateways.a2a_cards import whole_numbers
+from reach.gateways.failures import failure_details, layer_of
 from reach.jobs import JobRecord
 
 __all__ = [
@@ -48,7 +43,6 @@ __all__ = [
     "completed_task",
     "failed_task",
     "job_task",
-    "layer_of",
     "payload_of",
 ]
 
@@ -133,35 +127,6 @@ def _data_part(value: Any) -> Part:
         raise ContractError(f"the answer cannot be carried in an A2A data part: {exc}") from exc
 
 
-def layer_of(exc: ReachError) -> str:
-    """The layer a failed call names: contract, discovery, routing, breaker,
-    authentication, authorization, business, agent or config."""
-    if isinstance(exc, CircuitOpen):
-        return "breaker"
-    if isinstance(exc, AuthenticationFailed):
-        return "authentication"
-    if isinstance(exc, AuthError):
-        return "authorization"
-    if isinstance(exc, BusinessError):
-        return "business"
-    return exc.layer
-
-
-def _error_data(exc: ReachError) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "layer": layer_of(exc),
-        "error": type(exc).__name__,
-        "message": str(exc),
-    }
-    if isinstance(exc, ContractError):
-        data.update(path=exc.path, rule=exc.rule)
-    if isinstance(exc, RemoteError):
-        data.update(kind=exc.remote_kind, code=exc.code, agent_id=exc.agent_id)
-    if isinstance(exc, NotAuthorized):
-        data.update(level_required=exc.level_required, level_held=exc.level_held)
-    return data
-
-
 def _agent_message(task_id: str, context_id: str, *parts: Part) -> Message:
     return Message(
         message_id=uuid.uuid4().hex,
@@ -182,7 +147,9 @@ def failed_task(
     state = TaskState.TASK_STATE_REJECTED if layer == "business" else TaskState.TASK_STATE_FAILED
     status = TaskStatus(
         state=state,
-        message=_agent_message(task_id, context_id, Part(text=text), _data_part(_error_data(exc))),
+        message=_agent_message(
+            task_id, context_id, Part(text=text), _data_part(failure_details(exc))
+        ),
     )
     return Task(id=task_id, context_id=context_id, status=status, history=history)
 

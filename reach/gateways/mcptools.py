@@ -30,16 +30,10 @@ from typing import Any
 from mcp_types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from reach.errors import (
-    AuthenticationFailed,
-    AuthError,
-    BusinessError,
-    CircuitOpen,
     ContractError,
-    NotAuthorized,
     ReachError,
-    RemoteError,
-    RetriesExhausted,
 )
+from reach.gateways.failures import failure_details
 from reach.models import Capability, Manifest
 
 __all__ = [
@@ -47,7 +41,6 @@ __all__ = [
     "ToolSpec",
     "answer",
     "catalogue",
-    "layer_of",
     "payload_of",
     "refusal",
     "tool_of",
@@ -149,45 +142,9 @@ def answer(value: Any) -> CallToolResult:
     return CallToolResult(content=[TextContent(text=text)], structured_content=structured)
 
 
-def layer_of(exc: ReachError) -> str:
-    """The layer a failed call names: the error tree's ``layer``, with the breaker, the
-    two halves of security and the handler's refusals told apart."""
-    if isinstance(exc, CircuitOpen):
-        return "breaker"
-    if isinstance(exc, AuthenticationFailed):
-        return "authentication"
-    if isinstance(exc, AuthError):
-        return "authorization"
-    if isinstance(exc, BusinessError):
-        return "business"
-    if isinstance(exc, RetriesExhausted) and isinstance(exc.last, ReachError):
-        last = layer_of(exc.last)
-        return "routing" if last in ("routing", "discovery") else last
-    return exc.layer
-
-
-def _details(exc: ReachError) -> dict[str, Any]:
-    details: dict[str, Any] = {
-        "layer": layer_of(exc),
-        "error": type(exc).__name__,
-        "message": str(exc),
-    }
-    if isinstance(exc, ContractError):
-        details["path"] = exc.path
-    if isinstance(exc, RemoteError):
-        details["code"] = exc.code
-        details["agent_id"] = exc.agent_id
-    if isinstance(exc, NotAuthorized):
-        details["level_required"] = exc.level_required
-        details["level_held"] = exc.level_held
-    if isinstance(exc, RetriesExhausted):
-        details["attempts"] = exc.attempts
-    return details
-
-
 def refusal(exc: ReachError) -> CallToolResult:
     """A failed call's tool error: the layer that failed first in its text."""
-    details = _details(exc)
+    details = failure_details(exc)
     text = f"{details['layer']} error ({details['error']}): {details['message']}"
     return CallToolResult(
         content=[TextContent(text=text)], structured_content={"error": details}, is_error=True

@@ -8,36 +8,17 @@ publish its answers only to the discovery space of inboxes (`_INBOX.<client>.srv
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
-import nats.errors
 from nats.aio.client import Client as NatsClient
 
+from ..srv_helpers import gather
 from .conftest import Refusals, UpFabric, attacker
 
 
 async def answers(nc: NatsClient, subject: str, within: float) -> list[dict[str, Any]]:
     """Every answer to one request on ``subject`` that arrives ``within`` seconds."""
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    got: list[dict[str, Any]] = []
-    try:
-        await nc.publish(subject, b"", reply=inbox)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while (left := deadline - loop.time()) > 0:
-            try:
-                msg = await sub.next_msg(timeout=left)
-            except nats.errors.TimeoutError:
-                break
-            if msg.headers and msg.headers.get("Status") == "503":
-                break  # no responders: nobody listens on the subject
-            got.append(json.loads(msg.data))
-    finally:
-        await sub.unsubscribe()
-    return got
+    return await gather(nc, subject, timeout=within)
 
 
 async def test_an_agent_cannot_listen_or_answer_for_another_agents_id(
