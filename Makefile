@@ -11,11 +11,12 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
-# every stack, FastStream's included) and the gateways' (their tests run in `make test`);
+# every stack, FastStream's included), the gateways' (their tests run in `make test`) and
+# the docs' (`make test` builds the site);
 # setuptools >= 77 in the venv too: `make build` runs setup.py with it
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade 'setuptools>=77'
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,gateways]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,gateways,docs]'
 	touch $(STAMP)
 
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
