@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
+.PHONY: test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -86,7 +86,18 @@ test-long: pytest-pure test-faults
 test-faults: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long
 
-test: lint typecheck pytest
+test: lint typecheck docs-check pytest
+
+# The documentation site (mkdocs.yml: MkDocs Material, the API reference from the
+# docstrings) into site/; `mkdocs serve` shows it while it is edited. `make test` builds
+# it with --strict into a scratch directory, so a broken link or reference fails the
+# tests without touching site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "the documentation is in site/index.html"
+
+docs-check: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site-check
 
 demo: $(NATIVE)
 	$(BIN)/reach demo
@@ -109,4 +120,4 @@ schemas: $(STAMP)
 	$(BIN)/reach schema export schemas
 
 clean: pure
-	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache build
+	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache build site
