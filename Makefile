@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
+.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade 'setuptools>=77'
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,gateways,docs]'
 	touch $(STAMP)
+
+# The venv with the package, its extras and nats-server, nothing compiled (the README's
+# quickstart starts here; every other target does this first)
+install: $(STAMP)
 
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
 # sources; rebuilt when any source changes, since mypyc compiles against the types of
