@@ -1,4 +1,5 @@
-"""The README runs as printed: every block, in order, in one shell, as a newcomer runs it.
+"""The README runs as printed: every block, in order, in one shell, as a newcomer runs it;
+so do the examples of docs/interoperability.md, against the quickstart's agent.
 
 The blocks run in one bash session (``set -e -o pipefail``) started in an empty
 temporary directory that stands for the clone: it holds only ``.venv``, a link to the
@@ -8,15 +9,16 @@ quickstart works under ``~``) and no ``REACH_*`` variable is set.
 * ``sh`` blocks go to the session as they are, but for three kinds of line: ``make T``
   (``T`` must be a Makefile target) and ``pip install`` are not run, since the session
   already runs in the environment they make (and ``make test`` would run this test);
-  ``reach up`` gets ``--port`` with a free port, and ``:4222`` in the README's text
-  becomes that port, since the machine's 4222 may be taken. A line ending in ``&``
-  must carry the comment ``wait for: "TEXT"``, and must end its block: the test waits
-  for TEXT in the session's output before it goes on.
+  ``reach up`` gets ``--port`` with a free port. The ports the text names (4222,
+  8080) become free ports throughout the text, since the machine's may be taken. A
+  line ending in ``&`` must carry the comment ``wait for: "TEXT"``: the test waits for
+  TEXT in the session's output before it runs the next line.
 * A block titled with a file name (```` ```python title="agent.py" ````) is that file,
   written to the session's current directory; the sentence before it names the file.
 * A ``text`` block titled ``output``: each of its lines must appear, in order, in what
   the session printed since the ``sh`` block before it started (``…`` stands for
-  anything); any other ``text`` block is not code, and is not run.
+  anything); any other ``text`` block, and a ``json`` block (a configuration to copy), is
+  not run.
 
 At the end, the background jobs the README started must all have ended: it stops them.
 """
@@ -42,13 +44,15 @@ from reach.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+INTEROPERABILITY = ROOT / "docs" / "interoperability.md"
 _FENCE = re.compile(r'^```(\w*)(?:\s+title="([^"]+)")?\s*$')
 _WAIT = re.compile(r'&\s+# wait for: "([^"]+)"\s*$')
-_DEFAULT_PORT = ":4222"
+_PORTS = ("4222", "8080")
 
 
 @dataclass(frozen=True)
 class Block:
+    file: str
     line: int
     lang: str
     title: str | None
@@ -56,10 +60,15 @@ class Block:
     before: str  # the last line of prose before the block
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.lang}{' ' + self.title if self.title else ''})"
+        return f"{self.file}:{self.line} ({self.lang}{' ' + self.title if self.title else ''})"
 
 
-def blocks(text: str) -> list[Block]:
+def blocks(path: Path, ports: dict[str, str] | None = None) -> list[Block]:
+    """The fenced blocks of ``path``, with the ports it names replaced by ``ports``."""
+    text = path.read_text()
+    for default, port in (ports or {}).items():
+        text = text.replace(default, port)
+    name = path.relative_to(ROOT).as_posix()
     found: list[Block] = []
     opened: tuple[int, str, str | None, str] | None = None
     body: list[str] = []
@@ -70,19 +79,20 @@ def blocks(text: str) -> list[Block]:
             opened, body = (n, match.group(1), match.group(2), prose), []
         elif opened is not None and line.strip() == "```":
             start, lang, title, before = opened
-            found.append(Block(start, lang, title, "\n".join(body) + "\n", before))
+            found.append(Block(name, start, lang, title, "\n".join(body) + "\n", before))
             opened = None
         elif opened is not None:
             body.append(line)
         elif line.strip():
             prose = line
-    assert opened is None, f"README.md:{opened[0]}: unclosed code block"
+    assert opened is None, f"{name}:{opened[0]}: unclosed code block"
     return found
 
 
-def test_every_block_says_what_it_is() -> None:
-    for block in blocks(README.read_text()):
-        assert block.lang in ("sh", "python", "yaml", "text"), (
+@pytest.mark.parametrize("path", [README, INTEROPERABILITY], ids=lambda p: p.name)
+def test_every_block_says_what_it_is(path: Path) -> None:
+    for block in blocks(path):
+        assert block.lang in ("sh", "python", "yaml", "text", "json"), (
             f"{block}: tag it sh (commands), python or yaml (a file), or text"
         )
         if block.lang in ("python", "yaml"):
@@ -94,7 +104,10 @@ class Session:
     """One bash reading the README's commands on its standard input; everything it and
     its background jobs print is collected."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, cwd: Path, env: dict[str, str], home: Path) -> None:
+        self.home = home
+        #: the ports the text names, and the free ports that stand for them
+        self.ports = {default: str(free_port()) for default in _PORTS}
         self.proc = subprocess.Popen(
             ["bash", "--noprofile", "--norc"],
             cwd=cwd,
@@ -176,7 +189,7 @@ def session(tmp_path: Path) -> Iterator[Session]:
     env["PATH"] = os.pathsep.join(
         p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != Path(sys.prefix) / "bin"
     )
-    shell = Session(clone, env)
+    shell = Session(clone, env, home)
     try:
         yield shell
     finally:
@@ -188,35 +201,37 @@ def _make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][\w-]*):", text, flags=re.MULTILINE))
 
 
-def _commands(block: Block, port: int) -> tuple[str, str | None]:
-    """The block's commands as the session runs them, and the text to wait for after."""
+def _chunks(block: Block, ports: dict[str, str]) -> list[tuple[str, str | None]]:
+    """The block's commands as the session runs them: runs of lines, each but the last
+    ending with a background command and the text to wait for after it."""
+    chunks: list[tuple[str, str | None]] = []
     lines: list[str] = []
-    wait: str | None = None
     for raw in block.code.splitlines():
-        assert wait is None, f"{block}: a background command (&) must end its block"
         words = shlex.split(raw, comments=True)
         if words[:1] == ["make"]:
             assert words[1] in _make_targets(), f"{block}: no Makefile target {words[1]}"
             continue
         if words[:2] == ["pip", "install"]:
             continue
-        line = raw
         if words[:2] == ["reach", "up"] and "--port" not in words:
-            line = raw.replace("reach up", f"reach up --port {port}", 1)
-        background = _WAIT.search(line)
+            raw = raw.replace("reach up", f"reach up --port {ports['4222']}", 1)
+        lines.append(raw)
+        background = _WAIT.search(raw)
         if background:
-            wait = background.group(1).replace(_DEFAULT_PORT, f":{port}")
+            chunks.append(("\n".join(lines), background.group(1)))
+            lines = []
         else:
             assert not words or words[-1] != "&", f'{block}: say what to wait for: # wait for: "…"'
-        lines.append(line)
-    return "\n".join(lines), wait
+    if lines:
+        chunks.append(("\n".join(lines), None))
+    return chunks
 
 
-def _check_output(expected: Block, session: Session, since: int, port: int) -> None:
+def _check_output(expected: Block, session: Session, since: int) -> None:
     """Every line of ``expected`` in what the session printed from ``since`` on, in order
     (``…`` matches anything); output that comes after the command (a background job's)
     is waited for."""
-    wanted = [line.replace(_DEFAULT_PORT, f":{port}") for line in expected.code.splitlines()]
+    wanted = expected.code.splitlines()
     deadline = time.monotonic() + 30
     while (missing := _first_missing(wanted, session.output[since:])) is not None:
         if time.monotonic() > deadline:
@@ -248,20 +263,35 @@ def _in_order(pieces: list[str], line: str) -> bool:
     return True
 
 
-def test_the_readme_runs_as_printed(session: Session) -> None:
-    port = free_port()
-    cwd = session.run("true", "the shell's start")
+def _run(session: Session, path: Path) -> None:
+    """Every block of ``path`` in order, in the session, as its text says."""
     since = 0
-    for block in blocks(README.read_text()):
+    cwd = session.run("true", f"{path.name}: the shell")
+    for block in blocks(path, session.ports):
         if block.lang == "sh":
             since = len(session.output)
-            commands, wait = _commands(block, port)
-            cwd = session.run(commands, block)
-            if wait is not None:
-                session.wait_for(re.compile(re.escape(wait)), block, 60)
+            for commands, wait in _chunks(block, session.ports):
+                cwd = session.run(commands, block)
+                if wait is not None:
+                    session.wait_for(re.compile(re.escape(wait)), block, 60)
         elif block.title == "output":
-            _check_output(block, session, since, port)
+            _check_output(block, session, since)
         elif block.title is not None:
             (cwd / block.title).write_text(block.code)
-    # the README stopped what it started: nothing left for `wait` to wait for
-    session.run("wait", "the jobs the README started, stopped", timeout=60)
+    # the text stopped what it started: nothing left for `wait` to wait for
+    session.run("wait", f"{path.name}: the jobs it started, stopped", timeout=60)
+
+
+def test_the_readme_runs_as_printed(session: Session) -> None:
+    _run(session, README)
+
+
+def test_the_interoperability_examples_run_as_printed(session: Session) -> None:
+    """They run where the quickstart left its files: ~/reach-hello, with agent.yaml and
+    agent.py as the README's blocks have them."""
+    hello = session.home / "reach-hello"
+    hello.mkdir()
+    for block in blocks(README):
+        if block.lang in ("python", "yaml") and block.title is not None:
+            (hello / block.title).write_text(block.code)
+    _run(session, INTEROPERABILITY)
