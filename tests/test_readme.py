@@ -4,7 +4,8 @@ so do the examples of docs/interoperability.md, against the quickstart's agent.
 The blocks run in one bash session (``set -e -o pipefail``) started in an empty
 temporary directory that stands for the clone: it holds only ``.venv``, a link to the
 virtual environment running these tests. ``HOME`` is another empty directory (the
-quickstart works under ``~``) and no ``REACH_*`` variable is set.
+quickstart works under ``~``), no ``REACH_*`` variable is set, and tables are 80
+columns wide.
 
 * ``sh`` blocks go to the session as they are, but for three kinds of line: ``make T``
   (``T`` must be a Makefile target) and ``pip install`` are not run, since the session
@@ -185,6 +186,7 @@ def session(tmp_path: Path) -> Iterator[Session]:
     (clone / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
     env["HOME"] = str(home)
+    env["COLUMNS"] = "80"  # tables as the narrowest usual terminal shows them
     env.pop("VIRTUAL_ENV", None)
     env["PATH"] = os.pathsep.join(
         p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != Path(sys.prefix) / "bin"
