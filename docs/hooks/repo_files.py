@@ -25,10 +25,9 @@ from mkdocs.structure.pages import Page
 ROOT = Path(__file__).resolve().parents[2]
 _LINK = re.compile(r"\]\(\.\./((?:[\w.-]+/)*[\w.-]+/?)(#[\w.-]*)?\)")
 _ANY_LINK = re.compile(r"\[([^\]]*)\]\(((?:\.\./)+(?:[\w.-]+/)*[\w.-]*)(#[\w.-]*)?\)")
-_linked: set[str] = set()
-
-
 _INCLUDE = re.compile(r"^\[[^\]]*\]\(\.\./README\.md#([\w-]+)\)$", re.MULTILINE)
+#: the repository files on the site, found anew at each build (``mkdocs serve`` rebuilds)
+_linked: set[str] = set()
 
 
 def _slug(heading: str) -> str:
@@ -69,6 +68,7 @@ def _target(path: str) -> str | None:
 
 def on_files(files: Files, config: Any) -> Files:
     """Add every repository file a page links to (pages are read from disk here)."""
+    _linked.clear()
     docs = Path(config["docs_dir"])
     for page in docs.glob("*.md"):
         for match in _LINK.finditer(page.read_text(encoding="utf-8")):
