@@ -45,12 +45,13 @@ pure:
 	rm -f $(NATIVE)
 
 lint: $(STAMP)
-	$(BIN)/ruff check reach tests bench setup.py
-	$(BIN)/ruff format --check reach tests bench setup.py
+	$(BIN)/ruff check reach tests bench setup.py docs/hooks
+	$(BIN)/ruff format --check reach tests bench setup.py docs/hooks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy reach
 	$(BIN)/mypy bench
+	$(BIN)/mypy docs/hooks
 
 # The Node.js examples' packages (examples/node, from its package-lock.json), for their
 # test in tests/conformance; only where npm is installed (the test is skipped without it)
