@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
+.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade 'setuptools>=77'
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,gateways,docs]'
 	touch $(STAMP)
+
+# The venv with the package, its extras and nats-server, nothing compiled (the README's
+# quickstart starts here; every other target does this first)
+install: $(STAMP)
 
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
 # sources; rebuilt when any source changes, since mypyc compiles against the types of
@@ -41,12 +45,13 @@ pure:
 	rm -f $(NATIVE)
 
 lint: $(STAMP)
-	$(BIN)/ruff check reach tests bench setup.py
-	$(BIN)/ruff format --check reach tests bench setup.py
+	$(BIN)/ruff check reach tests bench setup.py docs/hooks
+	$(BIN)/ruff format --check reach tests bench setup.py docs/hooks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy reach
 	$(BIN)/mypy bench
+	$(BIN)/mypy docs/hooks
 
 # The Node.js examples' packages (examples/node, from its package-lock.json), for their
 # test in tests/conformance; only where npm is installed (the test is skipped without it)
@@ -86,7 +91,18 @@ test-long: pytest-pure test-faults
 test-faults: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long
 
-test: lint typecheck pytest
+test: lint typecheck docs-check pytest
+
+# The documentation site (mkdocs.yml: MkDocs Material, the API reference from the
+# docstrings) into site/; `mkdocs serve` shows it while it is edited. `make test` builds
+# it with --strict into a scratch directory, so a broken link or reference fails the
+# tests without touching site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "the documentation is in site/index.html"
+
+docs-check: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site-check
 
 demo: $(NATIVE)
 	$(BIN)/reach demo
@@ -109,4 +125,4 @@ schemas: $(STAMP)
 	$(BIN)/reach schema export schemas
 
 clean: pure
-	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache build
+	rm -rf $(VENV) .reach .pytest_cache .mypy_cache .ruff_cache build site

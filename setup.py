@@ -2,7 +2,7 @@
 
 ``REACH_COMPILE=1 python setup.py build_ext --inplace`` (what ``make`` runs) compiles the
 modules below next to their sources; a plain ``pip install`` builds pure Python, which
-behaves the same and is slower on the call path (README, "Compiled call path"). All
+behaves the same and is slower on the call path (docs/development.md, "Compiled call path"). All
 other metadata lives in pyproject.toml.
 """
 

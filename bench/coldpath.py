@@ -12,7 +12,7 @@ CPU's own state.
 
 This is why the sequential latency ratio to raw nats-py is larger than the CPU ratio at
 load: the microseconds Agent-Reach adds per call are paid several times over at one
-call in flight. Read it with ``python -m bench`` (README, "Benchmark").
+call in flight. Read it with ``python -m bench`` (docs/benchmarks.md, "Call path").
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class ReachClient:
     still takes ``credentials`` (the ones the connection logged in with) for the token
     session of a secured fabric. A client that opens its own connection opens a second
     one for its audit writer: a batch of audit events never queues on the socket ahead
-    of calls (README, "Operations: audit, alerts, metrics, doctor").
+    of calls (docs/operations.md, "Audit events").
     """
 
     def __init__(

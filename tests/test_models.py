@@ -1,4 +1,4 @@
-"""Manifest validation: every rule of the manifest (README.md, "Manifest reference"), and
+"""Manifest validation: every rule of the manifest (docs/manifest.md), and
 errors that name the field; and the free text of readiness reports, transitions and
 goodbyes, clipped so that records stay small."""
 

@@ -1,23 +1,27 @@
-"""Every code snippet in README.md runs, in order, against a real `reach up` fabric.
+"""The README runs as printed: every block, in order, in one shell, as a newcomer runs it;
+so do the examples of docs/interoperability.md, against the quickstart's agent.
 
-How each fenced block is executed:
+The blocks run in one bash session (``set -e -o pipefail``) started in an empty
+temporary directory that stands for the clone: it holds only ``.venv``, a link to the
+virtual environment running these tests. ``HOME`` is another empty directory (the
+quickstart works under ``~``), no ``REACH_*`` variable is set, and tables are 80
+columns wide.
 
-* ``yaml`` — parsed; a manifest (it has ``agent_id``) is written to ``agent.yaml`` and
-  must pass ``reach validate``.
-* ``python`` — run as its own process in the working directory. A snippet that serves
-  forever (``serve_forever``) is started in the background and must register; a snippet
-  defining pytest tests is run with pytest; any other must exit 0 (top-level ``await``
-  is allowed, as in the README).
-* ``sh`` — line by line: ``reach ...`` commands run against the fabric and must exit 0
-  (a following ``-f`` command must still be running after two seconds: it follows; a
-  server started with a trailing ``&`` must print its first line and keep running, and
-  is stopped when the snippets are done);
-  ``make`` lines must name a Makefile target (running ``make test`` inside the tests
-  would recurse; the targets themselves are what CI runs); pipes run through bash.
-* ``text`` — diagrams and sample output: not code, not run.
+* ``sh`` blocks go to the session as they are, but for three kinds of line: ``make T``
+  (``T`` must be a Makefile target) and ``pip install`` are not run, since the session
+  already runs in the environment they make (and ``make test`` would run this test);
+  ``reach up`` gets ``--port`` with a free port. The ports the text names (4222,
+  8080) become free ports throughout the text, since the machine's may be taken. A
+  line ending in ``&`` must carry the comment ``wait for: "TEXT"``: the test waits for
+  TEXT in the session's output before it runs the next line.
+* A block titled with a file name (```` ```python title="agent.py" ````) is that file,
+  written to the session's current directory; the sentence before it names the file.
+* A ``text`` block titled ``output``: each of its lines must appear, in order, in what
+  the session printed since the ``sh`` block before it started (``…`` stands for
+  anything); any other ``text`` block, and a ``json`` block (a configuration to copy), is
+  not run.
 
-The fabric is ``reach up`` on a free port, started in a temporary directory, so the
-README's defaults (``.reach/dev.creds`` found by itself) hold; ``REACH_URL`` points at it.
+At the end, the background jobs the README started must all have ended: it stops them.
 """
 
 from __future__ import annotations
@@ -25,166 +29,173 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from reach.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-BIN = Path(sys.executable).parent
-REACH = str(BIN / "reach")
-_FENCE = re.compile(r"^```(\w*)\s*$")
+INTEROPERABILITY = ROOT / "docs" / "interoperability.md"
+_FENCE = re.compile(r'^```(\w*)(?:\s+title="([^"]+)")?\s*$')
+_WAIT = re.compile(r'&\s+# wait for: "([^"]+)"\s*$')
+_PORTS = ("4222", "8080")
 
 
 @dataclass(frozen=True)
-class Snippet:
+class Block:
+    file: str
     line: int
     lang: str
+    title: str | None
     code: str
+    before: str  # the last line of prose before the block
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'})"
+        return f"{self.file}:{self.line} ({self.lang}{' ' + self.title if self.title else ''})"
 
 
-def snippets(text: str) -> list[Snippet]:
-    found: list[Snippet] = []
-    lang: str | None = None
-    start = 0
+def blocks(path: Path, ports: dict[str, str] | None = None) -> list[Block]:
+    """The fenced blocks of ``path``, with the ports it names replaced by ``ports``."""
+    text = path.read_text()
+    for default, port in (ports or {}).items():
+        text = text.replace(default, port)
+    name = path.relative_to(ROOT).as_posix()
+    found: list[Block] = []
+    opened: tuple[int, str, str | None, str] | None = None
     body: list[str] = []
+    prose = ""
     for n, line in enumerate(text.splitlines(), 1):
         match = _FENCE.match(line)
-        if match and lang is None:
-            lang, start, body = match.group(1), n, []
-        elif line.strip() == "```" and lang is not None:
-            found.append(Snippet(start, lang, "\n".join(body) + "\n"))
-            lang = None
-        elif lang is not None:
+        if opened is None and match:
+            opened, body = (n, match.group(1), match.group(2), prose), []
+        elif opened is not None and line.strip() == "```":
+            start, lang, title, before = opened
+            found.append(Block(name, start, lang, title, "\n".join(body) + "\n", before))
+            opened = None
+        elif opened is not None:
             body.append(line)
-    assert lang is None, f"README.md:{start}: unclosed code block"
+        elif line.strip():
+            prose = line
+    assert opened is None, f"{name}:{opened[0]}: unclosed code block"
     return found
 
 
-def test_every_block_says_what_it_is() -> None:
-    for snippet in snippets(README.read_text()):
-        assert snippet.lang in ("python", "yaml", "sh", "text"), (
-            f"{snippet}: tag it python, yaml, sh (run by this test) or text (not code)"
+@pytest.mark.parametrize("path", [README, INTEROPERABILITY], ids=lambda p: p.name)
+def test_every_block_says_what_it_is(path: Path) -> None:
+    for block in blocks(path):
+        assert block.lang in ("sh", "python", "yaml", "text", "json"), (
+            f"{block}: tag it sh (commands), python or yaml (a file), or text"
         )
+        if block.lang in ("python", "yaml"):
+            assert block.title, f'{block}: a file: title it with its name (title="agent.py")'
+            assert f"`{block.title}`" in block.before, f"{block}: say to save it as {block.title}"
 
 
-@dataclass
-class Fabric:
-    cwd: Path
-    env: dict[str, str]
-    url: str
+class Session:
+    """One bash reading the README's commands on its standard input; everything it and
+    its background jobs print is collected."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], home: Path) -> None:
+        self.home = home
+        #: the ports the text names, and the free ports that stand for them
+        self.ports = {default: str(free_port()) for default in _PORTS}
+        self.proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._out: list[str] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self._sent = 0
+        self.send("set -e -o pipefail\n")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            with self._lock:
+                self._out.append(raw.decode(errors="replace"))
+
+    @property
+    def output(self) -> str:
+        with self._lock:
+            return "".join(self._out)
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode())
+        self.proc.stdin.flush()
+
+    def run(self, commands: str, what: object, timeout: float = 120) -> Path:
+        """Run ``commands``; the session's directory after them. Fails when one fails."""
+        self._sent += 1
+        done = f"__done_{self._sent}__"
+        self.send(f'{commands}\nprintf "\\n%s %s\\n" {done} "$PWD"\n')
+        found = self.wait_for(re.compile(rf"^{done} (.*)$", re.MULTILINE), what, timeout)
+        return Path(found.group(1))
+
+    def wait_for(self, pattern: re.Pattern[str], what: object, timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = pattern.search(self.output)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                pytest.fail(f"{what}: the shell exited ({self.proc.returncode}):\n{self.output}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: no {pattern.pattern!r} within {timeout} s:\n{self.output}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """End the shell and whatever the README left running (its process group)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(15)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 @pytest.fixture
-def fabric(tmp_path: Path) -> Iterator[Fabric]:
-    port = free_port()
+def session(tmp_path: Path) -> Iterator[Session]:
+    clone, home = tmp_path / "clone", tmp_path / "home"
+    clone.mkdir()
+    home.mkdir()
+    (clone / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    url = f"nats://127.0.0.1:{port}"
-    log = tmp_path / "reach-up.log"
-    with log.open("wb") as out:
-        up = subprocess.Popen(
-            [REACH, "up", "--port", str(port)],
-            cwd=tmp_path,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / ".reach" / "dev.creds").exists():
-            assert up.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "reach up did not create .reach/dev.creds"
-            time.sleep(0.05)
-        _wait_ok([REACH, "agents", "--servers", url], tmp_path, env)
-        yield Fabric(tmp_path, {**env, "REACH_URL": url}, url)
-    finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(30)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
-
-
-def _wait_ok(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-        if proc.returncode == 0:
-            return proc.stdout
-        if time.monotonic() > deadline:
-            pytest.fail(f"{' '.join(cmd)} kept failing: {proc.stderr or proc.stdout}")
-        time.sleep(0.2)
-
-
-_RUNNER = """
-import ast, asyncio, sys
-source = open(sys.argv[1]).read()
-code = compile(source, sys.argv[2], "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-result = eval(code, {"__name__": "__main__"})
-if asyncio.iscoroutine(result):
-    asyncio.run(result)
-"""
-
-
-def _run_python(
-    snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]
-) -> None:
-    path = fabric.cwd / f"snippet_{snippet.line}.py"
-    path.write_text(snippet.code)
-    if "def test_" in snippet.code:
-        _run_ok(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
-            snippet,
-            fabric,
-        )
-        return
-    cmd = [sys.executable, "-c", _RUNNER, str(path), str(snippet)]
-    if "serve_forever" in snippet.code:
-        log = fabric.cwd / f"snippet_{snippet.line}.log"
-        with log.open("wb") as out:
-            agent = subprocess.Popen(
-                cmd, cwd=fabric.cwd, env=fabric.env, stdout=out, stderr=subprocess.STDOUT
-            )
-        background.append(agent)
-        ids = re.findall(r"agent_id: (\S+)", (fabric.cwd / "agent.yaml").read_text())
-        deadline = time.monotonic() + 30
-        while not all(i in _wait_ok([REACH, "agents"], fabric.cwd, fabric.env) for i in ids):
-            assert agent.poll() is None, f"{snippet} exited: {log.read_text()}"
-            assert time.monotonic() < deadline, f"{snippet}: agent never registered"
-            time.sleep(0.2)
-        return
-    _run_ok(cmd, snippet, fabric)
-
-
-def _run_ok(cmd: list[str], snippet: Snippet, fabric: Fabric) -> None:
-    """Run ``cmd`` in the fabric's directory; it must exit 0 within two minutes."""
-    proc = subprocess.run(
-        cmd,
-        cwd=fabric.cwd,
-        env=fabric.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    env["HOME"] = str(home)
+    env["COLUMNS"] = "80"  # tables as the narrowest usual terminal shows them
+    env.pop("VIRTUAL_ENV", None)
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != Path(sys.prefix) / "bin"
     )
-    assert proc.returncode == 0, f"{snippet}:\n{proc.stdout}\n{proc.stderr}"
+    shell = Session(clone, env, home)
+    try:
+        yield shell
+    finally:
+        shell.stop()
 
 
 def _make_targets() -> set[str]:
@@ -192,109 +203,97 @@ def _make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][\w-]*):", text, flags=re.MULTILINE))
 
 
-def _start_server(
-    words: list[str], snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]
-) -> None:
-    """A server the snippet starts in the background: up once it printed a line."""
-    server = subprocess.Popen(
-        [REACH, *words[1:]],
-        cwd=fabric.cwd,
-        env=fabric.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    background.append(server)
-    assert server.stdout is not None
-    ready, _, _ = select.select([server.stdout], [], [], 30)
-    first = server.stdout.readline() if ready else b""
-    assert server.poll() is None, f"{snippet}: {' '.join(words)} exited: {first!r}"
-    assert first, f"{snippet}: {' '.join(words)} printed nothing within 30 s"
-
-
-def _run_sh(snippet: Snippet, fabric: Fabric, background: list[subprocess.Popen[bytes]]) -> None:
-    for raw in snippet.code.splitlines():
-        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
-        if not line:
+def _chunks(block: Block, ports: dict[str, str]) -> list[tuple[str, str | None]]:
+    """The block's commands as the session runs them: runs of lines, each but the last
+    ending with a background command and the text to wait for after it."""
+    chunks: list[tuple[str, str | None]] = []
+    lines: list[str] = []
+    for raw in block.code.splitlines():
+        words = shlex.split(raw, comments=True)
+        if words[:1] == ["make"]:
+            assert words[1] in _make_targets(), f"{block}: no Makefile target {words[1]}"
             continue
-        words = shlex.split(line)
-        if words[0] == "make":
-            assert words[1] in _make_targets(), f"{snippet}: no Makefile target {words[1]}"
+        if words[:2] == ["pip", "install"]:
             continue
-        if words[0] == ".venv/bin/reach":
-            words[0] = "reach"
-        assert words[0] == "reach", f"{snippet}: run only reach and make commands ({line!r})"
-        if words[1] == "up":
-            # the fabric is already up: the options must exist
-            proc = subprocess.run(
-                [REACH, "up", "--help"], capture_output=True, text=True, check=False
-            )
-            for option in re.findall(r"--[a-z-]+", line):
-                assert option in proc.stdout, f"{snippet}: reach up has no {option}"
-            continue
-        if words[-1] == "&":
-            _start_server(words[:-1], snippet, fabric, background)
-            continue
-        if "-f" in words or "--follow" in words:
-            follower = subprocess.Popen(
-                ["bash", "-c", line],
-                cwd=fabric.cwd,
-                env=fabric.env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-            time.sleep(2)
-            still = follower.poll() is None
-            os.killpg(follower.pid, signal.SIGTERM)
-            _, err = follower.communicate(timeout=10)
-            assert still, f"{snippet}: {line!r} stopped instead of following: {err!r}"
-            continue
-        proc = subprocess.run(
-            ["bash", "-o", "pipefail", "-c", line],
-            cwd=fabric.cwd,
-            env=fabric.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert proc.returncode == 0, f"{snippet}: {line!r} failed:\n{proc.stdout}{proc.stderr}"
+        if words[:2] == ["reach", "up"] and "--port" not in words:
+            raw = raw.replace("reach up", f"reach up --port {ports['4222']}", 1)
+        lines.append(raw)
+        background = _WAIT.search(raw)
+        if background:
+            chunks.append(("\n".join(lines), background.group(1)))
+            lines = []
+        else:
+            assert not words or words[-1] != "&", f'{block}: say what to wait for: # wait for: "…"'
+    if lines:
+        chunks.append(("\n".join(lines), None))
+    return chunks
 
 
-def _run_yaml(snippet: Snippet, fabric: Fabric) -> None:
-    data = yaml.safe_load(snippet.code)
-    if isinstance(data, dict) and "agent_id" in data:
-        (fabric.cwd / "agent.yaml").write_text(snippet.code)
-        proc = subprocess.run(
-            [REACH, "validate", "agent.yaml"],
-            cwd=fabric.cwd,
-            env=fabric.env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, f"{snippet}: {proc.stdout}{proc.stderr}"
+def _check_output(expected: Block, session: Session, since: int) -> None:
+    """Every line of ``expected`` in what the session printed from ``since`` on, in order
+    (``…`` matches anything); output that comes after the command (a background job's)
+    is waited for."""
+    wanted = expected.code.splitlines()
+    deadline = time.monotonic() + 30
+    while (missing := _first_missing(wanted, session.output[since:])) is not None:
+        if time.monotonic() > deadline:
+            printed = session.output[since:]
+            pytest.fail(f"{expected}: {missing!r} not printed; the session printed:\n{printed}")
+        time.sleep(0.1)
 
 
-def test_every_snippet_runs_in_order_against_a_real_fabric(fabric: Fabric) -> None:
-    background: list[subprocess.Popen[bytes]] = []
-    try:
-        for snippet in snippets(README.read_text()):
-            if snippet.lang == "python":
-                _run_python(snippet, fabric, background)
-            elif snippet.lang == "sh":
-                _run_sh(snippet, fabric, background)
-            elif snippet.lang == "yaml":
-                _run_yaml(snippet, fabric)
-    finally:
-        for proc in background:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(15)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:  # a server's, read up to its first line
-                proc.stdout.close()
+def _first_missing(wanted: list[str], printed: str) -> str | None:
+    lines = printed.splitlines()
+    at = 0
+    for want in wanted:
+        pieces = [" ".join(p.split()) for p in want.split("…") if p.strip()]
+        while at < len(lines) and not _in_order(pieces, " ".join(lines[at].split())):
+            at += 1
+        if at == len(lines):
+            return want
+        at += 1
+    return None
+
+
+def _in_order(pieces: list[str], line: str) -> bool:
+    start = 0
+    for piece in pieces:
+        found = line.find(piece, start)
+        if found < 0:
+            return False
+        start = found + len(piece)
+    return True
+
+
+def _run(session: Session, path: Path) -> None:
+    """Every block of ``path`` in order, in the session, as its text says."""
+    since = 0
+    cwd = session.run("true", f"{path.name}: the shell")
+    for block in blocks(path, session.ports):
+        if block.lang == "sh":
+            since = len(session.output)
+            for commands, wait in _chunks(block, session.ports):
+                cwd = session.run(commands, block)
+                if wait is not None:
+                    session.wait_for(re.compile(re.escape(wait)), block, 60)
+        elif block.title == "output":
+            _check_output(block, session, since)
+        elif block.title is not None:
+            (cwd / block.title).write_text(block.code)
+    # the text stopped what it started: nothing left for `wait` to wait for
+    session.run("wait", f"{path.name}: the jobs it started, stopped", timeout=60)
+
+
+def test_the_readme_runs_as_printed(session: Session) -> None:
+    _run(session, README)
+
+
+def test_the_interoperability_examples_run_as_printed(session: Session) -> None:
+    """They run where the quickstart left its files: ~/reach-hello, with agent.yaml and
+    agent.py as the README's blocks have them."""
+    hello = session.home / "reach-hello"
+    hello.mkdir()
+    for block in blocks(README):
+        if block.lang in ("python", "yaml") and block.title is not None:
+            (hello / block.title).write_text(block.code)
+    _run(session, INTEROPERABILITY)

@@ -1,6 +1,6 @@
 """Alert rules over the audit stream and the registry, written to REACH_ALERTS.
 
-Rules (README.md lists them under "Operations"; every threshold is an :class:`AlertRules`
+Rules (docs/operations.md lists them under "Alerts"; every threshold is an :class:`AlertRules`
 field):
 
 * ``retry_storm`` — one caller retried one callee more than 10 times within a minute
