@@ -40,12 +40,13 @@ from typing import Any
 
 from reach import subjects
 from reach.errors import ReachError
-from reach.security import natsconf
+from reach.security import accounts, natsconf
 from reach.transport import Connection, Message, Subscription
 from reach.transport.kvfollow import republish_prefix
 
 __all__ = [
     "AUTH_SUBJECT",
+    "PARTICIPANT_SUFFIX",
     "ROLES",
     "AuthCallout",
     "Authenticator",
@@ -125,6 +126,8 @@ class Permissions:
     allow_responses: bool = False
     response_max: int = 1
     response_ttl: float = 600.0
+    #: the NATS account the client is placed in ("": the callout's own default)
+    account: str = ""
 
     def claims(self) -> dict[str, Any]:
         """The ``pub``/``sub``/``resp`` part of a user JWT.
@@ -152,30 +155,18 @@ class Permissions:
 ROLES = ("agent", "caller", "registrar", "admin")
 
 
-#: the JetStream account info (read-only: the account's usage and limits), asked by
-#: standard clients before they open a bucket (nats.js ``js.views.kv()``, nats-py
-#: ``js.account_info()``, the nats CLI): without it they report JetStream as missing
-_JS_ACCOUNT_INFO = "$JS.API.INFO"
-
-
-def _js_read(bucket: str) -> list[str]:
-    """What a reader of the public bucket b publishes: open it, get a key, scan it, as
-    any NATS client's key-value API does it (nats-py, nats.js, nats.go). No JetStream
-    consumer (a client's ``kv.watch()`` and ``kv.keys()`` make one): changes arrive as
-    the server republishes them (``_kv_follow``), so a reader leaves no state on the
-    server and points nothing anywhere."""
-    stream = f"KV_{bucket}"
-    return [
-        f"$JS.API.STREAM.INFO.{stream}",  # open the bucket: read its config
-        f"$JS.API.STREAM.MSG.GET.{stream}",  # get a key (answered by the stream leader)
-        f"$JS.API.DIRECT.GET.{stream}",  # scan the bucket (batched direct gets)
-        f"$JS.API.DIRECT.GET.{stream}.>",  # a key's last value (nats clients' kv get)
-    ]
-
-
 def _kv_follow(bucket: str) -> str:
     """Where a reader of the public bucket b hears of its changes (reach.transport.kvfollow)."""
     return f"{republish_prefix(bucket)}.>"
+
+
+#: where callers and agents live: an account without JetStream (reach.security.accounts)
+_CLIENTS = natsconf.CLIENT_ACCOUNT
+
+#: the end of the connection name of a login that joins the fabric as a participant (an
+#: agent, a client): an admin's credential is then placed with the callers and agents,
+#: whom it could not reach from the fabric account, rather than where JetStream is
+PARTICIPANT_SUFFIX = "@clients"
 
 
 def permissions_for(
@@ -195,8 +186,14 @@ def permissions_for(
     jobs it runs (``job.*.<agent_id>.*``): no one else's.
     """
     if role in ("registrar", "admin"):
-        # the registrar/issuer and the admin tools own registry, credentials, keys, jobs, streams
-        return Permissions(publish_allow=(">",), subscribe_allow=(">",), allow_responses=True)
+        # the registrar/issuer and the admin tools own registry, credentials, keys, jobs,
+        # streams: they live in the fabric account, where JetStream is
+        return Permissions(
+            publish_allow=(">",),
+            subscribe_allow=(">",),
+            allow_responses=True,
+            account=natsconf.APP_ACCOUNT,
+        )
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     _check_inbox(inbox_prefix)
@@ -208,9 +205,9 @@ def permissions_for(
         # id only: readers take the writer from the subject
         subjects.audit("*", _client_of(inbox_prefix)),
         subjects.audited("*", _client_of(inbox_prefix)),  # once stored: where (alert rules)
-        _JS_ACCOUNT_INFO,  # standard clients' check that JetStream is there
-        *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
-        *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
+        accounts.JS_ACCOUNT_INFO,  # standard clients' check that JetStream is there
+        *accounts.js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only registry
+        *accounts.js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
     ]
     sub = [
         f"{inbox_prefix}.>",  # replies and JetStream API answers
@@ -225,7 +222,7 @@ def permissions_for(
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}.{mine}"]
         sub.append(f"{republish_prefix(subjects.JOBS_BUCKET)}.job.{_client_of(inbox_prefix)}.>")
     if role == "caller":
-        return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
+        return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), account=_CLIENTS)
     if agent_id is None or not subjects.is_token(agent_id):
         raise ValueError("an agent needs an agent_id that is one subject token")
     caps = list(dict.fromkeys(capabilities))
@@ -250,7 +247,11 @@ def permissions_for(
     # message with reply "$KV.REACH_CREDENTIALS.…" would then write there with the
     # fabric account's rights
     pub.append(subjects.CALL_REPLIES)
-    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
+    # and the answers to probes, which come from the fabric account through the probe
+    # import: the server hands them a one-time ``_R_.…`` reply that maps back to the
+    # prober's inbox (see reach.security.accounts)
+    pub.append(subjects.SERVICE_REPLIES)
+    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), account=_CLIENTS)
 
 
 def _check_inbox(prefix: str) -> None:
@@ -450,6 +451,13 @@ class AuthCallout:
         claims = {"sub": request.user_nkey, "aud": request.server_id, "nats": body}
         return encode_jwt(claims, self._issuer).encode()
 
+    def account_of(self, request: CalloutRequest, permissions: Permissions) -> str:
+        """Where the login is placed: its permissions' account (else the callout's), or the
+        clients' account when its connection name asks to join as a participant."""
+        if request.client_name.endswith(PARTICIPANT_SUFFIX):
+            return natsconf.CLIENT_ACCOUNT
+        return permissions.account or self._account
+
     def user_jwt(self, request: CalloutRequest, permissions: Permissions) -> str:
         nats = {
             **permissions.claims(),
@@ -461,7 +469,8 @@ class AuthCallout:
         }
         claims: dict[str, Any] = {
             "sub": request.user_nkey,
-            "aud": self._account,  # server-config mode: the account the client is placed in
+            # server-config mode: the account the client is placed in
+            "aud": self.account_of(request, permissions),
             "name": request.user,
             "nats": nats,
         }

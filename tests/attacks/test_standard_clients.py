@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-import pytest
 
 from reach import subjects
 from reach.client import ReachClient
@@ -167,18 +166,6 @@ REPLY_TARGETS = (
 )
 
 
-#: why the reply-subject attacks still work: the server answers a JetStream API request in
-#: the account the request was made in, on whatever reply subject it names
-REFLECTED = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the JetStream API answers a read a client may make on the reply subject it"
-    " names, inside the fabric's account: a stream captures it, or the API runs it as a"
-    " request (purge); needs clients outside the JetStream account (service imports)",
-)
-
-
-@REFLECTED
 async def test_the_answers_of_the_api_it_may_use_land_nowhere_but_in_inboxes(
     tmp_path: Path,
 ) -> None:
@@ -207,7 +194,6 @@ async def test_the_answers_of_the_api_it_may_use_land_nowhere_but_in_inboxes(
         stop_up(fabric)
 
 
-@REFLECTED
 async def test_bytes_an_agent_wrote_are_not_answered_into_the_key_bucket(tmp_path: Path) -> None:
     """A job's record is bytes its agent chose; a direct get of it, answered on a key of
     REACH_KEYS, would plant a signing key of the attacker's (tokens of any level)."""
