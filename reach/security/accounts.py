@@ -28,14 +28,18 @@ the clients' account as stream imports.
 
 from __future__ import annotations
 
+import json
+
 from reach import subjects
 from reach.transport.kvfollow import republish_prefix
 
 __all__ = [
     "JS_ACCOUNT_INFO",
     "RESPONSE_THRESHOLD",
+    "client_links",
     "client_service_imports",
     "client_stream_imports",
+    "fabric_links",
     "fabric_service_imports",
     "jobs_read",
     "jobs_write",
@@ -110,3 +114,51 @@ def fabric_service_imports() -> list[str]:
     """The clients' account's subjects the fabric account imports as services: the
     agents' probe subjects (the registrar's health probes, ``reach doctor``)."""
     return [f"{subjects.PREFIX}.probe.*"]
+
+
+# -- the accounts' blocks of the nats-server config ------------------------------------------
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)
+
+
+def _links(exports: list[str], imports: list[str]) -> str:
+    pad = "    "
+    return (
+        f"{pad}exports: [\n{pad}  "
+        + f",\n{pad}  ".join(exports)
+        + f"\n{pad}]\n"
+        + (f"{pad}imports: [\n{pad}  " + f",\n{pad}  ".join(imports) + f"\n{pad}]")
+    )
+
+
+def fabric_links(fabric: str, clients: str) -> str:
+    """The exports and imports of the fabric account (named ``fabric``): one service
+    export for every import of the clients' account, the public buckets' changes, and
+    the probes it sends to the agents."""
+    to_clients = f"accounts: [ {clients} ]"
+    exports = [
+        f'{{ service: ">", {to_clients}, response_type: "stream",'
+        f" response_threshold: {_q(RESPONSE_THRESHOLD)} }}"
+    ]
+    exports += [f"{{ stream: {_q(s)}, {to_clients} }}" for s in client_stream_imports()]
+    imports = [
+        f"{{ service: {{ account: {clients}, subject: {_q(s)} }} }}"
+        for s in fabric_service_imports()
+    ]
+    return _links(exports, imports)
+
+
+def client_links(fabric: str, clients: str) -> str:
+    """The exports and imports of the clients' account: what it imports from the fabric
+    account, and the agents' probe subjects it exports to it."""
+    exports = [f"{{ service: {_q(s)}, accounts: [ {fabric} ] }}" for s in fabric_service_imports()]
+    imports = [
+        f"{{ service: {{ account: {fabric}, subject: {_q(s)} }} }}"
+        for s in client_service_imports()
+    ]
+    imports += [
+        f"{{ stream: {{ account: {fabric}, subject: {_q(s)} }} }}" for s in client_stream_imports()
+    ]
+    return _links(exports, imports)

@@ -410,10 +410,10 @@ def render_auth(setup: SecureSetup) -> str:
   {APP_ACCOUNT}: {{
     jetstream: enabled
     users: [ {_user(reg)} ]
-{_fabric_links()}
+{accounts.fabric_links(APP_ACCOUNT, CLIENT_ACCOUNT)}
   }}
   {CLIENT_ACCOUNT}: {{
-{_client_links()}
+{accounts.client_links(APP_ACCOUNT, CLIENT_ACCOUNT)}
   }}
   {SYSTEM_ACCOUNT}: {system}
 }}
@@ -427,51 +427,6 @@ authorization {{
   }}
 }}
 """
-
-
-def _links(exports: list[str], imports: list[str]) -> str:
-    pad = "    "
-    return (
-        f"{pad}exports: [\n{pad}  "
-        + f",\n{pad}  ".join(exports)
-        + f"\n{pad}]\n"
-        + (f"{pad}imports: [\n{pad}  " + f",\n{pad}  ".join(imports) + f"\n{pad}]")
-    )
-
-
-def _fabric_links() -> str:
-    """The fabric account's side: one service export for every import of the clients'
-    account (see ``reach.security.accounts``: with one export, an answer cannot be passed
-    on through another import), the public buckets' changes, and the probes it sends."""
-    to_clients = f"accounts: [ {CLIENT_ACCOUNT} ]"
-    exports = [
-        f'{{ service: ">", {to_clients}, response_type: "stream",'
-        f" response_threshold: {_q(accounts.RESPONSE_THRESHOLD)} }}"
-    ]
-    exports += [f"{{ stream: {_q(s)}, {to_clients} }}" for s in accounts.client_stream_imports()]
-    imports = [
-        f"{{ service: {{ account: {CLIENT_ACCOUNT}, subject: {_q(s)} }} }}"
-        for s in accounts.fabric_service_imports()
-    ]
-    return _links(exports, imports)
-
-
-def _client_links() -> str:
-    """The clients' account's side: what it imports from the fabric account, and the
-    agents' probe subjects it exports to it."""
-    exports = [
-        f"{{ service: {_q(s)}, accounts: [ {APP_ACCOUNT} ] }}"
-        for s in accounts.fabric_service_imports()
-    ]
-    imports = [
-        f"{{ service: {{ account: {APP_ACCOUNT}, subject: {_q(s)} }} }}"
-        for s in accounts.client_service_imports()
-    ]
-    imports += [
-        f"{{ stream: {{ account: {APP_ACCOUNT}, subject: {_q(s)} }} }}"
-        for s in accounts.client_stream_imports()
-    ]
-    return _links(exports, imports)
 
 
 def write_auth(setup: SecureSetup, path: str | os.PathLike[str]) -> Path:
