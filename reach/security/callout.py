@@ -223,13 +223,23 @@ def permissions_for(
         sub.append(f"{republish_prefix(subjects.JOBS_BUCKET)}.job.{_client_of(inbox_prefix)}.>")
     if role == "caller":
         return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), account=_CLIENTS)
+    agent_pub, agent_sub = _agent_side(agent_id, capabilities, async_jobs)
+    return Permissions(
+        publish_allow=(*pub, *agent_pub), subscribe_allow=(*sub, *agent_sub), account=_CLIENTS
+    )
+
+
+def _agent_side(
+    agent_id: str | None, capabilities: Sequence[str], async_jobs: bool
+) -> tuple[list[str], list[str]]:
+    """What an agent may publish and subscribe to beyond what every client may."""
     if agent_id is None or not subjects.is_token(agent_id):
         raise ValueError("an agent needs an agent_id that is one subject token")
     caps = list(dict.fromkeys(capabilities))
     for cap in caps:
         if not subjects.is_token(cap):
             raise ValueError(f"capability {cap!r} is not one subject token")
-    pub += [
+    pub = [
         subjects.announce(agent_id),  # announce only itself
         subjects.heartbeat(agent_id),  # heartbeat only itself
         subjects.bye(agent_id),  # deregister only itself
@@ -238,20 +248,20 @@ def permissions_for(
         # the records of the jobs it runs (a KV put is a publish): its agent id second
         pub.append(f"$KV.{subjects.JOBS_BUCKET}.job.*.{agent_id}.*")
     # calls to the capabilities its credential lists, and no others (none listed: none)
-    sub += [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
+    sub = [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
     sub += [f"{subjects.capability(cap)} {cap}" for cap in caps]  # its share of the queue
     sub.append(subjects.probe(agent_id))  # the registrar's health probes
     # Replies go to callers' call-reply subjects only, through a publish permission: never
     # NATS's response permission, which lets a client publish to the reply subject of any
     # message it receives, past every allow and deny list; an agent that sends itself a
-    # message with reply "$KV.REACH_CREDENTIALS.…" would then write there with the
-    # fabric account's rights
+    # message with reply "$KV.REACH_JOBS.job.<someone else's>…" would then write there
+    # through the imports
     pub.append(subjects.CALL_REPLIES)
     # and the answers to probes, which come from the fabric account through the probe
     # import: the server hands them a one-time ``_R_.…`` reply that maps back to the
     # prober's inbox (see reach.security.accounts)
     pub.append(subjects.SERVICE_REPLIES)
-    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), account=_CLIENTS)
+    return pub, sub
 
 
 def _check_inbox(prefix: str) -> None:

@@ -29,8 +29,15 @@ from nats.aio.msg import Msg
 
 from reach import subjects
 
-from .conftest import Refusals, UpFabric, attacker, fabric_state, start_up, stop_up
-from .test_standard_clients import stream_configs
+from .conftest import (
+    Refusals,
+    UpFabric,
+    attacker,
+    fabric_state,
+    start_up,
+    stop_up,
+    stream_configs,
+)
 
 #: where the attacker would like a PubAck to land: a purge (``seq``: up to that message),
 #: a stream's deletion, a key of the signing-key and credential buckets

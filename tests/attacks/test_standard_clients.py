@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
 import nats.errors
 
@@ -22,9 +21,16 @@ from reach import subjects
 from reach.client import ReachClient
 
 from ..calls_helpers import wait_routable
-from .conftest import Refusals, UpFabric, attacker, fabric_state, start_up, stop_up
-
-STREAMS = ("KV_REACH_REGISTRY", "KV_REACH_KEYS", "KV_REACH_CREDENTIALS", "REACH_AUDIT")
+from .conftest import (
+    STREAMS,
+    Refusals,
+    UpFabric,
+    attacker,
+    fabric_state,
+    start_up,
+    stop_up,
+    stream_configs,
+)
 
 #: JetStream API requests no caller or agent may make, whatever the body
 FORBIDDEN_API = (
@@ -74,20 +80,6 @@ FORBIDDEN_SUBSCRIPTIONS = (
     f"{subjects.PREFIX}.kv.REACH_CREDENTIALS.>",
     "$JS.API.>",
 )
-
-
-async def stream_configs(fabric: UpFabric) -> dict[str, Any]:
-    """Each stream's config and number of consumers, read by the admin."""
-    admin = await attacker(fabric, fabric.admin)
-    try:
-        js = admin.jetstream()
-        out: dict[str, Any] = {}
-        for stream in STREAMS:
-            info = await js.stream_info(stream)
-            out[stream] = (info.config.as_dict(), info.state.consumer_count)
-        return out
-    finally:
-        await admin.close()
 
 
 async def test_a_standard_client_opens_and_reads_the_public_buckets(up_fabric: UpFabric) -> None:
