@@ -256,7 +256,10 @@ class Agent:
             "connect and log in to NATS",
             deadline,
             lambda: connect_as(
-                self.servers, name=f"agent:{self.agent_id}", credentials=self.credentials
+                self.servers,
+                name=f"agent:{self.agent_id}",
+                credentials=self.credentials,
+                participant=True,
             ),
             (LoginUnanswered,),
         )

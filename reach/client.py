@@ -199,7 +199,7 @@ class ReachClient:
             creds = CredentialsFile.read(path) if path is not None else None
         else:
             self._conn, creds = await connect_as(
-                self.servers, name=self.name, credentials=self.credentials
+                self.servers, name=self.name, credentials=self.credentials, participant=True
             )
         failure: BaseException | None = None
         try:
@@ -239,7 +239,10 @@ class ReachClient:
             if self._given is None:
                 # a connection of its own: a batch of events never queues ahead of calls
                 self._audit_conn, _ = await connect_as(
-                    self.servers, name=f"{self.name}.audit", credentials=self.credentials
+                    self.servers,
+                    name=f"{self.name}.audit",
+                    credentials=self.credentials,
+                    participant=True,
                 )
                 audit_conn = self._audit_conn
             self.audit = AuditWriter(audit_conn, self._audit_config, servers=self.servers)

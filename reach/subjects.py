@@ -30,6 +30,9 @@ REGISTRAR_PING = f"{PREFIX}.registrar.ping"
 #: client's inbox, ``_INBOX.<client_id>.r.<base>.<token>`` (see ``reach.transport.mux``), and no
 #: other subject of anyone's inbox
 CALL_REPLIES = "_INBOX.*.r.*.*"
+#: the one-time reply subjects nats-server gives a request that crossed from one account
+#: to another through a service import (an agent's probes come so from the registrar)
+SERVICE_REPLIES = "_R_.>"
 
 #: NATS micro services' control subjects (``$SRV.<verb>[.<name>[.<id>]]``): every agent
 #: answers PING, INFO and STATS as a micro service (``reach.microsvc``)

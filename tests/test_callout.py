@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import stat
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -18,9 +19,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, RePublish
 
-from reach.security import natsconf
-from reach.security.callout import AuthCallout, Permissions, decode_jwt, encode_jwt
+from reach.security import accounts, natsconf
+from reach.security.callout import (
+    PARTICIPANT_SUFFIX,
+    AuthCallout,
+    CalloutRequest,
+    Permissions,
+)
 from reach.security.callout import permissions_for as perms_for
+from reach.security.natsjwt import decode_jwt, encode_jwt
 from reach.testing import NatsServer
 from reach.transport import Connection, connect, kvfollow
 
@@ -119,12 +126,15 @@ async def login(
     server, _ = secure
     peers: list[Peer] = []
 
-    async def _login(user: str = "", password: str = SECRET, inbox: str | None = None) -> Peer:
+    async def _login(
+        user: str = "", password: str = SECRET, inbox: str | None = None, name: str | None = None
+    ) -> Peer:
         peer = Peer()
         kwargs: dict[str, object] = {"user": user, "password": password} if user else {}
         try:
             await peer.nc.connect(
                 server.url,
+                name=name,
                 inbox_prefix=inbox or f"_INBOX.{user or 'anon'}",
                 error_cb=peer.error_cb,
                 allow_reconnect=False,
@@ -250,6 +260,62 @@ def test_callout_rejects_requests_it_cannot_trust() -> None:
     ):
         with pytest.raises(ValueError, match=r"request|JWT"):
             service.verify_request(bad)
+
+
+def test_callers_and_agents_are_placed_outside_the_jetstream_account() -> None:
+    """Callers and agents land in the clients' account whatever their connection is
+    named; an admin's login lands in the fabric account unless it joins as a
+    participant (its agent's or client's connection)."""
+    service = AuthCallout(None, natsconf.NKey.create(), authenticate)  # type: ignore[arg-type]
+
+    def placed(role: str, name: str) -> str:
+        request = CalloutRequest("N", "U", "u1", "p", name, "127.0.0.1")
+        perms = perms_for(role, agent_id="a1", capabilities=["echo"], inbox_prefix="_INBOX.u1")
+        return service.account_of(request, perms)
+
+    for role in ("caller", "agent"):
+        for name in ("", "agent:a1", "anything" + PARTICIPANT_SUFFIX, "REACH"):
+            assert placed(role, name) == natsconf.CLIENT_ACCOUNT
+    for role in ("admin", "registrar"):
+        assert placed(role, "reach-cli") == natsconf.APP_ACCOUNT
+        assert placed(role, "agent:a1" + PARTICIPANT_SUFFIX) == natsconf.CLIENT_ACCOUNT
+
+
+def test_the_clients_account_reaches_the_fabric_account_through_one_export(
+    tmp_path: Path,
+) -> None:
+    """An answer handed back onto a subject the clients' account imports must not be
+    passed on into the fabric account: nats-server drops a message that would go out
+    again through the export it came back through, so every service the clients import
+    comes through the same single export; the clients' account has no JetStream."""
+    setup = natsconf.prepare(tmp_path)
+    text = natsconf.render_auth(setup)
+    fabric = text.split(f"  {natsconf.APP_ACCOUNT}: {{", 1)[1].split(
+        f"  {natsconf.CLIENT_ACCOUNT}: {{", 1
+    )
+    app_part, clients_part = fabric[0], fabric[1].split(f"  {natsconf.SYSTEM_ACCOUNT}:", 1)[0]
+    assert app_part.count("{ service:") == 1 + len(accounts.fabric_service_imports())
+    assert f'{{ service: ">", accounts: [ {natsconf.CLIENT_ACCOUNT} ]' in app_part
+    assert "jetstream" not in clients_part
+    for subject in accounts.client_service_imports():
+        assert f"account: {natsconf.APP_ACCOUNT}, subject: {json.dumps(subject)}" in clients_part
+    # what a client may publish into the fabric account, it can only through an import
+    caller = perms_for("caller", agent_id=None, capabilities=[], inbox_prefix="_INBOX.c2")
+    imported = accounts.client_service_imports()
+    for subject in caller.publish_allow:
+        if subject.startswith(("$JS.", "$KV.", "reach.v1.audit", "reach.v1.auth")):
+            assert any(subject_matches(subject, pattern) for pattern in imported), subject
+
+
+def subject_matches(subject: str, pattern: str) -> bool:
+    """Whether every subject ``subject`` (wildcards allowed) stands for is in ``pattern``."""
+    have, want = subject.split("."), pattern.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]) or have[i] == ">":
+            return False
+    return len(have) == len(want)
 
 
 def test_permissions_policy() -> None:
@@ -412,17 +478,21 @@ async def test_agent_cannot_listen_beyond_its_own_subjects(
     await settle(agent.nc)
     for subject in forbidden:
         await agent.violation(f'subscription to "{subject}"')
-    for subject in [
-        "reach.v1.cap.echo.agent-b",
-        "_INBOX.app.x1",
-        "$JS.API.STREAM.INFO.KV_REACH_REGISTRY",
-        "$KV.REACH_REGISTRY.agent.x",
-        "reach.v1.cap.echo",
-        "reach.v1.probe.agent-b",
-        "reach.v1.cap.echo.agent-a",
-    ]:
-        await registrar.publish(subject, b"secret")
-    await settle(registrar)
+    # an admin that joins as a participant may publish anything among the callers and
+    # agents; the registrar, in the fabric account, reaches none of their subjects
+    ops = await login("ops", name="ops" + PARTICIPANT_SUFFIX)
+    for sender in (ops.nc, registrar):
+        for subject in [
+            "reach.v1.cap.echo.agent-b",
+            "_INBOX.app.x1",
+            "$JS.API.STREAM.INFO.KV_REACH_REGISTRY",
+            "$KV.REACH_REGISTRY.agent.x",
+            "reach.v1.cap.echo",
+            "reach.v1.probe.agent-b",
+            "reach.v1.cap.echo.agent-a",
+        ]:
+            await sender.publish(subject, b"secret")
+        await settle(sender)
     await asyncio.sleep(0.3)
     assert len(got) == 0
     assert len(own) == 1

@@ -82,6 +82,36 @@ async def test_a_second_start_on_the_same_store_keeps_its_credentials(tmp_path: 
         await _register_and_call(fabric, fabric.creds("dev"), "fab-again")
 
 
+async def test_the_gate_forgets_the_connections_of_both_accounts_as_they_close(
+    tmp_path: Path,
+) -> None:
+    """An admin's tool (the fabric's account) and a caller and an agent (the clients'
+    account) are remembered by the login gate while connected, for a revocation to
+    close, and forgotten once they are gone."""
+    async with Fabric(tmp_path / "store") as fabric:
+        services = fabric.services
+        assert services is not None
+        (gate,) = services.gates
+        assert gate.revocations is not None
+        registry = gate.revocations.registry
+        await fabric.add_client("caller-1", 1)
+        await fabric.add_client("agent-1", 1, agent_id="a-1", capabilities=["work"])
+        conns = [
+            (await connect_as(fabric.urls, name="tool", credentials=fabric.creds("admin")))[0],
+            (await connect_as(fabric.urls, name="c", credentials=fabric.creds("caller-1")))[0],
+            (await connect_as(fabric.urls, name="a", credentials=fabric.creds("agent-1")))[0],
+        ]
+        for client_id in ("admin", "caller-1", "agent-1"):
+            assert registry.connections(client_id), client_id
+        for conn in conns:
+            await conn.close()
+        await _until(
+            lambda: not any(registry.connections(c) for c in ("admin", "caller-1", "agent-1")),
+            5.0,
+            "the disconnects of both accounts",
+        )
+
+
 async def test_a_killed_server_is_started_again_and_the_registrar_part_comes_through(
     tmp_path: Path,
 ) -> None:

@@ -27,12 +27,8 @@ the requests stay inside the dedicated AUTH account on loopback.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import json
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -40,20 +36,20 @@ from typing import Any
 
 from reach import subjects
 from reach.errors import ReachError
-from reach.security import natsconf
+from reach.security import accounts, natsconf
+from reach.security.natsjwt import decode_jwt, encode_jwt
 from reach.transport import Connection, Message, Subscription
 from reach.transport.kvfollow import republish_prefix
 
 __all__ = [
     "AUTH_SUBJECT",
+    "PARTICIPANT_SUFFIX",
     "ROLES",
     "AuthCallout",
     "Authenticator",
     "CalloutRequest",
     "LoginListener",
     "Permissions",
-    "decode_jwt",
-    "encode_jwt",
     "permissions_for",
 ]
 
@@ -61,52 +57,7 @@ log = logging.getLogger("reach.security.callout")
 
 AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
 _REQUEST_AUDIENCE = "nats-authorization-request"
-_HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 _LEEWAY = 5  # seconds of clock skew tolerated on the request's exp/nbf
-
-
-# -- JWTs as nats-io/jwt v2 writes them -------------------------------------------------------
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).decode().rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def encode_jwt(claims: dict[str, Any], key: natsconf.NKey) -> str:
-    """Sign ``claims`` (``iss``, ``iat``, ``jti`` filled in) as an ``ed25519-nkey`` JWT."""
-    body = {"jti": _b64(secrets.token_bytes(24)), "iat": int(time.time()), **claims}
-    body["iss"] = key.public_key
-    head = _b64(json.dumps(_HEADER, separators=(",", ":")).encode())
-    payload = _b64(json.dumps(body, separators=(",", ":")).encode())
-    signed = f"{head}.{payload}"
-    return f"{signed}.{_b64(key.sign(signed.encode()))}"
-
-
-def decode_jwt(token: str) -> dict[str, Any]:
-    """The claims of an nkey-signed JWT whose signature by its own ``iss`` checks out.
-
-    ValueError otherwise. Whether that issuer is trusted is the caller's decision.
-    """
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise ValueError("not a JWT")
-    try:
-        header = json.loads(_unb64(parts[0]))
-        claims = json.loads(_unb64(parts[1]))
-        signature = _unb64(parts[2])
-    except (ValueError, binascii.Error) as exc:
-        raise ValueError("malformed JWT") from exc
-    if not isinstance(header, dict) or header.get("alg") != _HEADER["alg"]:
-        raise ValueError("JWT algorithm must be ed25519-nkey")
-    if not isinstance(claims, dict) or not isinstance(claims.get("iss"), str):
-        raise ValueError("JWT without issuer")
-    if not natsconf.verify_signature(claims["iss"], f"{parts[0]}.{parts[1]}".encode(), signature):
-        raise ValueError("bad JWT signature")
-    return claims
 
 
 # -- permissions ------------------------------------------------------------------------------
@@ -125,6 +76,8 @@ class Permissions:
     allow_responses: bool = False
     response_max: int = 1
     response_ttl: float = 600.0
+    #: the NATS account the client is placed in ("": the callout's own default)
+    account: str = ""
 
     def claims(self) -> dict[str, Any]:
         """The ``pub``/``sub``/``resp`` part of a user JWT.
@@ -152,30 +105,18 @@ class Permissions:
 ROLES = ("agent", "caller", "registrar", "admin")
 
 
-#: the JetStream account info (read-only: the account's usage and limits), asked by
-#: standard clients before they open a bucket (nats.js ``js.views.kv()``, nats-py
-#: ``js.account_info()``, the nats CLI): without it they report JetStream as missing
-_JS_ACCOUNT_INFO = "$JS.API.INFO"
-
-
-def _js_read(bucket: str) -> list[str]:
-    """What a reader of the public bucket b publishes: open it, get a key, scan it, as
-    any NATS client's key-value API does it (nats-py, nats.js, nats.go). No JetStream
-    consumer (a client's ``kv.watch()`` and ``kv.keys()`` make one): changes arrive as
-    the server republishes them (``_kv_follow``), so a reader leaves no state on the
-    server and points nothing anywhere."""
-    stream = f"KV_{bucket}"
-    return [
-        f"$JS.API.STREAM.INFO.{stream}",  # open the bucket: read its config
-        f"$JS.API.STREAM.MSG.GET.{stream}",  # get a key (answered by the stream leader)
-        f"$JS.API.DIRECT.GET.{stream}",  # scan the bucket (batched direct gets)
-        f"$JS.API.DIRECT.GET.{stream}.>",  # a key's last value (nats clients' kv get)
-    ]
-
-
 def _kv_follow(bucket: str) -> str:
     """Where a reader of the public bucket b hears of its changes (reach.transport.kvfollow)."""
     return f"{republish_prefix(bucket)}.>"
+
+
+#: where callers and agents live: an account without JetStream (reach.security.accounts)
+_CLIENTS = natsconf.CLIENT_ACCOUNT
+
+#: the end of the connection name of a login that joins the fabric as a participant (an
+#: agent, a client): an admin's credential is then placed with the callers and agents,
+#: whom it could not reach from the fabric account, rather than where JetStream is
+PARTICIPANT_SUFFIX = "@clients"
 
 
 def permissions_for(
@@ -195,8 +136,14 @@ def permissions_for(
     jobs it runs (``job.*.<agent_id>.*``): no one else's.
     """
     if role in ("registrar", "admin"):
-        # the registrar/issuer and the admin tools own registry, credentials, keys, jobs, streams
-        return Permissions(publish_allow=(">",), subscribe_allow=(">",), allow_responses=True)
+        # the registrar/issuer and the admin tools own registry, credentials, keys, jobs,
+        # streams: they live in the fabric account, where JetStream is
+        return Permissions(
+            publish_allow=(">",),
+            subscribe_allow=(">",),
+            allow_responses=True,
+            account=natsconf.APP_ACCOUNT,
+        )
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     _check_inbox(inbox_prefix)
@@ -208,9 +155,9 @@ def permissions_for(
         # id only: readers take the writer from the subject
         subjects.audit("*", _client_of(inbox_prefix)),
         subjects.audited("*", _client_of(inbox_prefix)),  # once stored: where (alert rules)
-        _JS_ACCOUNT_INFO,  # standard clients' check that JetStream is there
-        *_js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only watch of the registry
-        *_js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
+        accounts.JS_ACCOUNT_INFO,  # standard clients' check that JetStream is there
+        *accounts.js_read(subjects.REGISTRY_BUCKET),  # route cache: read-only registry
+        *accounts.js_read(subjects.KEYS_BUCKET),  # token verification keys: read-only
         f"{subjects.SRV_PREFIX}.>",  # NATS micro discovery: ask the agents PING/INFO/STATS
     ]
     sub = [
@@ -226,14 +173,24 @@ def permissions_for(
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}.{mine}"]
         sub.append(f"{republish_prefix(subjects.JOBS_BUCKET)}.job.{_client_of(inbox_prefix)}.>")
     if role == "caller":
-        return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
+        return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub), account=_CLIENTS)
+    agent_pub, agent_sub = _agent_side(agent_id, capabilities, async_jobs)
+    return Permissions(
+        publish_allow=(*pub, *agent_pub), subscribe_allow=(*sub, *agent_sub), account=_CLIENTS
+    )
+
+
+def _agent_side(
+    agent_id: str | None, capabilities: Sequence[str], async_jobs: bool
+) -> tuple[list[str], list[str]]:
+    """What an agent may publish and subscribe to beyond what every client may."""
     if agent_id is None or not subjects.is_token(agent_id):
         raise ValueError("an agent needs an agent_id that is one subject token")
     caps = list(dict.fromkeys(capabilities))
     for cap in caps:
         if not subjects.is_token(cap):
             raise ValueError(f"capability {cap!r} is not one subject token")
-    pub += [
+    pub = [
         subjects.announce(agent_id),  # announce only itself
         subjects.heartbeat(agent_id),  # heartbeat only itself
         subjects.bye(agent_id),  # deregister only itself
@@ -242,19 +199,23 @@ def permissions_for(
         # the records of the jobs it runs (a KV put is a publish): its agent id second
         pub.append(f"$KV.{subjects.JOBS_BUCKET}.job.*.{agent_id}.*")
     # calls to the capabilities its credential lists, and no others (none listed: none)
-    sub += [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
+    sub = [subjects.capability_instance(cap, agent_id) for cap in caps]  # to this instance
     sub += [f"{subjects.capability(cap)} {cap}" for cap in caps]  # its share of the queue
     sub.append(subjects.probe(agent_id))  # the registrar's health probes
     sub += _srv_subjects(agent_id)
     # Replies go to callers' call-reply subjects only, through a publish permission: never
     # NATS's response permission, which lets a client publish to the reply subject of any
     # message it receives, past every allow and deny list; an agent that sends itself a
-    # message with reply "$KV.REACH_CREDENTIALS.…" would then write there with the
-    # fabric account's rights
+    # message with reply "$KV.REACH_JOBS.job.<someone else's>…" would then write there
+    # through the imports
     pub.append(subjects.CALL_REPLIES)
+    # and the answers to probes, which come from the fabric account through the probe
+    # import: the server hands them a one-time ``_R_.…`` reply that maps back to the
+    # prober's inbox (see reach.security.accounts)
+    pub.append(subjects.SERVICE_REPLIES)
     # answers to $SRV requests: in the discovery space of inboxes only (see SRV_REPLIES)
     pub.append(subjects.SRV_REPLIES)
-    return Permissions(publish_allow=tuple(pub), subscribe_allow=tuple(sub))
+    return pub, sub
 
 
 def _srv_subjects(agent_id: str) -> list[str]:
@@ -465,6 +426,13 @@ class AuthCallout:
         claims = {"sub": request.user_nkey, "aud": request.server_id, "nats": body}
         return encode_jwt(claims, self._issuer).encode()
 
+    def account_of(self, request: CalloutRequest, permissions: Permissions) -> str:
+        """Where the login is placed: its permissions' account (else the callout's), or the
+        clients' account when its connection name asks to join as a participant."""
+        if request.client_name.endswith(PARTICIPANT_SUFFIX):
+            return natsconf.CLIENT_ACCOUNT
+        return permissions.account or self._account
+
     def user_jwt(self, request: CalloutRequest, permissions: Permissions) -> str:
         nats = {
             **permissions.claims(),
@@ -476,7 +444,8 @@ class AuthCallout:
         }
         claims: dict[str, Any] = {
             "sub": request.user_nkey,
-            "aud": self._account,  # server-config mode: the account the client is placed in
+            # server-config mode: the account the client is placed in
+            "aud": self.account_of(request, permissions),
             "name": request.user,
             "nats": nats,
         }

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, ConfigurationError
+from reach.security.callout import PARTICIPANT_SUFFIX
 from reach.security.credentials import CredentialsFile
 from reach.security.session import TokenSession
 from reach.security.tokens import KeyStore, TokenVerifier
@@ -26,17 +27,21 @@ log = logging.getLogger("reach.security")
 
 
 async def connect_as(
-    servers: list[str], *, name: str, credentials: Path | None
+    servers: list[str], *, name: str, credentials: Path | None, participant: bool = False
 ) -> tuple[Connection, CredentialsFile | None]:
     """Connect with the client id + secret of a credentials file (if any) as NATS user and
     password, and a reply inbox of our own (``_INBOX.<client_id>``): on a fabric with NATS
-    auth callout that is all a client may subscribe to for replies."""
+    auth callout that is all a client may subscribe to for replies.
+
+    ``participant``: an agent's or a client's connection, placed with the callers and
+    agents even when its credential is an admin's (whose tools are otherwise placed in
+    the fabric account, where JetStream is)."""
     creds = CredentialsFile.read(credentials) if credentials is not None else None
     if creds is None:
         return await connect(servers, name=name), None
     conn = await connect(
         servers,
-        name=name,
+        name=name + PARTICIPANT_SUFFIX if participant else name,
         user=creds.client_id,
         password=creds.secret,
         inbox_prefix=f"_INBOX.{creds.client_id}",

@@ -1,14 +1,18 @@
 """The secure nats-server setup of ``reach up``: nkeys, service users and the config text.
 
-No anonymous access: every client that is not one of the two service users below is handed
+No anonymous access: every client that is not one of the service users below is handed
 to the auth callout (``reach.security.callout``), which checks its client id + secret and
-returns a user JWT with its subject permissions, placed in the account ``REACH``.
+returns a user JWT with its subject permissions and the account it is placed in.
 
 * ``AUTH`` account: the callout service user. Nothing else lives there, so no client can see
   the authorization requests (they carry the clients' secrets) on ``$SYS.REQ.USER.AUTH``.
-* ``REACH`` account (JetStream on): every application client, and the registrar/issuer user,
-  which connects with a password and bypasses the callout (it is in ``auth_users``) so that
-  the registry and the credential store work before any credential exists.
+* ``REACH`` account (JetStream on): the registrar/issuer user, which connects with a
+  password and bypasses the callout (it is in ``auth_users``) so that the registry and the
+  credential store work before any credential exists, and the admins' tools.
+* ``REACH_CLIENTS`` account (no JetStream): callers and agents (and an admin's connection
+  that joins as a participant). It reaches ``REACH`` only through the service and stream
+  imports of ``reach.security.accounts``, so no reply subject a client names can point a
+  JetStream answer at a stream or at the JetStream API.
 * ``SYS``: the system account, with one service user for the login gate: it asks the
   server to close the connections of a revoked client (``$SYS.REQ.SERVER.<id>.KICK``) and
   hears of disconnects (``reach.security.revocation``).
@@ -31,12 +35,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from reach.security import accounts
 from reach.security.credentials import write_private_file
 
 __all__ = [
     "APP_ACCOUNT",
     "AUTH_ACCOUNT",
     "CALLOUT_USER",
+    "CLIENT_ACCOUNT",
     "CLUSTER_NAME",
     "LOG_MAX_FILES",
     "LOG_SIZE_LIMIT",
@@ -65,6 +71,8 @@ __all__ = [
 
 AUTH_ACCOUNT = "AUTH"
 APP_ACCOUNT = "REACH"
+#: where callers and agents live: no JetStream, only what ``reach.security.accounts`` lists
+CLIENT_ACCOUNT = "REACH_CLIENTS"
 SYSTEM_ACCOUNT = "SYS"
 CALLOUT_USER = "reach-auth"
 REGISTRAR_USER = "reach-registrar"
@@ -402,6 +410,10 @@ def render_auth(setup: SecureSetup) -> str:
   {APP_ACCOUNT}: {{
     jetstream: enabled
     users: [ {_user(reg)} ]
+{accounts.fabric_links(APP_ACCOUNT, CLIENT_ACCOUNT)}
+  }}
+  {CLIENT_ACCOUNT}: {{
+{accounts.client_links(APP_ACCOUNT, CLIENT_ACCOUNT)}
   }}
   {SYSTEM_ACCOUNT}: {system}
 }}

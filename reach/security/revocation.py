@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reach import codec
 from reach.clock import Clock, system_clock
 from reach.errors import CodecError, ReachError
+from reach.security import natsconf
 from reach.security.credcache import CredentialCache
 from reach.security.credentials import ClientRecord
 from reach.tasks import cancel_and_wait
@@ -50,8 +51,11 @@ log = logging.getLogger("reach.security.revocation")
 
 #: key prefix of revocations in REACH_KEYS (next to ``pub.<kid>``)
 REVOKED_PREFIX: Final = "revoked."
-#: what the server publishes in the system account when a client of account REACH leaves
+#: what the server publishes in the system account when a client of an account leaves
 _DISCONNECT_SUBJECT: Final = "$SYS.ACCOUNT.{account}.DISCONNECT"
+#: the accounts the login gate places clients in: the fabric's (admins' tools) and the
+#: callers' and agents'
+_ACCOUNTS: Final = (natsconf.APP_ACCOUNT, natsconf.CLIENT_ACCOUNT)
 _KICK_SUBJECT: Final = "$SYS.REQ.SERVER.{server}.KICK"
 #: connections remembered in all; a login beyond pushes out the oldest one
 DEFAULT_MAX_CONNECTIONS: Final = 100_000
@@ -187,17 +191,17 @@ class RevocationGuard:
         credentials: CredentialCache,
         system: Connection | None,
         *,
-        account: str = "REACH",
+        accounts: tuple[str, ...] = _ACCOUNTS,
         registry: ConnectionRegistry | None = None,
         kick_timeout: float = 2.0,
     ) -> None:
         self._credentials = credentials
         self._system = system
-        self._account = account
+        self._accounts = accounts
         self.registry = registry if registry is not None else ConnectionRegistry()
         self._kick_timeout = kick_timeout
         self._unfollow: Callable[[], None] | None = None
-        self._sub: Subscription | None = None
+        self._subs: list[Subscription] = []
         self._kicks: set[asyncio.Task[None]] = set()
         #: connections the servers closed at our request
         self.kicked = 0
@@ -208,9 +212,12 @@ class RevocationGuard:
 
     async def start(self) -> None:
         if self._system is not None:
-            self._sub = await self._system.subscribe(
-                _DISCONNECT_SUBJECT.format(account=self._account), self._on_disconnect
-            )
+            for account in self._accounts:
+                self._subs.append(
+                    await self._system.subscribe(
+                        _DISCONNECT_SUBJECT.format(account=account), self._on_disconnect
+                    )
+                )
             await self._system.flush()
         self._unfollow = self._credentials.on_change(self._on_change)
 
@@ -218,10 +225,10 @@ class RevocationGuard:
         if self._unfollow is not None:
             self._unfollow()
             self._unfollow = None
-        if self._sub is not None:
+        for sub in self._subs:
             with contextlib.suppress(ReachError):
-                await self._sub.unsubscribe()
-            self._sub = None
+                await sub.unsubscribe()
+        self._subs.clear()
         await cancel_and_wait(list(self._kicks))
 
     def admitted(self, client_id: str, server_id: str, cid: int) -> None:

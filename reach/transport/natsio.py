@@ -102,8 +102,10 @@ _finishing: set[asyncio.Task[None]] = set()
 
 
 #: where replies may go: clients' inboxes (nats-py's ``_INBOX``, ``_INBOX.<client_id>`` on
-#: a secured fabric) and nats-server's own (an auth callout request's)
-REPLY_PREFIXES = ("_INBOX.", "$SYS._INBOX.")
+#: a secured fabric), nats-server's own (an auth callout request's) and the one-time
+#: subjects that carry an answer back across accounts to the requester's inbox (a request
+#: that came through a service import)
+REPLY_PREFIXES = ("_INBOX.", "$SYS._INBOX.", "_R_.")
 
 
 def pub_command(subject: str, reply: str, data: bytes) -> bytes:

@@ -222,6 +222,24 @@ async def fabric_state(fabric: UpFabric) -> dict[str, Any]:
         await admin.close()
 
 
+#: the streams whose configs an attack must leave as they were
+STREAMS = ("KV_REACH_REGISTRY", "KV_REACH_KEYS", "KV_REACH_CREDENTIALS", "REACH_AUDIT")
+
+
+async def stream_configs(fabric: UpFabric) -> dict[str, Any]:
+    """Each stream's config and number of consumers, read by the admin."""
+    admin = await attacker(fabric, fabric.admin)
+    try:
+        js = admin.jetstream()
+        out: dict[str, Any] = {}
+        for stream in STREAMS:
+            info = await js.stream_info(stream)
+            out[stream] = (info.config.as_dict(), info.state.consumer_count)
+        return out
+    finally:
+        await admin.close()
+
+
 # -- the wire protocol, as an attacker reads it in schemas/README.md -----------------------
 
 

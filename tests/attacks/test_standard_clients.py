@@ -14,18 +14,23 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
 import nats.errors
-import pytest
 
 from reach import subjects
 from reach.client import ReachClient
 
 from ..calls_helpers import wait_routable
-from .conftest import Refusals, UpFabric, attacker, fabric_state, start_up, stop_up
-
-STREAMS = ("KV_REACH_REGISTRY", "KV_REACH_KEYS", "KV_REACH_CREDENTIALS", "REACH_AUDIT")
+from .conftest import (
+    STREAMS,
+    Refusals,
+    UpFabric,
+    attacker,
+    fabric_state,
+    start_up,
+    stop_up,
+    stream_configs,
+)
 
 #: JetStream API requests no caller or agent may make, whatever the body
 FORBIDDEN_API = (
@@ -75,20 +80,6 @@ FORBIDDEN_SUBSCRIPTIONS = (
     f"{subjects.PREFIX}.kv.REACH_CREDENTIALS.>",
     "$JS.API.>",
 )
-
-
-async def stream_configs(fabric: UpFabric) -> dict[str, Any]:
-    """Each stream's config and number of consumers, read by the admin."""
-    admin = await attacker(fabric, fabric.admin)
-    try:
-        js = admin.jetstream()
-        out: dict[str, Any] = {}
-        for stream in STREAMS:
-            info = await js.stream_info(stream)
-            out[stream] = (info.config.as_dict(), info.state.consumer_count)
-        return out
-    finally:
-        await admin.close()
 
 
 async def test_a_standard_client_opens_and_reads_the_public_buckets(up_fabric: UpFabric) -> None:
@@ -167,18 +158,6 @@ REPLY_TARGETS = (
 )
 
 
-#: why the reply-subject attacks still work: the server answers a JetStream API request in
-#: the account the request was made in, on whatever reply subject it names
-REFLECTED = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the JetStream API answers a read a client may make on the reply subject it"
-    " names, inside the fabric's account: a stream captures it, or the API runs it as a"
-    " request (purge); needs clients outside the JetStream account (service imports)",
-)
-
-
-@REFLECTED
 async def test_the_answers_of_the_api_it_may_use_land_nowhere_but_in_inboxes(
     tmp_path: Path,
 ) -> None:
@@ -207,7 +186,6 @@ async def test_the_answers_of_the_api_it_may_use_land_nowhere_but_in_inboxes(
         stop_up(fabric)
 
 
-@REFLECTED
 async def test_bytes_an_agent_wrote_are_not_answered_into_the_key_bucket(tmp_path: Path) -> None:
     """A job's record is bytes its agent chose; a direct get of it, answered on a key of
     REACH_KEYS, would plant a signing key of the attacker's (tokens of any level)."""
