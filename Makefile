@@ -15,7 +15,7 @@ $(BIN)/python:
 CORE := $(VENV)/.core
 $(CORE): $(BIN)/python pyproject.toml
 	@echo "Installing agent-reach and its dependencies into $(VENV) (about a minute)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
 	touch $(CORE)
 
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
@@ -25,7 +25,7 @@ $(CORE): $(BIN)/python pyproject.toml
 $(STAMP): $(CORE)
 	@echo "Installing the test, benchmark, gateway and documentation tools into $(VENV)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade 'setuptools>=77'
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench,gateways,docs]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench,gateways,docs]'
 	touch $(STAMP)
 
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
