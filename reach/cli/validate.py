@@ -55,8 +55,9 @@ def register(main: click.Group) -> None:
     def validate(file: Path, target: Target) -> None:
         """Check a manifest YAML FILE; print every problem with its path.
 
-        Exits 0 and prints "OK: <agent_id> (<n> capabilities)" for a valid manifest,
-        else prints one "path: problem" line per error and exits 1.
+        Exits 0 and prints "OK: <agent_id> (<n> capabilities)" for a valid manifest (for
+        one without agent_id, the rule by which each start draws it), else prints one
+        "path: problem" line per error and exits 1.
         """
         data = load_yaml(file)
         if data is None:
@@ -69,8 +70,15 @@ def register(main: click.Group) -> None:
             for line in exc.errors:
                 click.echo(line)
             _die(f"{file}: invalid manifest, {_count(len(exc.errors), 'problem', 'problems')}")
-        n = len(manifest.capabilities)
-        click.echo(f"OK: {manifest.agent_id} ({_count(n, 'capability', 'capabilities')})")
+        count = _count(len(manifest.capabilities), "capability", "capabilities")
+        if data.get("agent_id"):
+            click.echo(f"OK: {manifest.agent_id} ({count})")
+        else:
+            # the id each start draws, not one drawn now: it would not be the agent's
+            click.echo(
+                f"OK: {manifest.agent_name}-<8 random hex digits> ({count}); each start of"
+                " the agent draws a new agent_id (set agent_id to keep one)"
+            )
 
     @main.group("schema")
     def schema() -> None:
