@@ -106,7 +106,7 @@ async def _agents(
 
 
 def register(main: click.Group) -> None:
-    @main.command("agents")
+    @main.command("agents", short_help="List agent instances with health and load.")
     @click.option("--tag", "tag", multiple=True, help="only capabilities carrying this tag")
     @click.option("--capability", default=None, help="only instances offering this capability")
     @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")

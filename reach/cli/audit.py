@@ -84,12 +84,12 @@ def _also(others: tuple[AuditRecord, ...]) -> str:
 
 
 def register(main: click.Group) -> None:
-    @main.group("audit")
+    @main.group("audit", short_help="Read the audit stream of cross-agent calls.")
     def audit() -> None:
         """The audit stream REACH_AUDIT: every cross-agent call, recorded by its callee,
         its caller, or both."""
 
-    @audit.command("tail")
+    @audit.command("tail", short_help="Print audit events, with -f new ones live.")
     @click.option("-f", "--follow", is_flag=True, help="keep printing new events as they come")
     @click.option("--caller", default="", help="only calls by this client id or agent id")
     @click.option(

@@ -55,7 +55,7 @@ async def _doctor(target: Target, name: str, window: float, as_json: bool) -> No
 
 
 def register(main: click.Group) -> None:
-    @main.command("doctor")
+    @main.command("doctor", short_help="Find the layer at fault for a capability or agent.")
     @click.argument("name", metavar="CAPABILITY|AGENT_ID")
     @click.option(
         "--window", type=float, default=600.0, help="seconds of audit history to read (600)"

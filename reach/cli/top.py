@@ -126,7 +126,7 @@ async def _top(target: Target, interval: float, window: float, once: bool) -> No
 
 
 def register(main: click.Group) -> None:
-    @main.command("top")
+    @main.command("top", short_help="Show a live view of instances and calls.")
     @click.option("--interval", type=float, default=1.0, help="seconds between refreshes")
     @click.option("--window", type=float, default=60.0, help="seconds of calls to summarise")
     @click.option("--once", is_flag=True, help="print one frame and exit (for scripts)")

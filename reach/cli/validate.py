@@ -49,7 +49,7 @@ def _count(n: int, singular: str, plural: str) -> str:
 
 
 def register(main: click.Group) -> None:
-    @main.command("validate")
+    @main.command("validate", short_help="Check a manifest file and list its problems.")
     @click.argument("file", type=click.Path(path_type=Path))
     @connection_options
     def validate(file: Path, target: Target) -> None:
@@ -80,11 +80,11 @@ def register(main: click.Group) -> None:
                 " the agent draws a new agent_id (set agent_id to keep one)"
             )
 
-    @main.group("schema")
+    @main.group("schema", short_help="Export the wire models' JSON Schemas.")
     def schema() -> None:
         """JSON Schema files for the wire models (for agents in other languages)."""
 
-    @schema.command("export")
+    @schema.command("export", short_help="Write one JSON Schema file per wire model.")
     @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
     @connection_options
     def export(directory: Path, target: Target) -> None:
