@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from reach.audit.stats import LATENCY
 from reach.client import ReachClient
 from reach.embedded import free_port
 from reach.errors import Disconnected, NotFound
@@ -117,6 +118,7 @@ async def test_ctrl_c_ends_a_following_command_without_a_traceback(
             await proc.wait()
     assert proc.returncode == 130, err.decode()
     assert "Traceback" not in err.decode(), err.decode()
+    assert err.decode().startswith(LATENCY)  # what its figures measure, said first
 
 
 async def test_nothing_at_the_url_is_answered_with_how_to_start_a_fabric() -> None:

@@ -18,6 +18,7 @@ from reach.audit.reader import (
     parse_since,
     read_records,
 )
+from reach.audit.stats import LATENCY
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
 from reach.errors import ReachError
 from reach.security.credentials import CredentialStore
@@ -44,6 +45,8 @@ async def _tail(
     colour = colour_wanted() and not as_json
     async with connection(target, "reach-audit-tail") as conn:
         agents = await _agents_of(conn)
+        if not as_json:  # what the figures are, beside (not among) the events
+            click.echo(LATENCY, err=True)
         shown = 0
         records = read_records(conn, flt, since=start, follow=follow, agents=agents)
         async for call in merge_calls(records):

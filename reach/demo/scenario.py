@@ -385,7 +385,7 @@ def _summary(
     if tally.latencies:
         click.echo(
             f"  latency           p50 {statistics.median(tally.latencies):.1f} ms,"
-            f" p99 {tally.percentile(0.99):.1f} ms"
+            f" p99 {tally.percentile(0.99):.1f} ms (whole calls, as the scheduler timed them)"
         )
     click.echo(f"  retries           {tally.retries}")
     click.echo(f"  fallbacks         {tally.fallbacks}")
