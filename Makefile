@@ -6,17 +6,23 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
 
+# pip with no notice a user has nothing to do about: its version check, and setuptools'
+# "Editable installation" notice about folders named like the package
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet \
+	--disable-pip-version-check
+
 $(BIN)/python:
 	@echo "Creating the virtual environment $(VENV)"
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) --upgrade pip
 
-# The package and what it needs to run (pure Python): enough for `make demo` and `make up`
+# The package and what it needs to run (pure Python): enough for `make demo` and `make up`.
+# The install steps say what they do in a line each instead of echoing their commands
 CORE := $(VENV)/.core
 $(CORE): $(BIN)/python pyproject.toml
 	@echo "Installing agent-reach and its dependencies into $(VENV) (about a minute)"
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
-	touch $(CORE)
+	@$(PIP) -e .
+	@touch $(CORE)
 
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
 # every stack, FastStream's included), the gateways' (their tests run in `make test`) and
@@ -24,9 +30,9 @@ $(CORE): $(BIN)/python pyproject.toml
 # setuptools >= 77 in the venv too: `make build` runs setup.py with it
 $(STAMP): $(CORE)
 	@echo "Installing the test, benchmark, gateway and documentation tools into $(VENV)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade 'setuptools>=77'
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench,gateways,docs]'
-	touch $(STAMP)
+	@$(PIP) --upgrade 'setuptools>=77'
+	@$(PIP) -e '.[test,bench,gateways,docs]'
+	@touch $(STAMP)
 
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
 # sources; rebuilt when any source changes, since mypyc compiles against the types of
@@ -40,10 +46,10 @@ NATIVE := $(VENV)/.native
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 $(NATIVE): $(STAMP) setup.py $(SOURCES)
 	@echo "Compiling the call path with mypyc: one to two minutes, once per change of reach/"
-	find reach -name '*.so' -delete  # a module no longer compiled must not linger
-	REACH_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace --parallel $(JOBS)
-	find reach -name '*.so' -exec touch {} +
-	touch $(NATIVE)
+	@find reach -name '*.so' -delete  # a module no longer compiled must not linger
+	@REACH_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace --parallel $(JOBS)
+	@find reach -name '*.so' -exec touch {} +
+	@touch $(NATIVE)
 
 build: $(NATIVE)
 
