@@ -143,13 +143,20 @@ async def read_events(
 _COLOURS = {"ok": "green", "fallback": "yellow", "error": "red", "denied": "magenta"}
 
 
+#: the whole call's time is shown beside the answer's when it took this much longer (a
+#: token fetch, a retry, a wait for the connection), not for the caller's own few steps
+_CALL_SHOWN_MS = 1.0
+
+
 def _latency(event: AuditEvent) -> str:
     """The answering attempt's round trip (``reach.audit.stats.LATENCY``), and the whole
-    call's time when that differs; a callee's own event: its handling time, so marked."""
+    call's time when that was longer; a callee's own event: its handling time, so marked."""
     if event.side == "callee" and not event.attempts:
         return f"{event.latency_ms:.1f}ms handling"
-    answer, call = f"{event.answer_ms:.1f}ms", f"{event.latency_ms:.1f}ms"
-    return answer if answer == call else f"{answer} (call {call})"
+    answer = f"{event.answer_ms:.1f}ms"
+    if event.latency_ms - event.answer_ms < _CALL_SHOWN_MS:
+        return answer
+    return f"{answer} (call {event.latency_ms:.1f}ms)"
 
 
 def format_event(

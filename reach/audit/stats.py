@@ -20,8 +20,8 @@ __all__ = ["LATENCY", "CallStats", "Tally", "percentile"]
 #: own work to it: a first call's token fetch, retries and their back-off
 LATENCY = (
     "latency: round trip of the attempt that answered, request sent to reply received,"
-    " as the caller timed it (a whole call, token fetch and retries included, is"
-    " `call` in reach audit tail)"
+    " as the caller timed it (a whole call that took longer, a token fetch or retries"
+    " included, is `call` in reach audit tail)"
 )
 
 
