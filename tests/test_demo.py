@@ -4,6 +4,7 @@ cleans up; its fabric lets no one in without credentials and its agents check to
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,8 @@ def test_demo_moves_traffic_off_the_saturated_and_killed_instances_with_no_faile
     assert _leftovers() == []
 
 
-def test_the_demo_keeps_its_fabric_up_for_the_commands_it_names_until_enter() -> None:
+@pytest.mark.parametrize("end", ["enter", "ctrl-c"])
+def test_the_demo_keeps_its_fabric_up_for_the_commands_it_names_until_enter(end: str) -> None:
     demo = subprocess.Popen(
         [REACH, "demo", "--duration", "5", "--rate", "10", "--keep"],
         stdin=subprocess.PIPE,
@@ -81,9 +83,13 @@ def test_the_demo_keeps_its_fabric_up_for_the_commands_it_names_until_enter() ->
         )
         assert proc.returncode == 0, proc.stderr
         assert "scheduler → generate_industry_report@industry-report-1" in proc.stdout
-        demo.stdin.write("\n")
-        demo.stdin.flush()
-        assert demo.wait(30) == 0
+        if end == "enter":
+            demo.stdin.write("\n")
+            demo.stdin.flush()
+            assert demo.wait(30) == 0
+        else:  # stops at once, and cleans up as after Enter
+            demo.send_signal(signal.SIGINT)
+            assert demo.wait(30) == 130
     finally:
         if demo.poll() is None:
             demo.kill()

@@ -153,7 +153,28 @@ async def _keep_up(fabric: Fabric) -> None:
     click.secho("The fabric stays up until you press Enter. In another terminal:", bold=True)
     for command in ("audit tail", "agents", "top", "doctor query_industry_data"):
         click.echo(f"  reach {command} {options}")
-    await asyncio.to_thread(sys.stdin.readline)
+    await _line_typed()
+
+
+async def _line_typed() -> None:
+    """Until a line (or end of input) comes on stdin. Watched by the loop, not read in a
+    thread: a thread blocked in a read would hold up the exit that Ctrl-C asks for."""
+    loop = asyncio.get_running_loop()
+    typed: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not typed.done():
+            typed.set_result(None)
+
+    try:
+        loop.add_reader(sys.stdin.fileno(), readable)
+    except (OSError, ValueError, NotImplementedError):  # stdin a regular file, or none
+        return
+    try:
+        await typed
+    finally:
+        loop.remove_reader(sys.stdin.fileno())
+    sys.stdin.readline()
 
 
 async def _scenario(
