@@ -27,8 +27,9 @@ $(CORE): $(BIN)/python pyproject.toml
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
 # every stack, FastStream's included), the gateways' (their tests run in `make test`) and
 # the docs' (`make test` builds the site);
-# setuptools >= 77 in the venv too: `make build` runs setup.py with it
-$(STAMP): $(CORE)
+# setuptools >= 77 in the venv too: `make build` runs setup.py with it. After the package
+# (order only: a venv made before it was a step of its own needs no second install)
+$(STAMP): $(BIN)/python pyproject.toml | $(CORE)
 	@echo "Installing the test, benchmark, gateway and documentation tools into $(VENV)"
 	@$(PIP) --upgrade 'setuptools>=77'
 	@$(PIP) -e '.[test,bench,gateways,docs]'
