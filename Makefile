@@ -6,18 +6,34 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
 
+# pip with no notice a user has nothing to do about: its version check, and setuptools'
+# "Editable installation" notice about folders named like the package
+PIP := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet \
+	--disable-pip-version-check
+
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "Creating the virtual environment $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) --upgrade pip
+
+# The package and what it needs to run (pure Python): enough for `make demo` and `make up`.
+# The install steps say what they do in a line each instead of echoing their commands
+CORE := $(VENV)/.core
+$(CORE): $(BIN)/python pyproject.toml
+	@echo "Installing agent-reach and its dependencies into $(VENV) (about a minute)"
+	@$(PIP) -e .
+	@touch $(CORE)
 
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
 # every stack, FastStream's included), the gateways' (their tests run in `make test`) and
 # the docs' (`make test` builds the site);
-# setuptools >= 77 in the venv too: `make build` runs setup.py with it
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet --upgrade 'setuptools>=77'
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,gateways,docs]'
-	touch $(STAMP)
+# setuptools >= 77 in the venv too: `make build` runs setup.py with it. After the package
+# (order only: a venv made before it was a step of its own needs no second install)
+$(STAMP): $(BIN)/python pyproject.toml | $(CORE)
+	@echo "Installing the test, benchmark, gateway and documentation tools into $(VENV)"
+	@$(PIP) --upgrade 'setuptools>=77'
+	@$(PIP) -e '.[test,bench,gateways,docs]'
+	@touch $(STAMP)
 
 # The venv with the package, its extras and nats-server, nothing compiled (the README's
 # quickstart starts here; every other target does this first)
@@ -26,17 +42,19 @@ install: $(STAMP)
 # The call path compiled with mypyc (setup.py lists the modules), built next to the
 # sources; rebuilt when any source changes, since mypyc compiles against the types of
 # everything they import (one to two minutes on 2 cores: type-checking, then one gcc per
-# module, as many at once as there are cores). Tests, demo and benchmarks run compiled;
+# module, as many at once as there are cores). Tests and benchmarks run compiled; `make
+# demo` and `make up` run whatever is there (plain Python on a fresh clone, so that the
+# first run starts at once; the compiled build, kept up to date, once one was made);
 # `make pure` removes the compiled modules (the same code then runs as plain Python).
 SOURCES := $(shell find reach -name '*.py')
 NATIVE := $(VENV)/.native
 JOBS := $(shell nproc 2>/dev/null || echo 2)
 $(NATIVE): $(STAMP) setup.py $(SOURCES)
-	@echo "Compiling the call path with mypyc (once per change of reach/; make pure undoes it)"
-	find reach -name '*.so' -delete  # a module no longer compiled must not linger
-	REACH_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace --parallel $(JOBS)
-	find reach -name '*.so' -exec touch {} +
-	touch $(NATIVE)
+	@echo "Compiling the call path with mypyc: one to two minutes, once per change of reach/"
+	@find reach -name '*.so' -delete  # a module no longer compiled must not linger
+	@REACH_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace --parallel $(JOBS)
+	@find reach -name '*.so' -exec touch {} +
+	@touch $(NATIVE)
 
 build: $(NATIVE)
 
@@ -78,7 +96,7 @@ pytest-pure: $(STAMP)
 	rm -rf $(PURE)
 	$(BIN)/python -c "import shutil; shutil.copytree('reach', '$(PURE)/reach', \
 		ignore=shutil.ignore_patterns('*.so', '__pycache__'))"
-	PYTHONPATH=$(PURE) REACH_TEST_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider \
+	PYTHONPATH=$(CURDIR)/$(PURE) REACH_TEST_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider \
 		--import-mode=append $(PURE_TESTS)
 
 # The longer tests, kept out of `make test` so that it stays under 15 minutes on 2
@@ -104,11 +122,13 @@ docs: $(STAMP)
 docs-check: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site-check
 
-demo: $(NATIVE)
-	$(BIN)/reach demo
+# the compiled build if one was made (rebuilt when stale), else plain Python
+RUNNABLE := $(CORE) $(if $(wildcard $(NATIVE)),$(NATIVE))
+demo: $(RUNNABLE)
+	@$(BIN)/reach demo
 
-up: $(NATIVE)
-	$(BIN)/reach up
+up: $(RUNNABLE)
+	@$(BIN)/reach up
 
 # Every suite, one after the other (about 25 minutes on 2 cores): call path, discovery,
 # failover, growth, cold path, faults. Each writes bench/results/<suite>.json (+ PNG, or

@@ -8,7 +8,9 @@
     async def generate(req: dict) -> dict: ...
 
     async with agent:
-        await agent.serve_forever()
+        await agent.serve_forever()  # until Ctrl-C or SIGTERM
+
+or, for a program that is one agent, ``agent.run()``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import dataclasses
 import inspect
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -30,7 +35,7 @@ from reach import envelope, subjects
 from reach.audit.events import denial_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
-from reach.errors import ConfigurationError, LoginUnanswered
+from reach.errors import ConfigurationError, LoginUnanswered, ReachError
 from reach.jobs import JobStore
 from reach.joining import run_step
 from reach.microsvc import MicroService
@@ -343,8 +348,28 @@ class Agent:
             self.micro = None
 
     async def serve_forever(self) -> None:
-        """Wait until ``stop()`` is called (or the task is cancelled)."""
-        await self._stopped.wait()
+        """Wait until ``stop()`` is called, the task is cancelled, or (in the main thread)
+        Ctrl-C or SIGTERM comes: a signal ends the wait, so that the agent stops as usual
+        (deregistered, in-flight calls finished) and the program exits without a
+        traceback. The signals' handlers are the program's own again afterwards."""
+        restore = _stop_on_signals(self._stopped)
+        try:
+            await self._stopped.wait()
+        finally:
+            restore()
+
+    def run(self) -> None:
+        """Join the fabric and serve until Ctrl-C or SIGTERM, then leave it: the whole
+        life of a program that is one agent (``python agent.py``). A signal while it
+        joins ends it once joined (so that it leaves the registry as it came); an error
+        that ends it is told in one line on stderr, and exits with status 1."""
+        try:
+            asyncio.run(_serve(self))
+        except KeyboardInterrupt:  # a second Ctrl-C while leaving: it was asked twice
+            pass
+        except ReachError as exc:
+            print(f"{self.agent_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
 
     async def stop(self) -> None:
         """Stop taking calls, let in-flight calls finish, deregister, disconnect (from a
@@ -429,3 +454,41 @@ class Agent:
             if self._refresh is None or self._refresh.done():
                 self._refresh = asyncio.create_task(self.current_readiness())
         return self._readiness.ready, self._readiness.reason
+
+
+async def _serve(agent: Agent) -> None:
+    signalled = asyncio.Event()
+    restore = _stop_on_signals(signalled)  # taken from the start: see Agent.run
+    try:
+        await agent.start()
+    finally:
+        restore()
+    try:
+        if not signalled.is_set():
+            await agent.serve_forever()
+    finally:
+        await agent.stop()
+
+
+def _stop_on_signals(stopped: asyncio.Event) -> Callable[[], None]:
+    """Set ``stopped`` on SIGINT and SIGTERM (main thread only: elsewhere signals are
+    not this loop's to take); returns what puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        try:
+            loop.add_signal_handler(sig, stopped.set)
+        except (NotImplementedError, RuntimeError, ValueError):  # no such support here
+            continue
+        previous[sig] = handler
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            if handler is not None:
+                signal.signal(sig, handler)
+
+    return restore

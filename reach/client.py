@@ -18,6 +18,7 @@ writer, and closing what it opened.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from reach.calling.state import CallState
 from reach.clock import Clock, system_clock
 from reach.context import current_call
 from reach.envelope import RequestMeta
-from reach.errors import ConfigurationError, DiscoveryError, ReachError
+from reach.errors import ConfigurationError, DiscoveryError, NotFound, ReachError
 from reach.fallback import NO_FALLBACK, Fallback
 from reach.jobs import ClientJobs, JobHandle
 from reach.models import Instance
@@ -402,6 +403,8 @@ class ReachClient:
         """A failed call's fallback answer, or its error raised; recorded either way."""
         if failure.dependency is None and current_call() is not None:
             failure.dependency = capability  # raised inside a handler (see ReachError)
+        if isinstance(failure, NotFound) and self._routes is not None:
+            _name_close_matches(failure, capability, self._routes.capabilities())
         recorder = self._recorder
         if fb is None or fb is NO_FALLBACK or not falls_back(failure):
             recorder.failed(capability, state, meta, self._since(started), failure)
@@ -422,6 +425,16 @@ class ReachClient:
     def _since(self, started: float) -> float:
         """Milliseconds since ``started`` (the clock's ``perf_counter``)."""
         return (self._clock.perf_counter() - started) * 1000
+
+
+def _name_close_matches(failure: NotFound, capability: str, offered: list[str]) -> None:
+    """Add to ``failure`` the offered capabilities whose names are close to the one
+    called (a typo), when none of that name is offered at all."""
+    if capability in offered:
+        return
+    close = difflib.get_close_matches(capability, offered, n=3, cutoff=0.6)
+    if close:
+        failure.args = (f"{failure}; did you mean {' or '.join(close)}?",)
 
 
 def _result(

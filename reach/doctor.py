@@ -16,6 +16,7 @@ gathered (:func:`conclude`), so every rule is testable without a fabric.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -75,6 +76,8 @@ class Evidence:
     audit_drops: list[Alert] = field(default_factory=list)
     #: audit spools on this machine holding events REACH_AUDIT has not acked
     spools: list[SpoolSurvey] = field(default_factory=list)
+    #: every capability and agent id in the registry (for the names close to an unknown one)
+    known: list[str] = field(default_factory=list)
 
 
 #: ``audit_dropped`` alerts doctor reads at most (the latest)
@@ -109,6 +112,10 @@ async def gather(
     except ConfigurationError:
         return ev  # no registry at all: step 6 says so
     everything, ev.registrars = await store.snapshot()
+    ev.known = sorted(
+        {c.name for i in everything for c in i.manifest.capabilities}
+        | {i.agent_id for i in everything}
+    )
     by_id = [i for i in everything if i.agent_id == target]
     if by_id:
         ev.instances = by_id
@@ -210,7 +217,7 @@ def _registry_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
             (
                 "registry",
                 f"{ev.target} is not in the registry"
-                + (f" (evicted{why})" if gone else " (unknown name?)"),
+                + (f" (evicted{why})" if gone else f" (unknown name?{_close_to(ev)})"),
             )
         )
         return Step(1, "registry", "fail", findings)
@@ -226,6 +233,12 @@ def _registry_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
             findings.append(f"  {_ago(ev.now - t.at)}: → {t.status} ({t.reason})")
     verdict: Verdict = "ok" if healthy == len(ev.instances) else "warn" if healthy else "fail"
     return Step(1, "registry", verdict, findings)
+
+
+def _close_to(ev: Evidence) -> str:
+    """The registered names close to the unknown target, as " did you mean …?"."""
+    close = difflib.get_close_matches(ev.target, ev.known, n=3, cutoff=0.6)
+    return f" did you mean {' or '.join(close)}?" if close else ""
 
 
 def _route_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]]) -> Step:

@@ -21,6 +21,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationError,
     WithJsonSchema,
     field_validator,
@@ -30,6 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from reach import subjects
 from reach.errors import ConfigurationError
+from reach.modelerrors import format_validation_error
 
 __all__ = [
     "FEATURES",
@@ -225,9 +229,13 @@ def _computed_once(cls: type) -> tuple[str, ...]:
 class HealthSettings(_Model):
     """How the registrar watches an instance."""
 
-    interval_sec: float = Field(15.0, gt=0, le=3600, description="heartbeat and probe interval")
-    timeout_sec: float = Field(3.0, gt=0, le=600, description="probe reply timeout")
-    failures_before_unhealthy: int = Field(
+    # strict numbers here and in Capability and Manifest: "2" in a manifest is refused as
+    # `version: 1.0` is, not read as 2 (a number written as text is a mistake to point at)
+    interval_sec: StrictFloat = Field(
+        15.0, gt=0, le=3600, description="heartbeat and probe interval"
+    )
+    timeout_sec: StrictFloat = Field(3.0, gt=0, le=600, description="probe reply timeout")
+    failures_before_unhealthy: StrictInt = Field(
         2, ge=1, le=100, description="consecutive probe failures or missed heartbeats"
     )
 
@@ -240,13 +248,13 @@ class Capability(_Model):
     input_schema: JsonSchema = Field(default_factory=dict)
     output_schema: JsonSchema = Field(default_factory=dict)
     tags: list[Tag] = Field(default_factory=list, max_length=32)
-    qps: float | None = Field(None, gt=0, description="declared sustainable calls per second")
-    latency_sla_ms: float = Field(
+    qps: StrictFloat | None = Field(None, gt=0, description="declared sustainable calls per second")
+    latency_sla_ms: StrictFloat = Field(
         1000.0, gt=0, le=MAX_SLA_MS, description="P95 latency under good conditions"
     )
     # When in doubt, level high: a capability nobody classified is treated as a core asset.
-    security_level: int = Field(4, ge=1, le=4)
-    idempotent: bool = False
+    security_level: StrictInt = Field(4, ge=1, le=4)
+    idempotent: StrictBool = False
     vendor: str | None = None
     version: SemVer | None = None
 
@@ -261,7 +269,7 @@ class Manifest(_Model):
     version: SemVer
     mode: Literal["sync", "async"] = "sync"
     capabilities: list[Capability] = Field(default_factory=list)
-    max_concurrency: int = Field(64, ge=1, le=100_000, description="calls handled at once")
+    max_concurrency: StrictInt = Field(64, ge=1, le=100_000, description="calls handled at once")
     health: HealthSettings = Field(default_factory=HealthSettings)
 
     @model_validator(mode="before")
@@ -469,25 +477,6 @@ class RegistrarRecord(_Model):
     started_at: float
     seen_at: float
     interval_sec: float
-
-
-def format_validation_error(exc: ValidationError, *, root: str = "") -> list[str]:
-    """Turn pydantic errors into ``capabilities[0].tags[2]: message`` lines."""
-    lines = []
-    for err in exc.errors(include_url=False):
-        path = root
-        for part in err["loc"]:
-            if isinstance(part, int):
-                path += f"[{part}]"
-            else:
-                path += f".{part}" if path else str(part)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        lines.append(f"{path or '<root>'}: {msg}")
-    return lines
 
 
 def parse_manifest(data: Any, *, source: str = "manifest") -> Manifest:

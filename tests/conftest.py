@@ -38,9 +38,18 @@ HERE = Path(__file__).parent
 pytest_plugins = ["tests.token_helpers", "tests.up_helpers"]
 
 
+#: the variables of the test run itself (`make test` says which build it tests)
+_RUN_VARIABLES = frozenset({"REACH_TEST_BUILD"})
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test compiled modules older than their sources: that is not the code
-    under test (``make build`` rebuilds them; ``make pure`` removes them)."""
+    under test (``make build`` rebuilds them; ``make pure`` removes them). Forget the
+    REACH_* variables of the shell that started the run (REACH_URL, REACH_CREDS, ...):
+    what a user set for their own fabric changes nothing here."""
+    for name in list(os.environ):
+        if name.startswith("REACH_") and name not in _RUN_VARIABLES:
+            del os.environ[name]
     stale = stale_message()
     if stale is not None:
         pytest.exit(stale, returncode=4)
@@ -230,6 +239,15 @@ def _collect_garbage_per_test() -> Iterator[None]:
     import gc
 
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _own_working_directory(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test runs in an empty directory of its own: a ``.reach/dev.creds`` that
+    ``reach up`` left in the checkout (or anywhere the run starts) is not found."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd", numbered=True))
 
 
 @pytest.fixture(autouse=True)

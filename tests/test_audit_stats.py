@@ -110,3 +110,52 @@ async def test_observed_p99_reads_only_the_last_minute(
     await write(conn, *old, *recent)
     assert await observed_p99(conn, time.time()) == {"e-1": 1.0}
     assert P99_WINDOW_SEC == 60
+
+
+# -- one latency across the operator commands --------------------------------------------
+
+
+def first_call_with_a_token_fetch(ts: float) -> AuditEvent:
+    """Answered in 1.5 ms by its instance; 6.2 ms for the caller, its token fetched first."""
+    return AuditEvent(
+        ts=ts,
+        capability="echo",
+        callee="echo-1",
+        outcome="ok",
+        latency_ms=6.2,
+        attempts=[AuditAttempt(agent_id="echo-1", score=0.9, outcome="ok", latency_ms=1.5)],
+    )
+
+
+def test_every_command_shows_the_same_latency_for_the_same_call() -> None:
+    from reach.audit.reader import format_event
+    from reach.audit.stats import LATENCY
+    from reach.cli.doctor import render as render_doctor
+    from reach.cli.top import render as render_top
+    from reach.doctor import Diagnosis
+
+    call = first_call_with_a_token_fetch(time.time())
+    assert call.answer_ms == 1.5
+    stats = CallStats(window_sec=600)
+    stats.add(call)
+    # per instance (reach agents, reach top, reach doctor) and per capability (reach top)
+    assert stats.by_instance()["echo-1"].p(0.99) == 1.5
+    assert stats.by_capability()["echo"].p(0.99) == 1.5
+    # reach audit tail: the same figure first, the whole call's beside it
+    assert "  1.5ms (call 6.2ms)  " in format_event(call)
+    # each says what it measures
+    assert "round trip of the attempt that answered" in LATENCY
+    diagnosis = Diagnosis(target="echo", steps=[], layer="none", conclusion="fine")
+    assert LATENCY in render_doctor(diagnosis, colour=False)
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    console.print(render_top([], stats, time.time()))
+    assert LATENCY in console.export_text()
+
+
+def test_a_callees_own_event_says_its_latency_is_handling_time() -> None:
+    from reach.audit.reader import format_event
+
+    own = AuditEvent(ts=time.time(), side="callee", capability="echo", outcome="ok", latency_ms=0.8)
+    assert "  0.8ms handling  " in format_event(own)

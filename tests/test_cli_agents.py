@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from reach.agent import Agent
+from reach.audit.stats import LATENCY
 from reach.client import ReachClient
 from reach.registry import Registrar
 from reach.security.credentials import CredentialsFile
@@ -111,6 +112,7 @@ async def test_agents_piped_prints_each_agent_on_one_line_however_wide(
     assert "healthy" in row
     assert len(row.rstrip()) > 80
     assert len(out.strip().splitlines()) == 3  # header, rule, the one agent
+    assert LATENCY in err  # what p99 measures, beside the rows
 
 
 # -- where a credentials file says to connect ------------------------------------------

@@ -53,10 +53,30 @@ def test_capabilities_are_counted(tmp_path: Path) -> None:
     assert result.stdout == "OK: a1 (2 capabilities)\n"
 
 
-def test_a_manifest_without_agent_id_gets_a_generated_one(tmp_path: Path) -> None:
+def test_a_manifest_without_agent_id_shows_the_rule_not_a_random_id(tmp_path: Path) -> None:
+    # a random id printed here would not be the one the agent draws when it starts
     result = reach("validate", str(write(tmp_path, "agent_name: tiny\nversion: 0.1.0\n")))
     assert result.exit_code == 0, result.output
-    assert re.fullmatch(r"OK: tiny-[0-9a-f]{8} \(0 capabilities\)\n", result.stdout)
+    assert result.stdout == (
+        "OK: tiny-<8 random hex digits> (0 capabilities); each start of the agent draws"
+        " a new agent_id (set agent_id to keep one)\n"
+    )
+
+
+def test_a_number_written_as_text_is_refused_naming_the_field(tmp_path: Path) -> None:
+    text = (
+        "agent_name: a\nversion: 1.0.0\n"
+        'capabilities: [{name: x, security_level: "2"}]\nhealth: {interval_sec: "5"}\n'
+    )
+    result = reach("validate", str(write(tmp_path, text)))
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        "capabilities[0].security_level: Input should be a valid integer, got the text '2'",
+        "health.interval_sec: Input should be a valid number, got the text '5'",
+    ]
+    # as a YAML float for a version is
+    result = reach("validate", str(write(tmp_path, "agent_name: a\nversion: 1.0\n")))
+    assert result.stdout == "version: Input should be a valid string, got the number 1.0\n"
 
 
 def test_every_error_is_printed_with_its_path_and_exit_code_is_one(tmp_path: Path) -> None:

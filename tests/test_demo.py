@@ -4,6 +4,7 @@ cleans up; its fabric lets no one in without credentials and its agents check to
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,49 @@ def test_demo_moves_traffic_off_the_saturated_and_killed_instances_with_no_faile
     # the fabric is the secured one: it says what it refuses
     assert "a client without credentials is refused" in out
     assert "a call with a level-1 token is refused by its callee" in out
+    # what it prints is its own account: no log line, no warning (alerts and the
+    # denial are told once, as the demo's own lines)
+    assert "WARNING" not in out + proc.stderr
+    assert not [line for line in out.splitlines() if line.startswith("denied a call")]
+    assert proc.stderr == ""
+    assert _leftovers() == []
+
+
+@pytest.mark.parametrize("end", ["enter", "ctrl-c"])
+def test_the_demo_keeps_its_fabric_up_for_the_commands_it_names_until_enter(end: str) -> None:
+    demo = subprocess.Popen(
+        [REACH, "demo", "--duration", "5", "--rate", "10", "--keep"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdin is not None
+    assert demo.stdout is not None
+    try:
+        lines: list[str] = []
+        for line in demo.stdout:  # ends with the commands, then waits for Enter
+            lines.append(line)
+            if line.startswith("  reach doctor"):
+                break
+        tail = next(line for line in lines if line.startswith("  reach audit tail"))
+        proc = subprocess.run(
+            [REACH, *tail.split()[1:]], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "scheduler → generate_industry_report@industry-report-1" in proc.stdout
+        if end == "enter":
+            demo.stdin.write("\n")
+            demo.stdin.flush()
+            assert demo.wait(30) == 0
+        else:  # stops at once, and cleans up as after Enter
+            demo.send_signal(signal.SIGINT)
+            assert demo.wait(30) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        demo.stdout.close()
+        demo.stdin.close()
     assert _leftovers() == []
 
 

@@ -435,7 +435,8 @@ def decode_events(data: bytes) -> DecodedBatch:
     if order is None:
         return DecodedBatch(plain + [e for e in full if e is not None] + served, bad)
     sources = (iter(plain), iter(full), iter(served))
-    events = [event for event in (next(sources[i]) for i in order) if event is not None]
+    picked = [next(sources[i]) for i in order]  # a list: mypyc compiles no generator here
+    events = [event for event in picked if event is not None]
     return DecodedBatch(events, bad)
 
 

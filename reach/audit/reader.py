@@ -143,6 +143,22 @@ async def read_events(
 _COLOURS = {"ok": "green", "fallback": "yellow", "error": "red", "denied": "magenta"}
 
 
+#: the whole call's time is shown beside the answer's when it took this much longer (a
+#: token fetch, a retry, a wait for the connection), not for the caller's own few steps
+_CALL_SHOWN_MS = 1.0
+
+
+def _latency(event: AuditEvent) -> str:
+    """The answering attempt's round trip (``reach.audit.stats.LATENCY``), and the whole
+    call's time when that was longer; a callee's own event: its handling time, so marked."""
+    if event.side == "callee" and not event.attempts:
+        return f"{event.latency_ms:.1f}ms handling"
+    answer = f"{event.answer_ms:.1f}ms"
+    if event.latency_ms - event.answer_ms < _CALL_SHOWN_MS:
+        return answer
+    return f"{answer} (call {event.latency_ms:.1f}ms)"
+
+
 def format_event(
     event: AuditEvent,
     *,
@@ -166,7 +182,7 @@ def format_event(
     if writer is not None and found == "forged":
         mark = f"FORGED? writer={writer or '?'}"
         parts.append(click.style(mark, fg="red", bold=True) if colour else mark)
-    parts += [f"{who} → {where}", f"{event.latency_ms:.1f}ms"]
+    parts += [f"{who} → {where}", _latency(event)]
     if event.attempts:
         last = event.attempts[-1]
         score = f"score {last.score:.3f}, " if last.score is not None else ""

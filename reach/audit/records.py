@@ -83,6 +83,16 @@ class AuditEvent(_Model):
     def retries(self) -> int:
         return max(0, len(self.attempts) - 1)
 
+    @property
+    def answer_ms(self) -> float:
+        """The latency every operator command shows (``reach.audit.stats.LATENCY``): the
+        round trip of the attempt that answered, as the caller timed it. A callee's own
+        event has no attempts: its handling time; a call no attempt answered: the whole
+        call's time."""
+        if self.attempts and self.attempts[-1].outcome == "ok":
+            return self.attempts[-1].latency_ms
+        return self.latency_ms
+
 
 class AuditPlain(_Model):
     """The plain calls of a batch as columns: calls answered at the first attempt by the

@@ -1,7 +1,9 @@
 """Call statistics from audit events: per instance and per capability, over a window.
 
 ``reach agents`` reads the observed p99 from here, ``reach top`` its live view, and
-``reach doctor`` the recent route decisions and breaker states.
+``reach doctor`` the recent route decisions and breaker states. Their latency figures,
+and the one ``reach audit tail`` prints first, are one measurement (``LATENCY``): per
+instance and per capability, the same calls give the same figures.
 """
 
 from __future__ import annotations
@@ -11,7 +13,16 @@ from dataclasses import dataclass, field
 
 from reach.audit.records import AuditAttempt, AuditEvent
 
-__all__ = ["CallStats", "Tally", "percentile"]
+__all__ = ["LATENCY", "CallStats", "Tally", "percentile"]
+
+#: what the operator commands' latency figures measure (``AuditEvent.answer_ms``), said
+#: in their headers; a call's whole time (``CallResult.latency_ms``) adds the caller's
+#: own work to it: a first call's token fetch, retries and their back-off
+LATENCY = (
+    "latency: round trip of the attempt that answered, request sent to reply received,"
+    " as the caller timed it (a whole call that took longer, a token fetch or retries"
+    " included, is `call` in reach audit tail)"
+)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -40,7 +51,7 @@ class Tally:
     def add(self, event: AuditEvent) -> None:
         """One call (to a capability, or to an instance when its attempts are unknown)."""
         self._count(
-            event.ts, event.outcome == "ok", event.latency_ms,
+            event.ts, event.outcome == "ok", event.answer_ms,
             event.error or event.outcome, event.description,
         )  # fmt: skip
         if event.fallback:

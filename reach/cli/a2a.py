@@ -26,7 +26,7 @@ async def _serve(
 
 
 def register(main: click.Group) -> None:
-    @main.command("a2a")
+    @main.command("a2a", short_help="Serve the fabric's agents as A2A agents.")
     @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
     @click.option(
         "--port",

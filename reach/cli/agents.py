@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from reach.audit.reader import read_events
-from reach.audit.stats import CallStats
+from reach.audit.stats import LATENCY, CallStats
 from reach.cli.common import Target, connection_options, console, run
 from reach.client import ReachClient
 from reach.errors import ConfigurationError, ReachError
@@ -103,14 +103,19 @@ async def _agents(
         click.echo("no agents registered" + (" matching the filter" if tag or capability else ""))
         return
     console().print(render_table(instances, now, p99))
+    # what p99 measures (as every operator command does), beside the rows, not among them
+    click.echo(f"p99 of the last minute's calls; {LATENCY}", err=True)
 
 
 def register(main: click.Group) -> None:
-    @main.command("agents")
+    @main.command("agents", short_help="List agent instances with health and load.")
     @click.option("--tag", "tag", multiple=True, help="only capabilities carrying this tag")
     @click.option("--capability", default=None, help="only instances offering this capability")
     @click.option("--json", "as_json", is_flag=True, help="one JSON object per line")
     @connection_options
     def agents(target: Target, tag: tuple[str, ...], capability: str | None, as_json: bool) -> None:
-        """List registered agent instances with health, load, version and age."""
+        """List registered agent instances with health, load, version and age.
+
+        The p99 column is of the last minute's calls to each instance in the audit
+        stream: the round trip of the attempt it answered, as its caller timed it."""
         run(_agents(target, tag, capability, as_json))

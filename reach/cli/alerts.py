@@ -44,7 +44,7 @@ async def _alerts(
 
 
 def register(main: click.Group) -> None:
-    @main.command("alerts")
+    @main.command("alerts", short_help="Print the alerts the fabric raised.")
     @click.option("-f", "--follow", is_flag=True, help="keep printing new alerts as they fire")
     @click.option("--rule", type=click.Choice(RULES), default=None, help="only this rule")
     @click.option("--since", default=None, help="start this long ago (10m, 2h, 1d) or at a time")

@@ -18,6 +18,7 @@ from reach.audit.reader import (
     parse_since,
     read_records,
 )
+from reach.audit.stats import LATENCY
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
 from reach.errors import ReachError
 from reach.security.credentials import CredentialStore
@@ -44,6 +45,8 @@ async def _tail(
     colour = colour_wanted() and not as_json
     async with connection(target, "reach-audit-tail") as conn:
         agents = await _agents_of(conn)
+        if not as_json:  # what the figures are, beside (not among) the events
+            click.echo(LATENCY, err=True)
         shown = 0
         records = read_records(conn, flt, since=start, follow=follow, agents=agents)
         async for call in merge_calls(records):
@@ -84,12 +87,12 @@ def _also(others: tuple[AuditRecord, ...]) -> str:
 
 
 def register(main: click.Group) -> None:
-    @main.group("audit")
+    @main.group("audit", short_help="Read the audit stream of cross-agent calls.")
     def audit() -> None:
         """The audit stream REACH_AUDIT: every cross-agent call, recorded by its callee,
         its caller, or both."""
 
-    @audit.command("tail")
+    @audit.command("tail", short_help="Print audit events, with -f new ones live.")
     @click.option("-f", "--follow", is_flag=True, help="keep printing new events as they come")
     @click.option("--caller", default="", help="only calls by this client id or agent id")
     @click.option(

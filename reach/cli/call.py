@@ -32,7 +32,7 @@ async def _call(target: Target, capability: str, payload: Any, timeout: float | 
 
 
 def register(main: click.Group) -> None:
-    @main.command("call")
+    @main.command("call", short_help="Call a capability and print its result.")
     @click.argument("capability")
     @click.argument("payload", metavar="JSON", default="{}")
     @click.option("--timeout", type=float, default=None, help="seconds (default: 1.5 × SLA)")

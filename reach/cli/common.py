@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -21,6 +22,23 @@ from reach.transport import Connection
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+
+
+class CommandGroup(click.Group):
+    """A group whose unknown command is answered with the commands closest to it."""
+
+    #: the groups made with ``@group.group()`` are of this class too
+    group_class = type
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from reach import envelope, subjects
-from reach.cli.common import Target, connection_options, console, fail, run
+from reach.cli.common import CommandGroup, Target, connection_options, console, fail, run
 from reach.errors import ConfigurationError
 from reach.security.credentials import KNOWN_ROLES, ROLE_ADMIN, CredentialsFile, CredentialStore
 from reach.security.fabric import FabricSecurity, connect_as
@@ -23,7 +23,7 @@ def register(main: click.Group) -> None:
     main.add_command(keys)
 
 
-@click.group("creds")
+@click.group("creds", cls=CommandGroup, short_help="Add, list and revoke client credentials.")
 def creds() -> None:
     """Client credentials: a client id and a random secret, stored only as a verifier of it."""
 
@@ -87,7 +87,7 @@ def add(
     run(go())
 
 
-@creds.command("list")
+@creds.command("list", short_help="List every client with its level and roles.")
 @click.option("--json", "as_json", is_flag=True)
 @connection_options
 def list_(target: Target, as_json: bool) -> None:
@@ -124,7 +124,7 @@ def list_(target: Target, as_json: bool) -> None:
     run(go())
 
 
-@creds.command("revoke")
+@creds.command("revoke", short_help="Revoke a client: no more logins or tokens.")
 @click.argument("client_id")
 @connection_options
 def revoke(target: Target, client_id: str) -> None:
@@ -156,12 +156,12 @@ def revoke(target: Target, client_id: str) -> None:
     run(go())
 
 
-@click.group("keys")
+@click.group("keys", cls=CommandGroup)
 def keys() -> None:
     """Token-signing keys."""
 
 
-@keys.command("rotate")
+@keys.command("rotate", short_help="Sign new tokens with a new key.")
 @connection_options
 def rotate(target: Target) -> None:
     """Sign new tokens with a new key; tokens of the old one stay valid until they expire."""

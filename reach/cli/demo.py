@@ -7,11 +7,9 @@ import sys
 
 import click
 
-from reach.cli.common import Target, connection_options
-
 
 def register(main: click.Group) -> None:
-    @main.command("demo")
+    @main.command("demo", short_help="Run the seed scenario on a fabric of its own.")
     @click.option(
         "--duration",
         type=click.FloatRange(5, 600),
@@ -26,15 +24,27 @@ def register(main: click.Group) -> None:
         show_default=True,
         help="scheduler calls per second",
     )
-    @connection_options
-    def demo(target: Target, duration: float, rate: float) -> None:
+    @click.option(
+        "--keep/--no-keep",
+        default=None,
+        help="keep the fabric up after the run, for `reach audit tail` and the other"
+        " commands, until Enter [default: on a terminal]",
+    )
+    def demo(duration: float, rate: float, keep: bool | None) -> None:
         """Scheduler → industry report → data query ×2: saturation, a kill, a replacement.
 
         Runs on a fabric of its own, secured as `reach up` secures it (an embedded
-        nats-server on a free port, a temporary store, credentials for each participant);
-        the --servers/--creds options are accepted for uniformity and not used.
+        nats-server on a free port, a temporary store, credentials for each
+        participant). On a terminal the fabric stays up after the summary, with the
+        commands that look into it (`reach audit tail`, `reach agents`, `reach top`),
+        until Enter.
         """
         from reach.demo import run_demo
 
-        failed = asyncio.run(run_demo(duration=duration, rate=rate))
+        if keep is None:
+            keep = sys.stdin.isatty() and sys.stdout.isatty()
+        try:
+            failed = asyncio.run(run_demo(duration=duration, rate=rate, keep=keep))
+        except KeyboardInterrupt:
+            sys.exit(130)
         sys.exit(1 if failed else 0)

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from reach.audit.stats import LATENCY
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
 from reach.doctor import Diagnosis, diagnose
 
@@ -13,7 +14,7 @@ _MARK = {"ok": ("ok  ", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "
 
 
 def render(diagnosis: Diagnosis, *, colour: bool) -> str:
-    lines = [f"reach doctor {diagnosis.target}", ""]
+    lines = [f"reach doctor {diagnosis.target}", f"(p99 {LATENCY})", ""]
     for step in diagnosis.steps:
         mark, fg = _MARK.get(step.verdict, ("skip", "white"))
         label = click.style(mark, fg=fg, bold=True) if colour else mark
@@ -37,6 +38,7 @@ async def _doctor(target: Target, name: str, window: float, as_json: bool) -> No
                     "target": diagnosis.target,
                     "layer": diagnosis.layer,
                     "conclusion": diagnosis.conclusion,
+                    "latency": LATENCY,
                     "steps": [
                         {
                             "number": s.number,
@@ -55,7 +57,7 @@ async def _doctor(target: Target, name: str, window: float, as_json: bool) -> No
 
 
 def register(main: click.Group) -> None:
-    @main.command("doctor")
+    @main.command("doctor", short_help="Find the layer at fault for a capability or agent.")
     @click.argument("name", metavar="CAPABILITY|AGENT_ID")
     @click.option(
         "--window", type=float, default=600.0, help="seconds of audit history to read (600)"

@@ -6,8 +6,10 @@ import logging
 
 import click
 
+from reach.cli.common import CommandGroup
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="log more (-vv for debug)")
 @click.version_option(package_name="agent-reach")
 def main(verbose: int) -> None:

@@ -8,7 +8,7 @@ from reach.cli.common import Target, connection_options, fail, run
 
 
 def register(main: click.Group) -> None:
-    @main.command("mcp")
+    @main.command("mcp", short_help="Serve the fabric's capabilities as MCP tools.")
     @click.option(
         "--http",
         "http_port",

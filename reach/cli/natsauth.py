@@ -22,7 +22,7 @@ def register(main: click.Group) -> None:
     main.add_command(nats_auth)
 
 
-@click.command("nats-auth")
+@click.command("nats-auth", short_help="Write NATS accounts for your own servers.")
 @store_option("the store `reach up --auth-callout` will run with (its secrets are created once)")
 @click.option(
     "--out",

@@ -14,9 +14,10 @@ import click
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from reach.audit.reader import read_events
-from reach.audit.stats import CallStats, Tally
+from reach.audit.stats import LATENCY, CallStats, Tally
 from reach.cli.agents import _STATUS_STYLE
 from reach.cli.common import Target, connection, connection_options, console, run
 from reach.errors import ReachError
@@ -81,9 +82,11 @@ def render(instances: list[Instance], stats: CallStats, now: float, note: str = 
             str(tally.retries),
             errors,
         )
+    # what p50 and p99 measure, as every operator command does
+    meaning = Text(f"p50, p99 {LATENCY}", style="dim")
     if note:  # the calls cannot be shown (the audit stream is not readable): say why
-        return Group(head, f"[yellow]{note}[/]", "", inst_table, "", cap_table)
-    return Group(head, "", inst_table, "", cap_table)
+        return Group(head, meaning, f"[yellow]{note}[/]", "", inst_table, "", cap_table)
+    return Group(head, meaning, "", inst_table, "", cap_table)
 
 
 async def _top(target: Target, interval: float, window: float, once: bool) -> None:
@@ -126,7 +129,7 @@ async def _top(target: Target, interval: float, window: float, once: bool) -> No
 
 
 def register(main: click.Group) -> None:
-    @main.command("top")
+    @main.command("top", short_help="Show a live view of instances and calls.")
     @click.option("--interval", type=float, default=1.0, help="seconds between refreshes")
     @click.option("--window", type=float, default=60.0, help="seconds of calls to summarise")
     @click.option("--once", is_flag=True, help="print one frame and exit (for scripts)")

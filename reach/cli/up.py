@@ -60,7 +60,7 @@ def register(main: click.Group) -> None:
     main.add_command(up)
 
 
-@click.command("up")
+@click.command("up", short_help="Start a local fabric and run until Ctrl-C.")
 @click.option(
     "--port",
     type=click.IntRange(1, 65535),

@@ -49,14 +49,15 @@ def _count(n: int, singular: str, plural: str) -> str:
 
 
 def register(main: click.Group) -> None:
-    @main.command("validate")
+    @main.command("validate", short_help="Check a manifest file and list its problems.")
     @click.argument("file", type=click.Path(path_type=Path))
     @connection_options
     def validate(file: Path, target: Target) -> None:
         """Check a manifest YAML FILE; print every problem with its path.
 
-        Exits 0 and prints "OK: <agent_id> (<n> capabilities)" for a valid manifest,
-        else prints one "path: problem" line per error and exits 1.
+        Exits 0 and prints "OK: <agent_id> (<n> capabilities)" for a valid manifest (for
+        one without agent_id, the rule by which each start draws it), else prints one
+        "path: problem" line per error and exits 1.
         """
         data = load_yaml(file)
         if data is None:
@@ -69,14 +70,21 @@ def register(main: click.Group) -> None:
             for line in exc.errors:
                 click.echo(line)
             _die(f"{file}: invalid manifest, {_count(len(exc.errors), 'problem', 'problems')}")
-        n = len(manifest.capabilities)
-        click.echo(f"OK: {manifest.agent_id} ({_count(n, 'capability', 'capabilities')})")
+        count = _count(len(manifest.capabilities), "capability", "capabilities")
+        if data.get("agent_id"):
+            click.echo(f"OK: {manifest.agent_id} ({count})")
+        else:
+            # the id each start draws, not one drawn now: it would not be the agent's
+            click.echo(
+                f"OK: {manifest.agent_name}-<8 random hex digits> ({count}); each start of"
+                " the agent draws a new agent_id (set agent_id to keep one)"
+            )
 
-    @main.group("schema")
+    @main.group("schema", short_help="Export the wire models' JSON Schemas.")
     def schema() -> None:
         """JSON Schema files for the wire models (for agents in other languages)."""
 
-    @schema.command("export")
+    @schema.command("export", short_help="Write one JSON Schema file per wire model.")
     @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
     @connection_options
     def export(directory: Path, target: Target) -> None:

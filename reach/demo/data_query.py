@@ -10,6 +10,7 @@ but its readiness says the pool is over 80 % used.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -55,6 +56,9 @@ MANIFEST: dict[str, Any] = {
 
 
 async def main(url: str, agent_id: str, saturation_file: str, creds: str) -> None:
+    # the demo shows the call it expects this agent to deny, not a log line of it
+    logging.getLogger("reach.serving").setLevel(logging.ERROR)
+
     def readiness() -> Readiness:
         if os.path.exists(saturation_file):
             return Readiness(

@@ -78,12 +78,13 @@ class DataQueryProcess:
 @asynccontextmanager
 async def demo_fabric(workdir: Path) -> AsyncIterator[Fabric]:
     """The demo's fabric, the one ``reach up`` starts: its own nats-server (a free port,
-    the store under ``workdir``) with logins on, the registrar part in a process of its
-    own; with a credential for each participant in ``<store>/<id>.creds``: the
-    data-query and report agents' bound to their agent_id and capability, the
-    scheduler's a plain caller's, one below the clearance the capabilities require
-    (``intern``), and ``admin.creds`` for the operator's view."""
-    async with Fabric(workdir / "store", registrar_part="child-process") as fabric:
+    the store under ``workdir``) with logins on; with a credential for each participant
+    in ``<store>/<id>.creds``: the data-query and report agents' bound to their agent_id
+    and capability, the scheduler's a plain caller's, one below the clearance the
+    capabilities require (``intern``), and ``admin.creds`` for the operator's view. The
+    registrar part runs in this process: the alerts it raises are the demo's to show,
+    not log lines."""
+    async with Fabric(workdir / "store") as fabric:
         for agent_id in DATA_QUERIES:
             await fabric.add_client(
                 agent_id, LEVEL, agent_id=agent_id, capabilities=["query_industry_data"]

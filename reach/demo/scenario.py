@@ -15,6 +15,7 @@ import asyncio
 import logging
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -104,18 +105,22 @@ def say(message: str, *, style: str | None = None) -> None:
     click.secho(f"[{time.strftime('%H:%M:%S')}] {message}", fg=style)
 
 
-async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
-    """Run the scenario; returns the number of failed calls (0 is the goal)."""
-    # the demo prints the alerts itself (from REACH_ALERTS), not as log lines
+async def run_demo(duration: float = 24.0, rate: float = 40.0, *, keep: bool = False) -> int:
+    """Run the scenario; returns the number of failed calls (0 is the goal). ``keep``:
+    the fabric stays up after the summary, for the operator's commands, until Enter."""
+    # the demo prints the alerts and denials itself, not as log lines
     logging.getLogger("reach.alerts").setLevel(logging.ERROR)
+    logging.getLogger("reach.serving").setLevel(logging.ERROR)
     workdir = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     data_queries: list[DataQueryProcess] = []
     try:
+        say("starting a secured fabric: nats-server, login gate, registrar")
         async with demo_fabric(workdir) as fabric:
             say(
                 f"secured fabric at {fabric.url}: logins through the login gate, calls carry"
                 f" tokens their callee checks; registrar {fabric.registrar_id}"
             )
+            say("starting data-query-1 and data-query-2, each in a process of its own")
             for agent_id in DATA_QUERIES[:2]:
                 data_queries.append(
                     DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id))
@@ -126,11 +131,50 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0) -> int:
                 fabric, data_queries, workdir, duration, rate
             )
             _summary(tally, transitions, alerts, audit)
+            if keep:
+                await _keep_up(fabric)
+            else:
+                click.echo(
+                    "  (on a terminal, `reach demo` keeps its fabric up after the run for"
+                    " `reach audit tail`, `reach agents` and `reach top`)"
+                )
             return tally.failed
     finally:
         for dq in data_queries:
             dq.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _keep_up(fabric: Fabric) -> None:
+    """The fabric and its agents stay up until Enter (or end of input): the commands to
+    look into it, with the options that reach it."""
+    options = f"--servers {fabric.url} --creds {fabric.creds('admin')}"
+    click.echo()
+    click.secho("The fabric stays up until you press Enter. In another terminal:", bold=True)
+    for command in ("audit tail", "agents", "top", "doctor query_industry_data"):
+        click.echo(f"  reach {command} {options}")
+    await _line_typed()
+
+
+async def _line_typed() -> None:
+    """Until a line (or end of input) comes on stdin. Watched by the loop, not read in a
+    thread: a thread blocked in a read would hold up the exit that Ctrl-C asks for."""
+    loop = asyncio.get_running_loop()
+    typed: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not typed.done():
+            typed.set_result(None)
+
+    try:
+        loop.add_reader(sys.stdin.fileno(), readable)
+    except (OSError, ValueError, NotImplementedError):  # stdin a regular file, or none
+        return
+    try:
+        await typed
+    finally:
+        loop.remove_reader(sys.stdin.fileno())
+    sys.stdin.readline()
 
 
 async def _scenario(
@@ -362,7 +406,7 @@ def _summary(
     if tally.latencies:
         click.echo(
             f"  latency           p50 {statistics.median(tally.latencies):.1f} ms,"
-            f" p99 {tally.percentile(0.99):.1f} ms"
+            f" p99 {tally.percentile(0.99):.1f} ms (whole calls, as the scheduler timed them)"
         )
     click.echo(f"  retries           {tally.retries}")
     click.echo(f"  fallbacks         {tally.fallbacks}")
@@ -382,7 +426,7 @@ def _summary(
     click.echo(
         f"  audit events      {len(audit)} in REACH_AUDIT ("
         + ", ".join(f"{cap}: {n}" for cap, n in sorted(by_capability.items()))
-        + ") — `reach audit tail` shows them"
+        + ")"
     )
     click.echo("  last audit events:")
     for event in audit[-5:]:

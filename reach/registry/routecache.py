@@ -261,6 +261,10 @@ class RouteCache:
             return self._by_cap_tag.get((capability, tags[0]), _NOBODY)
         return self._by_capability.get(capability, _NOBODY)
 
+    def capabilities(self) -> list[str]:
+        """The capabilities some registered instance offers, sorted."""
+        return sorted(name for name, members in self._by_capability.items() if members.entries)
+
     def find(
         self,
         capability: str | None = None,

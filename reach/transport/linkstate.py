@@ -175,7 +175,10 @@ class Link:
                 f"NATS at {self.where} did not answer the login of {self.who} in"
                 f" {self.unanswered:.1f}s: is the login gate (reach up) running?"
             )
-        return Disconnected(f"cannot connect to NATS at {self.where}: {_reason(exc)}")
+        return Disconnected(
+            f"cannot connect to NATS at {self.where}: {_reason(exc)} (is a fabric running"
+            " there? `reach up` starts one; --servers or REACH_URL names another)"
+        )
 
 
 def is_slow(took: float | None) -> bool:

@@ -1,0 +1,158 @@
+"""What a newcomer meets first: Ctrl-C on an agent or a long-running command ends it
+cleanly, a fabric nobody started is named as the likely cause of "cannot connect", and a
+mistyped capability is answered with the names close to it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from reach.audit.stats import LATENCY
+from reach.client import ReachClient
+from reach.embedded import free_port
+from reach.errors import Disconnected, NotFound
+from reach.testing import NatsServer
+
+from .calls_helpers import capability, make_agent, wait_routable
+from .cli_helpers import REACH, reach_cli
+
+AGENT_SCRIPT = """\
+import asyncio
+import sys
+
+from reach import Agent
+
+agent = Agent(
+    {"agent_name": "hello", "version": "1.0.0",
+     "capabilities": [{"name": "say_hello", "security_level": 1}]},
+    servers=sys.argv[1],
+)
+
+
+@agent.capability("say_hello")
+async def hello(req: dict) -> dict:
+    return {"hello": req.get("name", "world")}
+
+
+if sys.argv[2] == "run":
+    agent.run()
+else:
+    async def main() -> None:
+        async with agent:
+            # said once serve_forever waits (and has taken the signals)
+            asyncio.get_running_loop().call_soon(lambda: print("SERVING", flush=True))
+            await agent.serve_forever()
+
+    asyncio.run(main())
+print("STOPPED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["run", "serve_forever"])
+async def test_ctrl_c_stops_an_agent_cleanly_and_it_leaves_the_registry(
+    nats_server: NatsServer, client: ReachClient, tmp_path: Path, how: str
+) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT_SCRIPT)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        nats_server.url,
+        how,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        await wait_routable(client, "say_hello", 1)
+        if how == "serve_forever":  # Ctrl-C while it joins is the program's own to take
+            assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"SERVING\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 15)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode(), err.decode()
+    assert out.decode().endswith("STOPPED\n")
+    # it said goodbye: gone from the registry at once, not after missed heartbeats
+    await client.routes.wait_for(lambda c: not c.find("say_hello"), timeout=2)
+
+
+async def test_ctrl_c_ends_a_following_command_without_a_traceback(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    agent, _ = make_agent(nats_server.url, "worker-1", capability("work"))
+    async with agent:
+        await wait_routable(client, "work", 1)
+        await client.call("work", {})
+    assert client.audit is not None
+    await client.audit.flush()
+    proc = await asyncio.create_subprocess_exec(
+        REACH,
+        "audit",
+        "tail",
+        "--follow",
+        "--servers",
+        nats_server.url,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        # the call's event printed: it follows the stream now
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert b"worker-1" in line, line
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130, err.decode()
+    assert "Traceback" not in err.decode(), err.decode()
+    assert err.decode().startswith(LATENCY)  # what its figures measure, said first
+
+
+async def test_nothing_at_the_url_is_answered_with_how_to_start_a_fabric() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(Disconnected, match=r"`reach up` starts one; --servers or REACH_URL"):
+        async with ReachClient(servers=url):
+            pass
+    code, _, err = await reach_cli("agents", "--servers", url, env=dict(os.environ))
+    assert code == 1
+    assert "Traceback" not in err
+    assert err.startswith(f"error: Disconnected: cannot connect to NATS at {url}")
+    assert "`reach up` starts one" in err
+
+
+async def test_a_mistyped_capability_is_answered_with_the_close_ones(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    agent, _ = make_agent(
+        nats_server.url, "orders-1", capability("query_orders"), capability("query_order_lines")
+    )
+    async with agent:
+        await wait_routable(client, "query_orders", 1)
+        await wait_routable(client, "query_order_lines", 1)
+        with pytest.raises(NotFound, match=r"did you mean query_orders\b"):
+            await client.call("query_ordrs", {})
+        with pytest.raises(NotFound) as caught:
+            await client.call("refund", {})
+        assert "did you mean" not in str(caught.value)
+        code, out, err = await reach_cli(
+            "call", "query_ordr", "{}", "--servers", nats_server.url, env=dict(os.environ)
+        )
+        assert code == 1
+        assert "did you mean query_orders" in out + err
+        code, out, _ = await reach_cli(
+            "doctor", "query_ordrs", "--servers", nats_server.url, env=dict(os.environ)
+        )
+        assert "did you mean query_orders" in out
