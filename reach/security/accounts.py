@@ -22,7 +22,9 @@ back through, and with a single export that is every one of them. The export's
 responses are of the stream type: a batched direct get answers with several messages.
 
 The other way, the fabric account imports the agents' probe subjects (the registrar and
-``reach doctor`` probe agents), and the republished changes of the public buckets reach
+``reach doctor`` probe agents) and their NATS micro discovery (``$SRV``: an admin's
+``nats micro ls`` lists the agents too, every one of them answering), and the republished
+changes of the public buckets reach
 the clients' account as stream imports.
 """
 
@@ -39,6 +41,7 @@ __all__ = [
     "client_links",
     "client_service_imports",
     "client_stream_imports",
+    "discovery_imports",
     "fabric_links",
     "fabric_service_imports",
     "jobs_read",
@@ -112,8 +115,14 @@ def client_stream_imports() -> list[str]:
 
 def fabric_service_imports() -> list[str]:
     """The clients' account's subjects the fabric account imports as services: the
-    agents' probe subjects (the registrar's health probes, ``reach doctor``)."""
-    return [f"{subjects.PREFIX}.probe.*"]
+    agents' probe subjects (the registrar's health probes, ``reach doctor``), and their
+    NATS micro discovery (``$SRV``, answered by every agent: ``discovery_imports``)."""
+    return [f"{subjects.PREFIX}.probe.*", *discovery_imports()]
+
+
+def discovery_imports() -> list[str]:
+    """The imports of the fabric account that many agents answer at once (``$SRV``)."""
+    return [f"{subjects.SRV_PREFIX}.>"]
 
 
 # -- the accounts' blocks of the nats-server config ------------------------------------------
@@ -153,7 +162,17 @@ def fabric_links(fabric: str, clients: str) -> str:
 def client_links(fabric: str, clients: str) -> str:
     """The exports and imports of the clients' account: what it imports from the fabric
     account, and the agents' probe subjects it exports to it."""
-    exports = [f"{{ service: {_q(s)}, accounts: [ {fabric} ] }}" for s in fabric_service_imports()]
+    many = discovery_imports()
+    exports = [
+        f"{{ service: {_q(s)}, accounts: [ {fabric} ]"
+        + (
+            f', response_type: "stream", response_threshold: {_q(RESPONSE_THRESHOLD)}'
+            if s in many
+            else ""
+        )
+        + " }"
+        for s in fabric_service_imports()
+    ]
     imports = [
         f"{{ service: {{ account: {fabric}, subject: {_q(s)} }} }}"
         for s in client_service_imports()
