@@ -19,9 +19,13 @@ MAKE = shutil.which("make")
 def _dry_run(where: Path, target: str) -> list[str]:
     """The commands ``make TARGET`` would run in ``where`` (the checkout's Makefile)."""
     assert MAKE is not None
+    # as a make of its own, not a sub-make of the `make test` that runs these tests (which
+    # would hand it its flags and have it print the directories it enters)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.run(
-        [MAKE, "-n", "-f", str(ROOT / "Makefile"), target],
+        [MAKE, "-n", "--no-print-directory", "-f", str(ROOT / "Makefile"), target],
         cwd=where,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
