@@ -115,6 +115,19 @@ async def test_every_agent_answers_srv_as_a_nats_micro_service(secured: Secured)
                 assert p["type"] == PING_TYPE
                 assert ServicePing.from_dict(p).version == "1.2.0"
             assert [p["id"] for p in await gather(nc, "$SRV.PING.beta", want=1)] == ["b-1"]
+            # an admin's tool (`nats micro ls` with the operator's credentials, in the
+            # fabric account, with nats-py's default inbox) lists them too
+            admin_id, admin_secret = login_of(secured.admin)
+            admin = await nats.connect(
+                secured.url, user=admin_id, password=admin_secret, allow_reconnect=False
+            )
+            try:
+                listed = await gather(admin, "$SRV.PING", want=2)
+                assert {p["id"] for p in listed} == {"a-1", "b-1"}
+                (admin_info,) = await gather(admin, "$SRV.INFO.beta", want=1)
+                assert [e.name for e in ServiceInfo.from_dict(admin_info).endpoints] == ["shout"]
+            finally:
+                await admin.close()
 
             # INFO of one name: its capabilities as endpoints, with their contracts
             (info,) = await gather(nc, "$SRV.INFO.alpha", want=1)
