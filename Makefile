@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
+.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure pytest-long demo up bench bench-smoke schemas build pure clean node-deps
 
 # pip with no notice a user has nothing to do about: its version check, and setuptools'
 # "Editable installation" notice about folders named like the package
@@ -79,8 +79,8 @@ $(NODE_DEPS): examples/node/package.json examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund
 node-deps: $(if $(NPM),$(NODE_DEPS))
 
-pytest: $(NATIVE) node-deps
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke"
+pytest: $(NATIVE)
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke and not long"
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled
 # build's: the call path's tests (calls, codec, contract, audit, routing, resilience) run
@@ -99,12 +99,17 @@ pytest-pure: $(STAMP)
 	PYTHONPATH=$(CURDIR)/$(PURE) REACH_TEST_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider \
 		--import-mode=append $(PURE_TESTS)
 
-# The longer tests, kept out of `make test` so that it stays under 15 minutes on 2
-# cores; CI runs them after it (about 8 minutes): the pure-Python build's call-path
-# tests, the fault scenarios (tests/faults, marker faults_long) and the benchmarks'
-# end-to-end smoke runs (marker bench_smoke).
-test-long: pytest-pure test-faults
+# The longer tests, kept out of `make test` so that it stays under 20 minutes on 2
+# cores; CI runs them after it: the end-to-end runs of whole programs (marker long: the
+# README as printed, the demo, `reach up`'s process life, the raw-NATS and Node.js
+# conformance kits, the MCP and A2A gateways), the pure-Python build's call-path tests,
+# the fault scenarios (tests/faults, marker faults_long) and the benchmarks' end-to-end
+# smoke runs (marker bench_smoke).
+test-long: pytest-long pytest-pure test-faults
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
+
+pytest-long: $(NATIVE) node-deps
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m long
 
 test-faults: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long

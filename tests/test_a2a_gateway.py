@@ -68,6 +68,9 @@ from reach.models import Instance, parse_manifest
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .up_helpers import Secured, secured_agent
 
+#: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
+pytestmark = pytest.mark.long
+
 #: how long the gateway may take to say it listens, to exit once told to, and the
 #: registry's news to reach its index
 READY_TIMEOUT = 30.0

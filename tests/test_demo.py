@@ -17,6 +17,9 @@ from reach.demo.participants import DataQueryProcess, demo_fabric
 from reach.errors import AuthenticationFailed
 from reach.security.fabric import connect_as
 
+#: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
+pytestmark = pytest.mark.long
+
 REACH = str(Path(sys.executable).parent / "reach")
 
 

@@ -51,6 +51,9 @@ from .calls_helpers import capability, make_agent
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .up_helpers import Secured
 
+#: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
+pytestmark = pytest.mark.long
+
 #: how long a change may take to reach the MCP client, at most
 WITHIN = 10.0
 

@@ -43,6 +43,9 @@ import pytest
 
 from reach.embedded import free_port
 
+#: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 INTEROPERABILITY = ROOT / "docs" / "interoperability.md"

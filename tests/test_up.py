@@ -35,6 +35,9 @@ from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .conftest import manifest
 from .up_helpers import EXIT_TIMEOUT, READY_TIMEOUT, gone, nats_children, read_line, reap
 
+#: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
+pytestmark = pytest.mark.long
+
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
 
 

@@ -24,6 +24,9 @@ from .raw_agent import RawAgent
 from .raw_caller import RawCaller
 from .wire import Creds, WireError, ask, body_of, request
 
+#: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
+pytestmark = pytest.mark.long
+
 
 async def raw_agent(up: UpFabric, agent_id: str, capability: str, level: int = 1) -> RawAgent:
     _, creds = await up.add_client(agent_id=agent_id, caps=(capability,))

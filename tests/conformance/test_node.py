@@ -31,6 +31,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node"
 NODE, NPM = shutil.which("node"), shutil.which("npm")
 
 pytestmark = [
+    pytest.mark.long,
     pytest.mark.node,
     pytest.mark.skipif(
         NODE is None or NPM is None,
