@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps
+.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure demo up bench bench-smoke schemas build pure clean node-deps browser
 
 # pip with no notice a user has nothing to do about: its version check, and setuptools'
 # "Editable installation" notice about folders named like the package
@@ -25,14 +25,14 @@ $(CORE): $(BIN)/python pyproject.toml
 	@touch $(CORE)
 
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
-# every stack, FastStream's included), the gateways' (their tests run in `make test`) and
-# the docs' (`make test` builds the site);
+# every stack, FastStream's included), the gateways' and the console's (their tests run in
+# `make test`) and the docs' (`make test` builds the site);
 # setuptools >= 77 in the venv too: `make build` runs setup.py with it. After the package
 # (order only: a venv made before it was a step of its own needs no second install)
 $(STAMP): $(BIN)/python pyproject.toml | $(CORE)
-	@echo "Installing the test, benchmark, gateway and documentation tools into $(VENV)"
+	@echo "Installing the test, benchmark, gateway, console and documentation tools into $(VENV)"
 	@$(PIP) --upgrade 'setuptools>=77'
-	@$(PIP) -e '.[test,bench,gateways,docs]'
+	@$(PIP) -e '.[test,bench,gateways,console,docs]'
 	@touch $(STAMP)
 
 # The venv with the package, its extras and nats-server, nothing compiled (the README's
@@ -79,7 +79,24 @@ $(NODE_DEPS): examples/node/package.json examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund
 node-deps: $(if $(NPM),$(NODE_DEPS))
 
-pytest: $(NATIVE) node-deps
+# The headless browser the console's tests drive (tests/test_console_browser.py): Debian's
+# chromium and chromedriver, installed with apt-get where they are missing and apt-get is
+# there (CI runs as root on Debian); a no-op when they are present, and where neither holds
+# the browser tests are skipped with the reason. Selenium is pointed at
+# /usr/bin/chromedriver, so nothing is downloaded at test time.
+APT_GET := $(shell command -v apt-get 2>/dev/null)
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		if [ -n "$(APT_GET)" ]; then \
+			echo "Installing chromium and chromium-driver with apt-get (a minute or two)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends chromium chromium-driver >/dev/null; \
+		else \
+			echo "no chromium and no apt-get: the console's browser tests will be skipped"; \
+		fi; \
+	fi
+
+pytest: $(NATIVE) node-deps browser
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke"
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled

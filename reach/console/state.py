@@ -1,0 +1,116 @@
+"""What the console knows of the fabric, followed live while it runs.
+
+Like ``reach top``: the registry through a route cache (``reach.registry.routecache``),
+the calls from the audit stream (``reach.audit.reader.read_events``, folded into a
+``Rollup``), and the alerts from REACH_ALERTS, all with the console's one connection and
+so with what its credential may read. What cannot be read (an audit stream the
+credential may not read, a fabric without alerts) is said on the pages, in ``notes``,
+instead of stopping the console; a follower that fails starts again after a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from reach import subjects
+from reach.audit.alerts import Alert, decode_alert
+from reach.audit.reader import read_events
+from reach.clock import Clock, system_clock
+from reach.console.rollup import Rollup
+from reach.errors import ReachError
+from reach.models import Instance
+from reach.registry.routecache import RouteCache
+from reach.registry.store import RegistryStore
+from reach.transport import Connection
+
+__all__ = ["ALERTS_KEPT", "FabricView"]
+
+log = logging.getLogger(__name__)
+
+#: the newest alerts kept for the alerts page
+ALERTS_KEPT = 500
+#: how far back the alerts page starts, in seconds
+ALERTS_SINCE_SEC = 24 * 3600.0
+#: pause before a failed follower starts again
+RETRY_SEC = 2.0
+
+
+class FabricView:
+    """The registry, the last minutes of calls and the recent alerts, kept current."""
+
+    def __init__(
+        self, conn: Connection, *, window_sec: float = 300.0, clock: Clock = system_clock
+    ) -> None:
+        self.conn = conn
+        self.clock = clock
+        self.rollup = Rollup(window_sec=window_sec)
+        self.alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
+        #: what cannot be shown and why, by source ("registry", "calls", "alerts")
+        self.notes: dict[str, str] = {}
+        self.routes: RouteCache | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def now(self) -> float:
+        return self.clock.time()
+
+    def instances(self) -> list[Instance]:
+        return self.routes.all() if self.routes is not None else []
+
+    async def start(self) -> None:
+        try:
+            routes = RouteCache(await RegistryStore.open(self.conn, create=False))
+            await routes.start()
+            self.routes = routes
+        except (ReachError, TimeoutError) as exc:
+            self.notes["registry"] = f"registry not readable: {exc}"
+        self._tasks = [
+            asyncio.create_task(self._keep(self._follow_calls, "calls"), name="console-calls"),
+            asyncio.create_task(self._keep(self._follow_alerts, "alerts"), name="console-alerts"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.routes is not None:
+            await self.routes.stop()
+
+    async def _keep(self, follow: Callable[[], Awaitable[None]], source: str) -> None:
+        """Run ``follow`` again whenever it fails or ends, saying why in ``notes``."""
+        while True:
+            try:
+                await follow()
+                self.notes[source] = f"{source}: the stream ended; reading it again"
+            except asyncio.CancelledError:
+                raise
+            except ReachError as exc:
+                self.notes[source] = f"{source} not shown: {exc}"
+            except Exception as exc:  # a bug must not stop the page: it says so
+                log.exception("console: following %s failed", source)
+                self.notes[source] = f"{source} not shown: {type(exc).__name__}: {exc}"
+            await asyncio.sleep(RETRY_SEC)
+
+    async def _follow_calls(self) -> None:
+        rollup = self.rollup
+        # after a failure: from the newest call seen (a call of that very instant may
+        # then be counted twice), never before the window
+        since = max(rollup.newest, self.now() - rollup.window_sec)
+        async for event in read_events(self.conn, since=since, follow=True):
+            self.notes.pop("calls", None)
+            rollup.add(event)
+
+    async def _follow_alerts(self) -> None:
+        stream = await self.conn.stream(subjects.ALERTS_STREAM)
+        newest = self.alerts[-1].ts if self.alerts else self.now() - ALERTS_SINCE_SEC
+        async for msg in stream.read(subjects.alert("*"), since=newest, follow=True):
+            self.notes.pop("alerts", None)
+            alert = decode_alert(msg.data)
+            if alert is not None and (not self.alerts or alert.ts > self.alerts[-1].ts):
+                self.alerts.append(alert)
