@@ -165,18 +165,16 @@ class Pages:
         )
 
     def contracts(self, name: str) -> list[tuple[str, Capability, str, str]]:
-        """The contract of ``name`` per agent version that offers it: (versions, the
-        capability, its input and output schemas as indented JSON)."""
+        """The contract of ``name`` once per distinct declaration: (the instances that
+        declare it, the capability, its input and output schemas as indented JSON)."""
         seen: dict[str, tuple[list[str], Capability]] = {}
-        for inst in sorted(self.view.instances(), key=lambda i: i.manifest.version):
+        for inst in sorted(self.view.instances(), key=lambda i: i.agent_id):
             cap = next((c for c in inst.manifest.capabilities if c.name == name), None)
             if cap is None:
                 continue
             key = cap.model_dump_json()
             versions, _ = seen.setdefault(key, ([], cap))
-            label = f"{inst.manifest.agent_name} {inst.manifest.version}"
-            if label not in versions:
-                versions.append(label)
+            versions.append(f"{inst.agent_id} ({inst.manifest.agent_name} {inst.manifest.version})")
         return [
             (", ".join(versions), cap, _json(cap.input_schema), _json(cap.output_schema))
             for versions, cap in seen.values()
