@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from reach.audit.alerts import RULES
 from reach.console.auth import LOOPBACK_NAMES, Guard
-from reach.console.pages import Pages
+from reach.console.pages import LIVE_PAGES, Pages
 from reach.console.search import KINDS, CallQuery, search
 from reach.console.state import FabricView
 from reach.doctor import diagnose
@@ -36,6 +36,8 @@ __all__ = ["MAX_FEEDS", "Console"]
 MAX_FEEDS = 64
 #: a comment is sent on a quiet feed this often, so that proxies keep it open
 KEEPALIVE_SEC = 15.0
+#: a live part is rendered again no sooner than this many times its last rendering took
+RENDER_PACE = 20.0
 #: how far back the doctor page reads the audit stream
 DOCTOR_WINDOW_SEC = 600.0
 
@@ -60,8 +62,9 @@ class Console:
         self.interval = interval
         self.feeds = 0
         self.closing = asyncio.Event()
-        #: (page, params) → (tick, html): one rendering per interval, whatever the feeds
-        self._rendered: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, str]] = {}
+        #: (page, params) → (tick, html, seconds it took): one rendering per interval,
+        #: whatever the number of feeds showing it
+        self._rendered: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, str, float]] = {}
         static = files("reach.console").joinpath("static")
         app = Starlette(
             routes=[
@@ -153,23 +156,26 @@ class Console:
                 return self._error("doctor", exc, 503)
         return self._page("doctor.html", section="doctor", target=target, diagnosis=diagnosis)
 
-    def _fragment(self, page: str, params: dict[str, str]) -> str | None:
+    def _fragment(self, page: str, params: dict[str, str]) -> tuple[str, float]:
+        """The live part of ``page`` (rendered at most once per interval), and how long
+        its rendering took."""
         key = (page, tuple(sorted(params.items())))
         tick = int(time.monotonic() / self.interval)
         cached = self._rendered.get(key)
         if cached is not None and cached[0] == tick:
-            return cached[1]
-        html = self.pages.fragment(page, params)
-        if html is not None:
-            if len(self._rendered) > 4 * MAX_FEEDS:
-                self._rendered.clear()
-            self._rendered[key] = (tick, html)
-        return html
+            return cached[1], cached[2]
+        started = time.perf_counter()
+        html = self.pages.fragment(page, params) or ""
+        cost = time.perf_counter() - started
+        if len(self._rendered) > 4 * MAX_FEEDS:
+            self._rendered.clear()
+        self._rendered[key] = (tick, html, cost)
+        return html, cost
 
     async def live(self, request: Request) -> Response:
         page = request.path_params["page"]
         params = _params(request)
-        if self.pages.fragment(page, params) is None:
+        if page not in LIVE_PAGES:
             return Response(f"no live view {page!r}", status_code=404, media_type="text/plain")
         if self.feeds >= MAX_FEEDS:
             return Response("too many live views open", status_code=503, media_type="text/plain")
@@ -187,7 +193,7 @@ class Console:
             last: str | None = None
             quiet = 0.0
             while not self.closing.is_set():
-                html = self._fragment(page, params) or ""
+                html, cost = self._fragment(page, params)
                 if html != last:
                     last, quiet = html, 0.0
                     yield (
@@ -198,9 +204,12 @@ class Console:
                 elif quiet >= KEEPALIVE_SEC:
                     quiet = 0.0
                     yield ": keep-alive\n\n"
+                # a part that takes long to render is sent less often, so that rendering
+                # stays a small share of the console's time
+                pause = max(self.interval, cost * RENDER_PACE)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.closing.wait(), self.interval)
-                quiet += self.interval
+                    await asyncio.wait_for(self.closing.wait(), pause)
+                quiet += pause
         finally:
             self.feeds -= 1
 

@@ -23,10 +23,17 @@ from reach.console.state import FabricView
 from reach.models import Capability, Instance
 from reach.routing import score_instance
 
-__all__ = ["BREAKER_SEEN_SEC", "Pages", "make_environment"]
+__all__ = ["BREAKER_SEEN_SEC", "LIVE_PAGES", "MAX_ROWS", "Pages", "make_environment"]
 
 #: an instance counts as behind an open breaker when a caller passed it over this recently
 BREAKER_SEEN_SEC = 30.0
+#: rows of the agents table at most (a live table of thousands is read by nobody, and
+#: costs its rendering every second): those in trouble first, then by agent id; a
+#: filter by capability or tag shows the others
+MAX_ROWS = 200
+#: the pages with a live part (``Pages.fragment``)
+LIVE_PAGES = ("agents", "capability", "alerts")
+_TROUBLE_FIRST = {"unhealthy": 0, "degraded": 1, "healthy": 2}
 
 
 def _ms(value: float | None) -> str:
@@ -105,28 +112,36 @@ class Pages:
     def _breaker_open(self, agent_id: str, now: float) -> bool:
         return self.view.rollup.breaker_skips.get(agent_id, 0.0) >= now - BREAKER_SEEN_SEC
 
-    def agent_rows(self, capability: str = "", tag: str = "") -> list[AgentRow]:
+    def agent_rows(
+        self, capability: str = "", tag: str = "", limit: int = MAX_ROWS
+    ) -> tuple[list[AgentRow], int]:
+        """The rows of the instances matching the filter, those in trouble first, at most
+        ``limit``; and how many matched."""
         now = self.view.now()
         self.view.rollup.trim(now)
-        rows = []
-        for inst in sorted(self.view.instances(), key=lambda i: i.agent_id):
-            names = [c.name for c in inst.manifest.capabilities]
-            if capability and capability not in names:
-                continue
-            if tag and tag not in _tags(inst, capability):
-                continue
-            last = inst.transitions[-1] if inst.transitions else None
-            row = AgentRow(
-                inst, names, _tags(inst), self.view.rollup.instance(inst.agent_id, now),
-                self._breaker_open(inst.agent_id, now), inst.age(now),
-                (last.status, last.reason, now - last.at) if last else None,
-            )  # fmt: skip
-            rows.append(row)
-        return rows
+        matching = [
+            inst
+            for inst in self.view.instances()
+            if (not capability or any(c.name == capability for c in inst.manifest.capabilities))
+            and (not tag or tag in _tags(inst, capability))
+        ]
+        matching.sort(key=lambda i: (_TROUBLE_FIRST.get(i.status, 0), i.agent_id))
+        return [self._row(inst, now) for inst in matching[:limit]], len(matching)
+
+    def _row(self, inst: Instance, now: float) -> AgentRow:
+        last = inst.transitions[-1] if inst.transitions else None
+        return AgentRow(
+            inst, [c.name for c in inst.manifest.capabilities], _tags(inst),
+            self.view.rollup.instance(inst.agent_id, now),
+            self._breaker_open(inst.agent_id, now), inst.age(now),
+            (last.status, last.reason, now - last.at) if last else None,
+        )  # fmt: skip
 
     def agents_fragment(self, params: dict[str, str]) -> str:
-        rows = self.agent_rows(params.get("capability", ""), params.get("tag", ""))
-        return self.render("agents_table.html", rows=rows, total=len(self.view.instances()))
+        rows, matching = self.agent_rows(params.get("capability", ""), params.get("tag", ""))
+        return self.render(
+            "agents_table.html", rows=rows, matching=matching, total=len(self.view.instances())
+        )
 
     def capability_scores(self, name: str) -> list[InstanceScore]:
         """The instances offering ``name``, best score first: the router's formula over
@@ -187,12 +202,13 @@ class Pages:
 
     def fragment(self, page: str, params: dict[str, str]) -> str | None:
         """The live part of ``page`` as HTML, None for a page without one."""
-        render = {
-            "agents": self.agents_fragment,
-            "capability": self.capability_fragment,
-            "alerts": self.alerts_fragment,
-        }.get(page)
-        return render(params) if render is not None else None
+        if page == "agents":
+            return self.agents_fragment(params)
+        if page == "capability":
+            return self.capability_fragment(params)
+        if page == "alerts":
+            return self.alerts_fragment(params)
+        return None
 
 
 def _json(schema: dict[str, Any]) -> str:

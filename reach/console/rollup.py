@@ -13,19 +13,25 @@ Figures are those of ``reach.audit.stats`` (its primary events, attempts per ins
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from reach.audit.records import AuditEvent
 from reach.audit.stats import percentile
 
-__all__ = ["BUCKET_SEC", "SAMPLES", "Bucket", "Rollup", "Summary"]
+__all__ = ["BUCKET_SEC", "MAX_KEYS", "SAMPLES", "Bucket", "Rollup", "Summary"]
 
 #: width of a bucket (a bar of the capability page's charts)
 BUCKET_SEC = 5.0
 #: latencies kept per bucket and key at most (a uniform sample beyond)
 SAMPLES = 256
+#: capabilities and instances kept at most (audit events are written by participants:
+#: names beyond it, within the window, are not counted, and ``overflow`` says how many)
+MAX_KEYS = 20_000
 
 
 @dataclass(slots=True)
@@ -75,6 +81,16 @@ class Summary:
         return self.ok / self.calls if self.calls else None
 
 
+def _number(value: object) -> float:
+    """``value`` as a finite float; ValueError when it is no number or not finite."""
+    if type(value) is not float and type(value) is not int:
+        raise ValueError(value)
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(value)
+    return number
+
+
 class Rollup:
     """Buckets of ``bucket_sec`` per capability and per instance over ``window_sec``."""
 
@@ -88,11 +104,17 @@ class Rollup:
         #: denials by callees or the registrar: (ts, capability)
         self.denials: deque[tuple[float, str]] = deque(maxlen=10_000)
         self.newest = 0.0
+        #: calls not counted because their capability or instance was one too many
+        self.overflow = 0
         self._rng = random.Random(0)
 
-    def _bucket(self, table: dict[str, dict[int, Bucket]], key: str, ts: float) -> Bucket:
+    def _bucket(self, table: dict[str, dict[int, Bucket]], key: str, ts: float) -> Bucket | None:
+        """The bucket of ``key`` at ``ts``; None for a new key beyond ``MAX_KEYS``."""
         slots = table.get(key)
         if slots is None:
+            if len(table) >= MAX_KEYS:
+                self.overflow += 1
+                return None
             slots = table[key] = {}
         index = int(ts // self.bucket_sec)
         bucket = slots.get(index)
@@ -102,26 +124,86 @@ class Rollup:
 
     def add(self, event: AuditEvent) -> None:
         """One audit event (not forged: ``read_events`` gives those)."""
-        ts = event.ts
-        if event.outcome == "denied" and event.side != "caller":
-            self.denials.append((ts, event.capability))
+        attempts = [(a.agent_id, a.outcome, a.latency_ms) for a in event.attempts]
+        self._fold(
+            event.ts, event.capability, event.side, event.primary, event.outcome,
+            event.error or event.outcome, event.answer_ms, attempts, event.callee,
+            event.skipped,
+        )  # fmt: skip
+
+    def add_map(self, item: Mapping[str, Any]) -> bool:
+        """One event as ``reach.audit.batch.decode_events`` gives it (a map, unvalidated:
+        what the console reads on a busy fabric, a few times cheaper than a model per
+        event); False, and nothing counted, when a field is not of its type."""
+        try:
+            ts = _number(item["ts"])
+            capability = item["capability"]
+            outcome = item["outcome"]
+            side = item.get("side", "caller")
+            error = item.get("error") or outcome
+            latency = _number(item.get("latency_ms", 0.0))
+            callee = item.get("callee", "")
+            skipped = item.get("skipped") or []
+            if type(skipped) is not list:
+                return False
+            attempts = []
+            for a in item.get("attempts") or ():
+                attempt = (
+                    a.get("agent_id", ""),
+                    a.get("outcome", "ok"),
+                    _number(a.get("latency_ms", 0.0)),
+                )
+                if type(attempt[0]) is not str or type(attempt[1]) is not str:
+                    return False
+                attempts.append(attempt)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        for text in (capability, outcome, side, error, callee, *skipped):
+            if type(text) is not str:
+                return False
+        answer = attempts[-1][2] if attempts and attempts[-1][1] == "ok" else latency
+        primary = item.get("primary", True) is not False
+        self._fold(
+            ts, capability, side, primary, outcome, error, answer, attempts,
+            callee, skipped,
+        )  # fmt: skip
+        return True
+
+    def _fold(
+        self,
+        ts: float,
+        capability: str,
+        side: str,
+        primary: bool,
+        outcome: str,
+        kind: str,
+        answer_ms: float,
+        attempts: Sequence[tuple[str, str, float]],
+        callee: str,
+        skipped: Sequence[str],
+    ) -> None:
+        if outcome == "denied" and side != "caller":
+            self.denials.append((ts, capability))
             return
-        if not event.primary:
+        if not primary:
             return
         self.newest = max(self.newest, ts)
         rng = self._rng
-        kind = event.error or event.outcome
-        cap = self._bucket(self._caps, event.capability, ts)
-        cap.count(event.outcome == "ok", kind, event.answer_ms, rng)
-        tried = [a for a in event.attempts if a.agent_id]
-        for attempt in tried:
-            inst = self._bucket(self._insts, attempt.agent_id, ts)
-            inst.count(attempt.outcome == "ok", attempt.outcome, attempt.latency_ms, rng)
-        if not tried and event.callee:
-            inst = self._bucket(self._insts, event.callee, ts)
-            inst.count(event.outcome == "ok", kind, event.answer_ms, rng)
-        for agent_id in event.skipped:
-            self.breaker_skips[agent_id] = max(self.breaker_skips.get(agent_id, 0.0), ts)
+        cap = self._bucket(self._caps, capability, ts)
+        if cap is not None:
+            cap.count(outcome == "ok", kind, answer_ms, rng)
+        tried = [a for a in attempts if a[0]]
+        for agent_id, attempt_outcome, latency_ms in tried:
+            inst = self._bucket(self._insts, agent_id, ts)
+            if inst is not None:
+                inst.count(attempt_outcome == "ok", attempt_outcome, latency_ms, rng)
+        if not tried and callee:
+            inst = self._bucket(self._insts, callee, ts)
+            if inst is not None:
+                inst.count(outcome == "ok", kind, answer_ms, rng)
+        for agent_id in skipped:
+            if agent_id in self.breaker_skips or len(self.breaker_skips) < MAX_KEYS:
+                self.breaker_skips[agent_id] = max(self.breaker_skips.get(agent_id, 0.0), ts)
 
     def trim(self, now: float) -> None:
         """Forget buckets older than the window (and instances and capabilities without
