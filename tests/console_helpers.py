@@ -19,7 +19,7 @@ SCRIPT = "<script>document.title='owned'</script><img src=x onerror=\"document.t
 
 @contextlib.asynccontextmanager
 async def serve_console(
-    url: str, creds: Path, *, password: str | None = None
+    url: str, creds: Path | None, *, password: str | None = None
 ) -> AsyncIterator[tuple[str, Console]]:
     """``reach console``'s application on a free loopback port: (its base URL, it)."""
     conn, _ = await connect_as([url], name="reach-console", credentials=creds)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from reach import subjects
@@ -57,6 +57,9 @@ class FabricView:
         #: audit events not counted: unreadable, malformed, or written by someone other
         #: than who they name (forged)
         self.bad_events = 0
+        #: (stream sequence, time stored) of the last message read of each stream
+        self._calls_at: tuple[int, float] = (0, 0.0)
+        self._alerts_at: tuple[int, float] = (0, 0.0)
         self._tasks: list[asyncio.Task[None]] = []
 
     def now(self) -> float:
@@ -87,49 +90,69 @@ class FabricView:
         if self.routes is not None:
             await self.routes.stop()
 
-    async def _keep(self, follow: Callable[[], Awaitable[None]], source: str) -> None:
-        """Run ``follow`` again whenever it fails or ends, saying why in ``notes``."""
+    async def _keep(self, follow: Callable[[], Coroutine[Any, Any, None]], source: str) -> None:
+        """Run ``follow`` again whenever it fails or ends, saying why in ``notes``, and at
+        once after the connection came back: a server that restarted has forgotten the
+        consumer a follower reads from, which then waits for nothing, silently."""
+        reconnected = asyncio.Event()
+        self.conn.on_reconnect(reconnected.set)
         while True:
+            reconnected.clear()
+            reading = asyncio.create_task(follow(), name=f"console-{source}-read")
+            waiting = asyncio.create_task(reconnected.wait(), name=f"console-{source}-wait")
             try:
-                await follow()
-                self.notes[source] = f"{source}: the stream ended; reading it again"
-            except asyncio.CancelledError:
-                raise
-            except ReachError as exc:
-                self.notes[source] = f"{source} not shown: {exc}"
-            except Exception as exc:  # a bug must not stop the page: it says so
-                log.exception("console: following %s failed", source)
-                self.notes[source] = f"{source} not shown: {type(exc).__name__}: {exc}"
-            await asyncio.sleep(RETRY_SEC)
+                await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (reading, waiting):
+                    task.cancel()
+                await asyncio.gather(reading, waiting, return_exceptions=True)
+            if not reading.cancelled():
+                self._failed(source, reading.exception())
+                await asyncio.sleep(RETRY_SEC)
+
+    def _failed(self, source: str, exc: BaseException | None) -> None:
+        if exc is None:
+            self.notes[source] = f"{source}: the stream ended; reading it again"
+        elif isinstance(exc, ReachError):
+            self.notes[source] = f"{source} not shown: {exc}"
+        else:  # a bug must not stop the page: it says so
+            log.error("console: following %s failed", source, exc_info=exc)
+            self.notes[source] = f"{source} not shown: {type(exc).__name__}: {exc}"
 
     async def _follow_calls(self) -> None:
         """The audit stream as ``reach.audit.reader.read_events`` reads it (forged events
         left out), each event folded from its map rather than made a model first: the
-        console reads every call of the fabric."""
+        console reads every call of the fabric. Read again, it goes on after the last
+        message it read (by the stream's sequence: none lost, none counted twice)."""
         rollup = self.rollup
-        # after a failure: from the newest call seen (a call of that very instant may
-        # then be counted twice), never before the window
-        since = max(rollup.newest, self.now() - rollup.window_sec)
+        window_start = self.now() - rollup.window_sec
+        since = max(self._calls_at[1], window_start)
         stream = await self.conn.stream(subjects.AUDIT_STREAM)
         async for msg in stream.read(subjects.AUDIT_ALL, since=since, follow=True):
             self.notes.pop("calls", None)
+            if msg.seq <= self._calls_at[0]:
+                continue
+            self._calls_at = (msg.seq, msg.time)
             writer = subjects.writer_of(msg.subject)
             decoded = decode_events(msg.data)
             self.bad_events += decoded.bad
             for item in decoded.events:
                 ts = item.get("ts")
-                if isinstance(ts, int | float) and ts < since:
+                if isinstance(ts, int | float) and ts < window_start:
                     continue  # a call that started before the window
                 if _forged(item, writer) or not rollup.add_map(item):
                     self.bad_events += 1
 
     async def _follow_alerts(self) -> None:
         stream = await self.conn.stream(subjects.ALERTS_STREAM)
-        newest = self.alerts[-1].ts if self.alerts else self.now() - ALERTS_SINCE_SEC
-        async for msg in stream.read(subjects.alert("*"), since=newest, follow=True):
+        since = self._alerts_at[1] or self.now() - ALERTS_SINCE_SEC
+        async for msg in stream.read(subjects.alert("*"), since=since, follow=True):
             self.notes.pop("alerts", None)
+            if msg.seq <= self._alerts_at[0]:
+                continue
+            self._alerts_at = (msg.seq, msg.time)
             alert = decode_alert(msg.data)
-            if alert is not None and (not self.alerts or alert.ts > self.alerts[-1].ts):
+            if alert is not None:
                 self.alerts.append(alert)
 
 
