@@ -80,19 +80,20 @@ $(NODE_DEPS): examples/node/package.json examples/node/package-lock.json
 node-deps: $(if $(NPM),$(NODE_DEPS))
 
 # The headless browser the console's tests drive (tests/test_console_browser.py): Debian's
-# chromium and chromedriver, installed with apt-get where they are missing and apt-get is
-# there (CI runs as root on Debian); a no-op when they are present, and where neither holds
-# the browser tests are skipped with the reason. Selenium is pointed at
-# /usr/bin/chromedriver, so nothing is downloaded at test time.
+# chromium and chromedriver, installed with apt-get where they are missing, apt-get is
+# there and this is root (CI runs as root on Debian; about a minute); a no-op when they
+# are present. Elsewhere it says so, and the browser tests are skipped with the reason.
+# The tests point at /usr/bin/chromedriver: nothing is downloaded at test time.
 APT_GET := $(shell command -v apt-get 2>/dev/null)
 browser:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
-		if [ -n "$(APT_GET)" ]; then \
-			echo "Installing chromium and chromium-driver with apt-get (a minute or two)"; \
+		if [ -n "$(APT_GET)" ] && [ "$$(id -u)" = 0 ]; then \
+			echo "Installing chromium and chromium-driver with apt-get (about a minute)"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 				--no-install-recommends chromium chromium-driver >/dev/null; \
 		else \
-			echo "no chromium and no apt-get: the console's browser tests will be skipped"; \
+			echo "no chromium (apt-get install chromium chromium-driver as root):" \
+				"the console's browser tests will be skipped"; \
 		fi; \
 	fi
 
