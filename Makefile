@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure pytest-long demo up bench bench-smoke schemas build pure clean node-deps
+.PHONY: install test docs docs-check test-long test-faults lint typecheck pytest pytest-pure pytest-long demo up bench bench-smoke schemas build pure clean node-deps browser
 
 # pip with no notice a user has nothing to do about: its version check, and setuptools'
 # "Editable installation" notice about folders named like the package
@@ -25,14 +25,14 @@ $(CORE): $(BIN)/python pyproject.toml
 	@touch $(CORE)
 
 # with the bench extras (`make bench` needs them, and the benchmark's smoke test measures
-# every stack, FastStream's included), the gateways' (their tests run in `make test`) and
-# the docs' (`make test` builds the site);
+# every stack, FastStream's included), the gateways' and the console's (their tests run in
+# `make test`) and the docs' (`make test` builds the site);
 # setuptools >= 77 in the venv too: `make build` runs setup.py with it. After the package
 # (order only: a venv made before it was a step of its own needs no second install)
 $(STAMP): $(BIN)/python pyproject.toml | $(CORE)
-	@echo "Installing the test, benchmark, gateway and documentation tools into $(VENV)"
+	@echo "Installing the test, benchmark, gateway, console and documentation tools into $(VENV)"
 	@$(PIP) --upgrade 'setuptools>=77'
-	@$(PIP) -e '.[test,bench,gateways,docs]'
+	@$(PIP) -e '.[test,bench,gateways,console,docs]'
 	@touch $(STAMP)
 
 # The venv with the package, its extras and nats-server, nothing compiled (the README's
@@ -79,6 +79,24 @@ $(NODE_DEPS): examples/node/package.json examples/node/package-lock.json
 	cd examples/node && npm ci --no-audit --no-fund
 node-deps: $(if $(NPM),$(NODE_DEPS))
 
+# The headless browser the console's tests drive (tests/test_console_browser.py): Debian's
+# chromium and chromedriver, installed with apt-get where they are missing, apt-get is
+# there and this is root (CI runs as root on Debian; about a minute); a no-op when they
+# are present. Elsewhere it says so, and the browser tests are skipped with the reason.
+# The tests point at /usr/bin/chromedriver: nothing is downloaded at test time.
+APT_GET := $(shell command -v apt-get 2>/dev/null)
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		if [ -n "$(APT_GET)" ] && [ "$$(id -u)" = 0 ]; then \
+			echo "Installing chromium and chromium-driver with apt-get (about a minute)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends chromium chromium-driver >/dev/null; \
+		else \
+			echo "no chromium (apt-get install chromium chromium-driver as root):" \
+				"the console's browser tests will be skipped"; \
+		fi; \
+	fi
+
 pytest: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke and not long"
 
@@ -102,13 +120,13 @@ pytest-pure: $(STAMP)
 # The longer tests, kept out of `make test` so that it stays under 20 minutes on 2
 # cores; CI runs them after it: the end-to-end runs of whole programs (marker long: the
 # README as printed, the demo, `reach up`'s process life, the raw-NATS and Node.js
-# conformance kits, the MCP and A2A gateways), the pure-Python build's call-path tests,
+# conformance kits, the MCP and A2A gateways, the console in a browser), the pure-Python build's call-path tests,
 # the fault scenarios (tests/faults, marker faults_long) and the benchmarks' end-to-end
 # smoke runs (marker bench_smoke).
 test-long: pytest-long pytest-pure test-faults
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
 
-pytest-long: $(NATIVE) node-deps
+pytest-long: $(NATIVE) node-deps browser
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m long
 
 test-faults: $(NATIVE)

@@ -38,8 +38,9 @@ HERE = Path(__file__).parent
 pytest_plugins = ["tests.token_helpers", "tests.up_helpers"]
 
 
-#: the variables of the test run itself (`make test` says which build it tests)
-_RUN_VARIABLES = frozenset({"REACH_TEST_BUILD"})
+#: the variables of the test run itself (`make test` says which build it tests; the
+#: console's browser test saves its screenshots where REACH_SCREENSHOTS says)
+_RUN_VARIABLES = frozenset({"REACH_TEST_BUILD", "REACH_SCREENSHOTS"})
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

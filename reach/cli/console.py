@@ -1,0 +1,85 @@
+"""``reach console``: the fabric on one web page (docs/console.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import click
+
+from reach.cli.common import Target, connection, connection_options, run
+
+#: the environment variable of the console's login password when not on loopback
+PASSWORD_ENV = "REACH_CONSOLE_PASSWORD"
+
+
+async def _console(
+    target: Target, host: str, port: int, password: str | None, window: float
+) -> None:
+    import uvicorn
+
+    from reach.console import Console, FabricView
+
+    async with connection(target, "reach-console") as conn:
+        view = FabricView(conn, window_sec=window)
+        await view.start()
+        console = Console(view, password=password, loopback_only=password is None)
+        config = uvicorn.Config(
+            console.asgi,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            # the live feeds end when the console closes (see below), not after a wait
+            timeout_graceful_shutdown=2,
+        )
+        server = uvicorn.Server(config)
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"reach console on http://{shown}:{port}/ (Ctrl-C to stop)", err=True)
+        serving = asyncio.create_task(server.serve())
+        try:
+            await asyncio.shield(serving)
+        except asyncio.CancelledError:
+            server.should_exit = True
+            await serving
+        finally:
+            console.closing.set()
+            await view.stop()
+
+
+def register(main: click.Group) -> None:
+    @main.command("console", short_help="Serve the fabric as a live web page.")
+    @click.option("--port", type=click.IntRange(0, 65535), default=8222, show_default=True)
+    @click.option(
+        "--host",
+        default="127.0.0.1",
+        show_default=True,
+        help="address to listen on; any but loopback asks for a login",
+    )
+    @click.option(
+        "--window", type=float, default=300.0, show_default=True,
+        help="seconds of calls the charts and figures keep",
+    )  # fmt: skip
+    @connection_options
+    def console(target: Target, port: int, host: str, window: float) -> None:
+        """Serve a web page of the fabric, live: agents with health, load and latency;
+        a capability's instances, scores, breakers, charts and contract; a search of the
+        audit trail; alerts; and the doctor's six steps. It reads with the credentials
+        given (--creds), shows what they may read, and changes nothing.
+
+        On 127.0.0.1 (the default) there is no login. Bound to any other address it asks
+        for one: HTTP Basic, user "operator", the password from REACH_CONSOLE_PASSWORD, or
+        one made now and printed once."""
+        from reach.console.auth import LOGIN_USER, is_loopback, make_password
+
+        if window <= 0:
+            raise click.UsageError("--window must be > 0")
+        password = None
+        if not is_loopback(host):
+            password = os.environ.get(PASSWORD_ENV) or ""
+            said = f"the password from {PASSWORD_ENV}"
+            if not password:
+                password = make_password()
+                said = f"password {password}"
+            click.echo(f"login: user {LOGIN_USER}, {said}", err=True)
+        run(_console(target, host, port, password, window))

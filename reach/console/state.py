@@ -1,0 +1,169 @@
+"""What the console knows of the fabric, followed live while it runs.
+
+Like ``reach top``: the registry through a route cache (``reach.registry.routecache``),
+the calls from the audit stream (``reach.audit.reader.read_events``, folded into a
+``Rollup``), and the alerts from REACH_ALERTS, all with the console's one connection and
+so with what its credential may read. What cannot be read (an audit stream the
+credential may not read, a fabric without alerts) is said on the pages, in ``notes``,
+instead of stopping the console; a follower that fails starts again after a pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from reach import subjects
+from reach.audit.alerts import Alert, decode_alert
+from reach.audit.batch import decode_events
+from reach.audit.provenance import verdict
+from reach.clock import Clock, system_clock
+from reach.console.rollup import Rollup
+from reach.errors import ReachError
+from reach.models import Instance
+from reach.registry.routecache import RouteCache
+from reach.registry.store import RegistryStore
+from reach.transport import Connection
+
+__all__ = ["ALERTS_KEPT", "FabricView"]
+
+log = logging.getLogger(__name__)
+
+#: the newest alerts kept for the alerts page
+ALERTS_KEPT = 500
+#: how far back the alerts page starts, in seconds
+ALERTS_SINCE_SEC = 24 * 3600.0
+#: pause before a failed follower starts again
+RETRY_SEC = 2.0
+
+
+class FabricView:
+    """The registry, the last minutes of calls and the recent alerts, kept current."""
+
+    def __init__(
+        self, conn: Connection, *, window_sec: float = 300.0, clock: Clock = system_clock
+    ) -> None:
+        self.conn = conn
+        self.clock = clock
+        self.rollup = Rollup(window_sec=window_sec)
+        self.alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
+        #: what cannot be shown and why, by source ("registry", "calls", "alerts")
+        self.notes: dict[str, str] = {}
+        self.routes: RouteCache | None = None
+        #: audit events not counted: unreadable, malformed, or written by someone other
+        #: than who they name (forged)
+        self.bad_events = 0
+        #: (stream sequence, time stored) of the last message read of each stream
+        self._calls_at: tuple[int, float] = (0, 0.0)
+        self._alerts_at: tuple[int, float] = (0, 0.0)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def now(self) -> float:
+        return self.clock.time()
+
+    def instances(self) -> list[Instance]:
+        return self.routes.all() if self.routes is not None else []
+
+    async def start(self) -> None:
+        try:
+            routes = RouteCache(await RegistryStore.open(self.conn, create=False))
+            await routes.start()
+            self.routes = routes
+        except (ReachError, TimeoutError) as exc:
+            self.notes["registry"] = f"registry not readable: {exc}"
+        self._tasks = [
+            asyncio.create_task(self._keep(self._follow_calls, "calls"), name="console-calls"),
+            asyncio.create_task(self._keep(self._follow_alerts, "alerts"), name="console-alerts"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.routes is not None:
+            await self.routes.stop()
+
+    async def _keep(self, follow: Callable[[], Coroutine[Any, Any, None]], source: str) -> None:
+        """Run ``follow`` again whenever it fails or ends, saying why in ``notes``, and at
+        once after the connection came back: a server that restarted has forgotten the
+        consumer a follower reads from, which then waits for nothing, silently."""
+        reconnected = asyncio.Event()
+        self.conn.on_reconnect(reconnected.set)
+        while True:
+            reconnected.clear()
+            reading = asyncio.create_task(follow(), name=f"console-{source}-read")
+            waiting = asyncio.create_task(reconnected.wait(), name=f"console-{source}-wait")
+            try:
+                await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (reading, waiting):
+                    task.cancel()
+                await asyncio.gather(reading, waiting, return_exceptions=True)
+            if not reading.cancelled():
+                self._failed(source, reading.exception())
+                await asyncio.sleep(RETRY_SEC)
+
+    def _failed(self, source: str, exc: BaseException | None) -> None:
+        if exc is None:
+            self.notes[source] = f"{source}: the stream ended; reading it again"
+        elif isinstance(exc, ReachError):
+            self.notes[source] = f"{source} not shown: {exc}"
+        else:  # a bug must not stop the page: it says so
+            log.error("console: following %s failed", source, exc_info=exc)
+            self.notes[source] = f"{source} not shown: {type(exc).__name__}: {exc}"
+
+    async def _follow_calls(self) -> None:
+        """The audit stream as ``reach.audit.reader.read_events`` reads it (forged events
+        left out), each event folded from its map rather than made a model first: the
+        console reads every call of the fabric. Read again, it goes on after the last
+        message it read (by the stream's sequence: none lost, none counted twice)."""
+        rollup = self.rollup
+        window_start = self.now() - rollup.window_sec
+        since = max(self._calls_at[1], window_start)
+        stream = await self.conn.stream(subjects.AUDIT_STREAM)
+        async for msg in stream.read(subjects.AUDIT_ALL, since=since, follow=True):
+            self.notes.pop("calls", None)
+            if msg.seq <= self._calls_at[0]:
+                continue
+            self._calls_at = (msg.seq, msg.time)
+            writer = subjects.writer_of(msg.subject)
+            decoded = decode_events(msg.data)
+            self.bad_events += decoded.bad
+            for item in decoded.events:
+                ts = item.get("ts")
+                if isinstance(ts, int | float) and ts < window_start:
+                    continue  # a call that started before the window
+                if _forged(item, writer) or not rollup.add_map(item):
+                    self.bad_events += 1
+
+    async def _follow_alerts(self) -> None:
+        stream = await self.conn.stream(subjects.ALERTS_STREAM)
+        since = self._alerts_at[1] or self.now() - ALERTS_SINCE_SEC
+        async for msg in stream.read(subjects.alert("*"), since=since, follow=True):
+            self.notes.pop("alerts", None)
+            if msg.seq <= self._alerts_at[0]:
+                continue
+            self._alerts_at = (msg.seq, msg.time)
+            alert = decode_alert(msg.data)
+            if alert is not None:
+                self.alerts.append(alert)
+
+
+def _forged(item: dict[str, Any], writer: str) -> bool:
+    """Whether the subject's writer is not who the event says recorded it (as
+    ``read_events`` leaves such events out; a callee's denial is not verified here)."""
+    side, caller, callee = (
+        item.get("side", "caller"),
+        item.get("caller", ""),
+        item.get("callee", ""),
+    )
+    if not (isinstance(side, str) and isinstance(caller, str) and isinstance(callee, str)):
+        return True
+    return verdict(side, caller, callee, writer) == "forged"

@@ -1,0 +1,134 @@
+"""`reach console` under attack and under failure, from the outside: a foreign client
+writing malformed and hostile audit batches with plain nats-py and msgpack, and the
+nats-server under the console killed and started again."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import httpx
+import msgpack
+import nats
+import pytest
+
+from reach.client import ReachClient
+from reach.registry.registrar import Registrar
+from reach.testing import NatsServer
+
+from .calls_helpers import capability, make_agent
+from .console_helpers import serve_console
+
+pytestmark = pytest.mark.timeout(120)
+
+HOSTILE = "<script>document.title='owned'</script>"
+
+
+def batch(fields: list[str], rows: list[list[object]]) -> bytes:
+    """A batch as the documented format has it (schemas/, docs/operations.md): field names,
+    then one row per event; nothing of Agent-Reach's own code makes it."""
+    return msgpack.packb(
+        {
+            "v": 1,
+            "fields": fields,
+            "attempt_fields": ["agent_id", "score", "outcome", "latency_ms"],
+            "events": rows,
+        }
+    )
+
+
+async def until(check, what: str, within: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within
+    while not (got := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {within}s: {what}")
+        await asyncio.sleep(0.1)
+    return got
+
+
+async def test_malformed_and_hostile_audit_batches_neither_crash_nor_inject(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    now = time.time()
+    fields = ["ts", "capability", "outcome", "error", "description", "call_id", "attempts",
+              "skipped", "latency_ms"]  # fmt: skip
+    good = [now, "evil", "error", "business", HOSTILE, "evil-1", [["x-1", 0.5, "business", 2.0]],
+            [], 2.0]  # fmt: skip
+    bad_rows = [
+        [math.nan, "evil", "ok", None, "", "bad-1", [], [], 1.0],  # a time that is no time
+        ["soon", "evil", "ok", None, "", "bad-2", [], [], 1.0],
+        [now, ["evil"], "ok", None, "", "bad-3", [], [], 1.0],  # a name that is a list
+        [now, "evil", "ok", None, "", "bad-4", "not a list", [], 1.0],
+        [now, "evil", "ok", None, "", "bad-5", [], 7, 1.0],
+        [now, "evil", "ok", None, "", "bad-6", [], [], math.inf],
+        [now, "evil", "ok", None, "", "bad-7", [[1, 2, 3, 4]], [], 1.0],
+        [now, "evil", {"a": 1}, None, "", "bad-8", [], [], 1.0],
+    ]
+    async with serve_console(nats_server.url, None) as (base, console):
+        outsider = await nats.connect(nats_server.url)
+        js = outsider.jetstream()
+        subject = "reach.v1.audit.evil.anonymous"
+        await js.publish(subject, b"\xc1 not msgpack")
+        await js.publish(subject, msgpack.packb(["not", "a", "batch"]))
+        await js.publish(subject, batch(fields, [*bad_rows, good]))
+        rollup = console.view.rollup
+        await until(lambda: rollup.capability("evil", time.time()).calls == 1, "the good call")
+        # the follower is still reading: a later call is counted too
+        await js.publish(subject, batch(fields, [[time.time(), *good[1:5], "evil-2", *good[6:]]]))
+        await until(lambda: rollup.capability("evil", time.time()).calls == 2, "the next call")
+        await outsider.close()
+        assert console.view.bad_events >= len(bad_rows) + 2
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            cap = await http.get("/capability/evil")
+            assert cap.status_code == 200
+            assert "business 2" in cap.text
+            found = await http.get("/calls", params={"call_id": "evil-1", "since": "5m"})
+            assert found.status_code == 200
+            assert "&lt;script&gt;document.title=" in found.text
+            assert HOSTILE not in found.text
+            assert (await http.get("/agents")).status_code == 200
+
+
+async def test_the_nats_server_killed_under_the_console(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    """Pages answer while the server is down (what was last known, and why the rest is
+    missing); once it is back, the calls made after are counted, none of those before lost."""
+    agent, _ = make_agent(nats_server.url, "w-1", capability("work"))
+    async with (
+        agent,
+        ReachClient(servers=nats_server.url) as client,
+        serve_console(nats_server.url, None) as (base, console),
+        httpx.AsyncClient(base_url=base, timeout=30) as http,
+    ):
+        rollup = console.view.rollup
+
+        def counted() -> int:
+            return rollup.capability("work", time.time(), seconds=300).calls
+
+        for _ in range(20):
+            await client.call("work", {})
+        await until(lambda: counted() == 20, "the calls before")
+        nats_server.kill()
+        started = time.monotonic()
+        page = await http.get("/agents")
+        assert page.status_code == 200
+        assert 'data-agent="w-1"' in page.text  # what it last knew
+        assert time.monotonic() - started < 2
+        search = await http.get("/calls", params={"call_id": "x"})
+        assert search.status_code == 503  # said, not hung
+        await asyncio.to_thread(nats_server.restart)
+        made = 0
+        deadline = time.monotonic() + 30
+        while made < 20 and time.monotonic() < deadline:
+            try:
+                await client.call("work", {}, timeout=2)
+                made += 1
+            except Exception:
+                await asyncio.sleep(0.2)
+        assert made == 20
+        await until(lambda: counted() >= 40, "the calls after", 20)
+        await asyncio.sleep(1)  # (none counted twice either: the follower goes on by sequence)
+        assert counted() == 40
+        assert (await http.get("/agents")).status_code == 200
