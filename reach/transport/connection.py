@@ -311,6 +311,7 @@ class Connection:
             max_bytes=max_bytes,
             replicas=replicas,
             duplicate_window=duplicate_window,
+            reconnects=lambda: self.reconnects,
         )
 
     async def close(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,8 @@ __all__ = ["Stream", "StreamMessage", "open_stream"]
 #: reading a stream's history: wait for stragglers when none are pending, or for the next
 _HISTORY_QUIET = 0.3
 _HISTORY_STALL = 10.0
+#: a follower with nothing to read checks this often whether the connection came back
+_FOLLOW_CHECK = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +41,18 @@ class StreamMessage:
 class Stream:
     """Idempotent publishing (message ids, acks) and ordered reads of one stream."""
 
-    def __init__(self, name: str, js: Any, denials: Denials | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        js: Any,
+        denials: Denials | None = None,
+        reconnects: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.name = name
         self._js = js
         self._denials = denials or Denials()
+        #: how many times the connection has come back (``Connection.reconnects``)
+        self._reconnects = reconnects
 
     async def publish(
         self,
@@ -89,20 +99,39 @@ class Stream:
                 return
             # history only: stop at the last matching message (num_pending 0); if the
             # server counts none pending, only messages already on the wire are left
-            quiet: float | None = None
+            quiet: float | None = _FOLLOW_CHECK
             if not follow:
                 info = await sub.consumer_info()
                 quiet = _HISTORY_QUIET if not info.num_pending else _HISTORY_STALL
+            seen_reconnects = self._reconnects()
+            last = 0
             while True:
                 try:
                     msg = await sub.next_msg(timeout=quiet)
                 except nats.errors.TimeoutError:
-                    return
+                    if not follow:
+                        return
+                    if self._reconnects() == seen_reconnects:
+                        continue
+                    # the connection came back: a server that restarted, or another node
+                    # of the cluster, holds no consumer of ours and would send nothing
+                    # (and say nothing); a new one goes on after the last message read
+                    seen_reconnects = self._reconnects()
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                    sub = await self._subscribe(
+                        subject, since, new_only, headers_only, after=last or None
+                    )
+                    continue
                 meta = msg.metadata
+                seq = int(meta.sequence.stream)
+                if seq <= last:
+                    continue  # sent again by a consumer made after a reconnect
+                last = seq
                 yield StreamMessage(
                     msg.subject,
                     bytes(msg.data),
-                    int(meta.sequence.stream),
+                    seq,
                     meta.timestamp.timestamp(),
                     int(meta.num_pending),
                     dict(msg.headers or {}),
@@ -114,10 +143,20 @@ class Stream:
                 await sub.unsubscribe()
 
     async def _subscribe(
-        self, subject: str, since: float | None, new_only: bool, headers_only: bool
+        self,
+        subject: str,
+        since: float | None,
+        new_only: bool,
+        headers_only: bool,
+        after: int | None = None,
     ) -> Any:
-        """An ordered consumer of ``subject`` from where ``read`` starts."""
-        if new_only:
+        """An ordered consumer of ``subject`` from where ``read`` starts (or from the
+        message after the sequence ``after``)."""
+        config: ConsumerConfig | None = None
+        if after is not None:
+            policy, start = DeliverPolicy.BY_START_SEQUENCE, None
+            config = ConsumerConfig(opt_start_seq=after + 1)
+        elif new_only:
             policy, start = DeliverPolicy.NEW, None
         elif since is not None:
             policy = DeliverPolicy.BY_START_TIME
@@ -132,7 +171,7 @@ class Stream:
                     stream=self.name,
                     ordered_consumer=True,
                     deliver_policy=policy,
-                    config=ConsumerConfig(opt_start_time=start) if start else None,
+                    config=ConsumerConfig(opt_start_time=start) if start else config,
                     headers_only=headers_only or None,
                 ),
                 f"read {self.name}",
@@ -169,6 +208,7 @@ async def open_stream(
     max_bytes: int,
     replicas: int,
     duplicate_window: float,
+    reconnects: Callable[[], int] = lambda: 0,
 ) -> Stream:
     """The stream ``name`` (see ``Connection.stream``), made or updated with ``create``,
     asked whether it exists with ``check``."""
@@ -188,7 +228,7 @@ async def open_stream(
         await _create_or_update(js, denials, config)
     elif check:
         await _exists(js, denials, name)
-    return Stream(name, js, denials)
+    return Stream(name, js, denials, reconnects)
 
 
 async def _create_or_update(js: Any, denials: Denials, config: StreamConfig) -> None:

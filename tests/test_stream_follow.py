@@ -1,0 +1,64 @@
+"""Following a stream (``reach top``, ``reach audit tail -f``, ``reach alerts -f``, the
+console) across the loss of its nats-server.
+
+A follower reads through an ordered consumer, state that lives on one server: a server
+that restarted, or another node of a cluster, has none and sends nothing, without an
+error. The follower must notice that its connection came back and go on after the last
+message it read: every message once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from reach.errors import ReachError
+from reach.testing import NatsServer
+from reach.transport import Connection, StreamMessage, connect
+from tests.audit_helpers import until
+
+
+async def _publish(conn: Connection, stream_name: str, n: int) -> None:
+    """Store message ``n`` once (its id makes a resend harmless), trying again while the
+    server's JetStream comes back."""
+    stream = await conn.stream(stream_name, check=False)
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await stream.publish(f"follow.{n}", b"%d" % n, msg_id=f"m-{n}", timeout=2.0)
+                return
+            except ReachError:
+                await asyncio.sleep(0.2)
+
+
+async def test_a_follower_goes_on_after_its_server_restarts_with_every_message_once(
+    nats_server: NatsServer,
+) -> None:
+    conn = await connect([nats_server.url], name="follower")
+    got: list[StreamMessage] = []
+    try:
+        stream = await conn.stream("FOLLOW", ["follow.>"], create=True)
+        for n in range(3):
+            await _publish(conn, "FOLLOW", n)
+
+        async def follow() -> None:
+            async for msg in stream.read(follow=True):
+                got.append(msg)
+
+        reader = asyncio.create_task(follow())
+        try:
+            await until(lambda: len(got) == 3)
+            await asyncio.to_thread(nats_server.stop_now)
+            await asyncio.to_thread(nats_server.start_now)
+            await until(lambda: conn.reconnects >= 1 and conn.is_connected, timeout=30)
+            for n in range(3, 6):
+                await _publish(conn, "FOLLOW", n)
+            await until(lambda: len(got) >= 6, timeout=15)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        assert [m.seq for m in got] == [1, 2, 3, 4, 5, 6]
+        assert [m.data for m in got] == [b"%d" % n for n in range(6)]
+    finally:
+        await conn.close()
