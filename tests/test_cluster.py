@@ -117,12 +117,15 @@ class Traffic:
     completed: int = 0
     ok: int = 0
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    #: call ids of the calls that succeeded
+    ok_ids: list[str] = field(default_factory=list)
 
     async def worker(self) -> None:
         while not self.stop.is_set():
             try:
-                await self.client.call("work", {"n": self.completed})
+                result = await self.client.call("work", {"n": self.completed})
                 self.ok += 1
+                self.ok_ids.append(result.call_id)
             except ReachError:
                 pass  # counted: a failed call has its audit event too
             self.completed += 1
@@ -169,13 +172,14 @@ async def _credentials_leader_port(admin: Connection, cluster: Cluster) -> int:
     return _port(cluster.urls[int(leader.rsplit("-", 1)[1]) - 1])
 
 
-async def _caller_events(admin: Connection) -> list[str]:
-    """Call ids of the caller events in REACH_AUDIT; retried while JetStream has no meta
-    leader (reading makes a consumer, and only the meta leader makes consumers)."""
+async def _caller_events(admin: Connection, side: str = "caller") -> list[str]:
+    """Call ids of the caller (or callee) events in REACH_AUDIT; retried while JetStream
+    has no meta leader (reading makes a consumer, and only the meta leader makes
+    consumers)."""
     deadline = asyncio.get_running_loop().time() + STEP_TIMEOUT
     while True:
         try:
-            return [e.call_id async for e in read_events(admin) if e.side == "caller"]
+            return [e.call_id async for e in read_events(admin) if e.side == side]
         except ReachError:
             if asyncio.get_running_loop().time() > deadline:
                 raise
@@ -284,6 +288,72 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
     assert cluster.proc.returncode == 0, err.decode()
     assert b"nats-server reach-" in err  # the restart was reported
     assert all(gone(pid) for pid in nodes)
+
+
+async def test_a_killed_node_loses_no_event_agents_record_for_a_caller_that_does_not(
+    cluster: Cluster,
+) -> None:
+    """A caller that records nothing (another language's, say) leaves the audit to the
+    agents: SIGKILL the node an agent is connected to while calls flow, and every call
+    that succeeded still has the event of the agent that served it, none unknown."""
+    creds = cluster.store / "dev.creds"
+    admin, _ = await connect_as(
+        cluster.urls, name="test-admin", credentials=cluster.store / "admin.creds"
+    )
+    agents = [_agent(cluster, agent_id) for agent_id in AGENTS]
+    client = ReachClient(servers=cluster.urls, credentials=creds, audit=False)
+    workers: list[asyncio.Task[None]] = []
+    try:
+        await _until(lambda: _replicated_on_all(admin), "R3 streams", STEP_TIMEOUT)
+        for agent in agents:
+            await agent.start()
+        await client.connect()
+        await client.routes.wait_for(lambda c: len(c.find("work")) == len(AGENTS), timeout=10)
+        traffic = Traffic(client)
+        workers = [asyncio.create_task(traffic.worker()) for _ in range(IN_FLIGHT)]
+        await _until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", STEP_TIMEOUT)
+
+        victim_port = _port(agents[0].connection.connected_url)
+        victim = cluster.node_pids()[victim_port]
+        os.kill(victim, signal.SIGKILL)
+        at_kill = traffic.ok
+        await _until(
+            lambda: traffic.reached(at_kill + CALLS_PER_PHASE), "calls after the kill", STEP_TIMEOUT
+        )
+
+        async def restarted() -> bool:
+            pids = cluster.node_pids()
+            return len(pids) == 3 and pids.get(victim_port) not in (None, victim)
+
+        await _until(restarted, "the killed node started again", STEP_TIMEOUT)
+        await _until(lambda: _replicated_on_all(admin), "3 current replicas again", STEP_TIMEOUT)
+        at_rejoin = traffic.ok
+        await _until(
+            lambda: traffic.reached(at_rejoin + CALLS_PER_PHASE), "calls after rejoin", STEP_TIMEOUT
+        )
+        traffic.stop.set()
+        await asyncio.wait_for(asyncio.gather(*workers), STEP_TIMEOUT)
+
+        for agent in agents:
+            assert agent.audit is not None
+            await asyncio.wait_for(agent.audit.flush(), STEP_TIMEOUT)
+            assert agent.audit.dropped == 0
+        # the caller recorded nothing; the agents recorded every call they served (a call
+        # served twice, its answer lost with the node, has two: one call, merged by id)
+        assert await _caller_events(admin) == []
+        served = set(await _caller_events(admin, side="callee"))
+        lost = set(traffic.ok_ids) - served
+        assert not lost, f"{len(lost)} of {len(traffic.ok_ids)} served calls have no event"
+        assert len(traffic.ok_ids) == len(set(traffic.ok_ids))
+        assert len(served) <= traffic.completed
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await client.close()
+        for agent in agents:
+            await agent.stop()
+        await admin.close()
 
 
 def test_every_node_dies_with_a_killed_reach_up(cluster: Cluster) -> None:
