@@ -173,17 +173,13 @@ class AuditWriter:
         self._added(capability, batch)
 
     def _batch_for(self, capability: str) -> BatchBuilder | None:
-        """The batch an event of ``capability`` joins (its columns have room); None when
-        there is no room in memory or the spool (the event is dropped, counted)."""
+        """The batch an event of ``capability`` joins; None when there is no room in
+        memory or the spool (the event is dropped, counted)."""
         if self._filling + self._held >= self._max_buffer and not self._make_room():
             self._full()
             return None
-        at = self._open.get(capability)
-        if at is None or at.batch.columns.full:  # (full ones are sealed as they fill)
-            if at is not None:
-                self._seal(capability)
-            at = self._start(capability)
-        return at.batch
+        at = self._open.get(capability)  # (sealed once full: an open one has room)
+        return at.batch if at is not None else self._start(capability).batch
 
     def _added(self, capability: str, batch: BatchBuilder) -> None:
         """One event joined ``batch``: it is sealed once full (by count, bytes or names)."""
