@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from reach.audit.events import CallEvent, attempt
 
@@ -35,16 +37,21 @@ __all__ = [
 #: bytes a plain event takes besides its call id and trace id (doubles, indexes, string
 #: headers), to estimate a batch's size while it fills (from above: a trace id counts as
 #: text, though it usually travels as 16 raw bytes)
-PLAIN_ROW_BYTES = 4 * 8 + 4 * 2 + 2 * 3
+PLAIN_ROW_BYTES: Final = 4 * 8 + 4 * 2 + 2 * 3
 #: distinct names or candidate sets one batch may index (two-byte indexes)
-MAX_VALUES = 0xFFFF
-_TRACE_HEX = 32
+MAX_VALUES: Final = 0xFFFF
+_TRACE_HEX: Final = 32
+#: (constants, compiled, are read without a lookup per call)
+_NAN: Final = math.nan
+_IS_ASCII: Final = str.isascii
+#: the columns' numbers are little-endian, as are the machine's arrays on most machines
+_SWAP: Final = sys.byteorder != "little"
 
 
 def _text_bytes(text: str) -> int:
     """Packed size of ``text`` at most (without its header): UTF-8 takes up to 4 bytes a
     character, and ``isascii`` answers without reading the text."""
-    return len(text) if text.isascii() else 4 * len(text)
+    return len(text) if _IS_ASCII(text) else 4 * len(text)
 
 
 class Columns:
@@ -199,7 +206,7 @@ class Columns:
         self.callee.append(self._last_callee_at)
         self.latency.append(latency_ms)
         self.candidates.append(at)
-        self.score.append(math.nan if score is None else score)
+        self.score.append(_NAN if score is None else score)
         self.attempt_latency.append(attempt_latency_ms)
         self.size += PLAIN_ROW_BYTES + _text_bytes(call_id) + _text_bytes(trace_id)
 
@@ -253,8 +260,6 @@ class Columns:
     def encode(self, capability: str) -> dict[str, Any]:
         """The batch's ``plain`` map."""
         n = len(self.ts)
-        doubles = struct.Struct(f"<{n}d").pack
-        indexes = struct.Struct(f"<{n}H").pack
         trace: bytes | list[str] = self.trace_id
         if self.trace_hex:
             joined = "".join(self.trace_id)
@@ -269,22 +274,31 @@ class Columns:
         out: dict[str, Any] = {
             "n": n,
             "capability": capability,
-            "ts": doubles(*self.ts),
+            "ts": _packed("d", self.ts),
             "call_id": self.call_id,
             "trace_id": trace,
-            "caller": indexes(*self.caller),
-            "caller_agent": indexes(*self.caller_agent),
-            "callee": indexes(*self.callee),
-            "latency_ms": doubles(*self.latency),
-            "candidates": indexes(*self.candidates),
-            "score": doubles(*self.score),
-            "attempt_latency_ms": doubles(*self.attempt_latency),
+            "caller": _packed("H", self.caller),
+            "caller_agent": _packed("H", self.caller_agent),
+            "callee": _packed("H", self.callee),
+            "latency_ms": _packed("d", self.latency),
+            "candidates": _packed("H", self.candidates),
+            "score": _packed("d", self.score),
+            "attempt_latency_ms": _packed("d", self.attempt_latency),
             "values": self.values,
             "candidate_sets": [[list(names), count] for names, count in self.sets],
         }
         if self.side != "caller":
             out["side"] = self.side
         return out
+
+
+def _packed(code: str, values: list[float] | list[int]) -> bytes:
+    """``values`` as little-endian doubles ("d") or two-byte indexes ("H"), in one pass
+    (OverflowError for an index past two bytes, TypeError for a value of the wrong type)."""
+    packed = array(code, values)
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _doubles(value: Any, n: int) -> tuple[float, ...]:
