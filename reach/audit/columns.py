@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import math
 import struct
-import sys
-from array import array
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -44,8 +42,6 @@ _TRACE_HEX: Final = 32
 #: (constants, compiled, are read without a lookup per call)
 _NAN: Final = math.nan
 _IS_ASCII: Final = str.isascii
-#: the columns' numbers are little-endian, as are the machine's arrays on most machines
-_SWAP: Final = sys.byteorder != "little"
 
 
 def _text_bytes(text: str) -> int:
@@ -260,6 +256,8 @@ class Columns:
     def encode(self, capability: str) -> dict[str, Any]:
         """The batch's ``plain`` map."""
         n = len(self.ts)
+        doubles = struct.Struct(f"<{n}d").pack
+        indexes = struct.Struct(f"<{n}H").pack
         trace: bytes | list[str] = self.trace_id
         if self.trace_hex:
             joined = "".join(self.trace_id)
@@ -274,31 +272,22 @@ class Columns:
         out: dict[str, Any] = {
             "n": n,
             "capability": capability,
-            "ts": _packed("d", self.ts),
+            "ts": doubles(*self.ts),
             "call_id": self.call_id,
             "trace_id": trace,
-            "caller": _packed("H", self.caller),
-            "caller_agent": _packed("H", self.caller_agent),
-            "callee": _packed("H", self.callee),
-            "latency_ms": _packed("d", self.latency),
-            "candidates": _packed("H", self.candidates),
-            "score": _packed("d", self.score),
-            "attempt_latency_ms": _packed("d", self.attempt_latency),
+            "caller": indexes(*self.caller),
+            "caller_agent": indexes(*self.caller_agent),
+            "callee": indexes(*self.callee),
+            "latency_ms": doubles(*self.latency),
+            "candidates": indexes(*self.candidates),
+            "score": doubles(*self.score),
+            "attempt_latency_ms": doubles(*self.attempt_latency),
             "values": self.values,
             "candidate_sets": [[list(names), count] for names, count in self.sets],
         }
         if self.side != "caller":
             out["side"] = self.side
         return out
-
-
-def _packed(code: str, values: list[float] | list[int]) -> bytes:
-    """``values`` as little-endian doubles ("d") or two-byte indexes ("H"), in one pass
-    (OverflowError for an index past two bytes, TypeError for a value of the wrong type)."""
-    packed = array(code, values)
-    if _SWAP:
-        packed.byteswap()
-    return packed.tobytes()
 
 
 def _doubles(value: Any, n: int) -> tuple[float, ...]:
