@@ -7,7 +7,8 @@ shared machine one repetition's ratios move by several points from one to the ne
 pooling the repetitions of runs made alternately (before, after, before, after) gives
 medians and quartiles that say how far apart the two builds really are. Prints a
 Markdown table: for each figure, the median and the interquartile range over every
-repetition of every run of that build.
+repetition of every run of that build; with the caller's process CPU per call at 128 in
+flight with and without audit, and their difference paired per repetition.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 _CONCURRENCY = "128"
+#: the caller's process CPU per call (µs), a figure of its own: less moved by the load
+#: of other processes than calls/s
+_CPU = "caller CPU µs/call"
 
 
 def _ratios(summary: dict[str, Any], stack: str, path: Sequence[str]) -> list[float]:
@@ -45,6 +49,15 @@ def pool(files: Sequence[Path]) -> dict[str, list[float]]:
             out.setdefault(f"{stack} sequential p50 vs raw", []).extend(
                 _ratios(summary, stack, ("latency_ms", "p50"))
             )
+        caller = {
+            stack: summary[stack]["cpu_us_per_call"][_CONCURRENCY]["caller"]["per_rep"]
+            for stack in ("reach", "reach-noaudit")
+        }
+        for stack, values in caller.items():
+            out.setdefault(f"{_CPU} @{_CONCURRENCY}, {stack}", []).extend(values)
+        out.setdefault(f"{_CPU} @{_CONCURRENCY} added by audit", []).extend(
+            a - b for a, b in zip(caller["reach"], caller["reach-noaudit"], strict=True)
+        )
         for figure, key in (
             ("audit cost, calls/s", "feature_cost"),
             ("audit share of CPU per call", "feature_cpu_share"),
@@ -54,9 +67,11 @@ def pool(files: Sequence[Path]) -> dict[str, list[float]]:
     return out
 
 
-def _cell(values: list[float], percent: bool) -> str:
+def _cell(values: list[float], percent: bool, micro: bool = False) -> str:
     low, _, high = statistics.quantiles(values, n=4)
     mid = statistics.median(values)
+    if micro:
+        return f"{mid:.1f} ({low:.1f} – {high:.1f})"
     if percent:
         return f"{mid * 100:.1f} % ({low * 100:.1f} – {high * 100:.1f})"
     return f"{mid:.2f}× ({low:.2f} – {high:.2f})"
@@ -68,8 +83,11 @@ def table(before: dict[str, list[float]], after: dict[str, list[float]]) -> str:
         "|---|---|---|",
     ]
     for figure, values in before.items():
-        percent = figure.startswith("audit")
-        lines.append(f"| {figure} | {_cell(values, percent)} | {_cell(after[figure], percent)} |")
+        percent, micro = figure.startswith("audit"), figure.startswith(_CPU)
+        lines.append(
+            f"| {figure} | {_cell(values, percent, micro)}"
+            f" | {_cell(after[figure], percent, micro)} |"
+        )
     n_before = len(next(iter(before.values())))
     n_after = len(next(iter(after.values())))
     lines.append(f"\nrepetitions: {n_before} before, {n_after} after")

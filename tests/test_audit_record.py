@@ -3,11 +3,27 @@ fields as the event readers decode."""
 
 from __future__ import annotations
 
+import math
+from typing import cast
+
 import pytest
 
 from reach.audit.batch import encode_batch, event_row
-from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent, attempt, denial_event
+from reach.audit.events import (
+    ATTEMPT_FIELDS,
+    EVENT_FIELDS,
+    AttemptRow,
+    CallEvent,
+    attempt,
+    denial_event,
+)
+from reach.audit.recording import CallRecorder, CallTrail
 from reach.audit.records import AuditAttempt, AuditEvent, decode_batch
+from reach.audit.writer import AuditWriter, WriterConfig
+from reach.clock import SystemClock
+from reach.envelope import RequestMeta
+from reach.telemetry import Telemetry, new_traceparent
+from reach.transport import Connection
 
 
 def test_the_record_has_the_fields_of_a_row_and_of_the_readers_event() -> None:
@@ -87,3 +103,51 @@ def test_a_denial_is_a_record_of_the_side_that_refused() -> None:
     assert bad == 0
     assert (decoded.side, decoded.outcome, decoded.error) == ("callee", "denied", "denied")
     assert (decoded.code, decoded.description) == ("expired", "token expired")
+
+
+def _recorded(route: tuple[AttemptRow, ...], skipped: tuple[str, ...]) -> tuple[str, str, int]:
+    """What a caller's recorder writes of one served call, and what the event it builds
+    of the same call writes, both decoded (as the JSON of the readers' events); and how
+    many calls the writer keeps as columns."""
+    writer = AuditWriter(cast(Connection, None), WriterConfig(spool="off"))
+    recorder = CallRecorder(Telemetry(), SystemClock(), lambda _c, _t, _e: ("q-1", "q-2"))
+    recorder.caller = "caller"
+    recorder.audit = writer
+    trail = CallTrail("q", 1.5, [])
+    trail.last_target = "q-1"
+    trail.skipped.extend(skipped)
+    meta = RequestMeta("call-1", caller="agent-7", traceparent=new_traceparent())
+    recorder.served(trail, meta, 2.5, route)
+    (batch,) = (at.batch for at in writer._open.values())
+    (got,), bad = decode_batch(batch.encode()[0])
+    (want,), _ = decode_batch(encode_batch([recorder.event(trail, meta, 2.5, route)]))
+    assert bad == 0
+    return got.model_dump_json(), want.model_dump_json(), len(batch.columns)
+
+
+@pytest.mark.parametrize(
+    ("route", "skipped", "plain"),
+    [
+        ((attempt(agent_id="q-1", score=0.25, latency_ms=2.0),), (), 1),
+        ((attempt(agent_id="q-1", latency_ms=2.0),), (), 1),  # the only candidate: no score
+        ((attempt(agent_id="q-1", score=math.nan, latency_ms=2.0),), (), 0),
+        ((attempt(agent_id="q-2", latency_ms=2.0),), (), 0),  # answered by another
+        ((attempt(agent_id="q-1", latency_ms=2.0),), ("q-3",), 0),
+        (
+            (
+                attempt(agent_id="q-2", outcome="timeout", latency_ms=1.0),
+                attempt(agent_id="q-1", latency_ms=2.0),
+            ),
+            (),
+            0,
+        ),
+    ],
+)
+def test_a_served_call_reads_back_as_the_event_its_recorder_builds(
+    route: tuple[AttemptRow, ...], skipped: tuple[str, ...], plain: int
+) -> None:
+    """A plain call goes to the writer's columns by its fields, no event built; any
+    other as its event: both read back as the event the recorder builds of the call."""
+    got, want, columns = _recorded(route, skipped)
+    assert got == want
+    assert columns == plain

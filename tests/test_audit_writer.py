@@ -9,14 +9,19 @@ import time
 from typing import Any
 
 import msgpack
+import nats
 import pytest
 
 from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.batch import encode_batch, event_row
 from reach.audit.events import EVENT_FIELDS, CallEvent, attempt
+from reach.audit.recording import CallRecorder, CallTrail
 from reach.audit.records import AuditAttempt, AuditEvent, decode_batch
+from reach.clock import SystemClock
+from reach.envelope import RequestMeta
 from reach.errors import ReachError
+from reach.telemetry import Telemetry, new_traceparent
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 from tests.audit_helpers import event, until, until_fired
@@ -476,3 +481,78 @@ def test_the_callee_filter_and_the_breaker_kind_match_a_skipped_instance() -> No
     plain = call.model_copy(update={"skipped": []})
     assert not AuditFilter(kind="breaker").matches(plain)
     assert not AuditFilter(callee="u-1").matches(plain)
+
+
+def _plain_recorder(writer: AuditWriter) -> CallRecorder:
+    recorder = CallRecorder(Telemetry(), SystemClock(), lambda _c, _t, _e: ("echo-1",))
+    recorder.caller = "tester"
+    recorder.audit = writer
+    return recorder
+
+
+def _serve_plain(recorder: CallRecorder, n: int) -> None:
+    """Call ``c-<n>``, answered by echo-1 at its first attempt: recorded by its fields."""
+    trail = CallTrail("echo", time.time(), [])
+    trail.last_target = "echo-1"
+    route = (attempt(agent_id="echo-1", score=0.5, latency_ms=1.0),)
+    recorder.served(trail, RequestMeta(f"c-{n}", traceparent=new_traceparent()), 1.0, route)
+
+
+async def _stored_call_ids(url: str) -> list[str]:
+    """Every call id in REACH_AUDIT, read with plain nats-py as a foreign reader would."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(subjects.AUDIT_STREAM)
+        ids: list[str] = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(subjects.AUDIT_STREAM, seq)
+            events, bad = decode_batch(msg.data or b"")
+            assert bad == 0
+            ids += [e.call_id for e in events]
+        return ids
+    finally:
+        await nc.close()
+
+
+async def test_plain_calls_recorded_by_their_fields_survive_a_nats_restart_once_each(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller's path with no event built: held while NATS is away, written once it is
+    back, none lost and none twice."""
+    conn = await connect([nats_server.url], name="writer")
+    await ensure_streams(conn)
+    writer = AuditWriter(conn, WriterConfig(flush_interval=0.02, retry_max=0.2))
+    await writer.start()
+    recorder = _plain_recorder(writer)
+    try:
+        for n in range(100):
+            _serve_plain(recorder, n)
+        await asyncio.wait_for(writer.flush(), 10)
+        await asyncio.to_thread(nats_server.stop_now)
+        for n in range(100, 400):
+            _serve_plain(recorder, n)
+        await until(lambda: any(HOLDING in r.getMessage() for r in caplog.records))
+        assert writer.pending >= 300
+        await asyncio.to_thread(nats_server.start_now)
+        await asyncio.wait_for(writer.flush(), 30)
+        assert writer.dropped == 0
+        ids = await _stored_call_ids(nats_server.url)
+        assert sorted(ids) == sorted(f"c-{n}" for n in range(400))
+    finally:
+        await writer.stop()
+        await conn.close()
+
+
+async def test_plain_calls_past_a_full_buffer_are_dropped_and_counted(conn: Connection) -> None:
+    config = WriterConfig(max_buffer=50, flush_interval=0.01, retry_max=0.05, spool="off")
+    writer = AuditWriter(conn, config)
+    await writer.start()
+    recorder = _plain_recorder(writer)
+    for n in range(80):
+        _serve_plain(recorder, n)
+    assert (writer.dropped, writer.pending) == (30, 50)
+    await ensure_streams(conn)
+    await asyncio.wait_for(writer.flush(), 10)
+    assert [e.call_id for e in await count_events(conn)] == [f"c-{n}" for n in range(50)]
+    await writer.stop()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from reach.audit.events import CallEvent, attempt
 
@@ -35,24 +35,28 @@ __all__ = [
 #: bytes a plain event takes besides its call id and trace id (doubles, indexes, string
 #: headers), to estimate a batch's size while it fills (from above: a trace id counts as
 #: text, though it usually travels as 16 raw bytes)
-PLAIN_ROW_BYTES = 4 * 8 + 4 * 2 + 2 * 3
+PLAIN_ROW_BYTES: Final = 4 * 8 + 4 * 2 + 2 * 3
 #: distinct names or candidate sets one batch may index (two-byte indexes)
-MAX_VALUES = 0xFFFF
-_TRACE_HEX = 32
-#: deletes lowercase hex digits: what is left of a trace id that is one is nothing
-_NOT_HEX = str.maketrans("", "", "0123456789abcdef")
+MAX_VALUES: Final = 0xFFFF
+_TRACE_HEX: Final = 32
+#: (constants, compiled, are read without a lookup per call)
+_NAN: Final = math.nan
+_IS_ASCII: Final = str.isascii
 
 
 def _text_bytes(text: str) -> int:
     """Packed size of ``text`` at most (without its header): UTF-8 takes up to 4 bytes a
     character, and ``isascii`` answers without reading the text."""
-    return len(text) if text.isascii() else 4 * len(text)
+    return len(text) if _IS_ASCII(text) else 4 * len(text)
 
 
 class Columns:
     """The plain events of one batch being filled (all of one capability)."""
 
     __slots__ = (
+        "_agent_known",
+        "_last_agent",
+        "_last_agent_at",
         "_last_callee",
         "_last_callee_at",
         "_last_caller",
@@ -103,6 +107,9 @@ class Columns:
         self._last_caller_at = 0
         self._last_callee: str | None = None
         self._last_callee_at = 0
+        self._last_agent: str | None = None
+        self._last_agent_at = 0
+        self._agent_known = False
         self._last_names: tuple[str, ...] = ()
         self._last_count = -1
         self._last_set = 0
@@ -121,25 +128,57 @@ class Columns:
         """``event``, a plain call (``reach.audit.batch`` decides which are): answered by
         its callee at the first attempt. ValueError for a count a batch's reader would
         refuse, recording nothing."""
-        n_candidates = event.n_candidates
-        if not 0 <= n_candidates <= 0xFFFFFFFF:
-            raise ValueError("Columns.add: n_candidates must be in [0, 2**32)")
         if event.attempts:
             _agent, score, _outcome, attempt_latency_ms = event.attempts[0]
         else:  # a callee's: no routing, one attempt that is the call
             score, attempt_latency_ms = None, event.latency_ms
-        call_id, trace_id = event.call_id, event.trace_id
-        # a caller's own id and its callee's are the same objects call after call
-        caller = event.caller
+        self.add_call(
+            ts=event.ts,
+            call_id=event.call_id,
+            trace_id=event.trace_id,
+            caller=event.caller,
+            caller_agent=event.caller_agent,
+            callee=event.callee,
+            latency_ms=event.latency_ms,
+            candidates=event.candidates,
+            n_candidates=event.n_candidates,
+            score=score,
+            attempt_latency_ms=attempt_latency_ms,
+        )
+
+    def add_call(
+        self,
+        *,
+        ts: float,
+        call_id: str,
+        trace_id: str,
+        caller: str,
+        caller_agent: str | None,
+        callee: str,
+        latency_ms: float,
+        candidates: tuple[str, ...],
+        n_candidates: int,
+        score: float | None,
+        attempt_latency_ms: float,
+    ) -> None:
+        """A plain call by its fields (``CallEvent``'s, by name; ``score`` and
+        ``attempt_latency_ms`` its one attempt's): what ``add`` records of an event, for
+        a caller that has the fields at hand and no event built. ValueError for a count a
+        batch's reader would refuse, recording nothing."""
+        if not 0 <= n_candidates <= 0xFFFFFFFF:
+            raise ValueError("Columns.add: n_candidates must be in [0, 2**32)")
+        # a caller's own id, its callee's and the agent it calls for (None, mostly) are
+        # the same objects call after call: an identity check instead of a lookup
         if caller is not self._last_caller:
             self._last_caller_at = self._value(caller)
             self._last_caller = caller
-        agent_at = self._value(event.caller_agent)
-        callee = event.callee
+        if caller_agent is not self._last_agent or not self._agent_known:
+            self._last_agent_at = self._value(caller_agent)
+            self._last_agent = caller_agent
+            self._agent_known = True
         if callee is not self._last_callee:
             self._last_callee_at = self._value(callee)
             self._last_callee = callee
-        candidates = event.candidates
         if candidates is self._last_names and n_candidates == self._last_count:
             at = self._last_set  # the route cache hands out one tuple until it changes
         else:
@@ -153,17 +192,17 @@ class Columns:
             self._last_names = candidates
             self._last_count = n_candidates
         # every lookup above is done: the appends below cannot fail part way
-        self.ts.append(event.ts)
+        self.ts.append(ts)
         self.call_id.append(call_id)
         self.trace_id.append(trace_id)
         if len(trace_id) != _TRACE_HEX:
             self.trace_hex = False
         self.caller.append(self._last_caller_at)
-        self.caller_agent.append(agent_at)
+        self.caller_agent.append(self._last_agent_at)
         self.callee.append(self._last_callee_at)
-        self.latency.append(event.latency_ms)
+        self.latency.append(latency_ms)
         self.candidates.append(at)
-        self.score.append(math.nan if score is None else score)
+        self.score.append(_NAN if score is None else score)
         self.attempt_latency.append(attempt_latency_ms)
         self.size += PLAIN_ROW_BYTES + _text_bytes(call_id) + _text_bytes(trace_id)
 
@@ -222,11 +261,14 @@ class Columns:
         trace: bytes | list[str] = self.trace_id
         if self.trace_hex:
             joined = "".join(self.trace_id)
-            # lowercase hex digits and nothing else (fromhex would skip whitespace)
-            if not joined.translate(_NOT_HEX):
+            try:
                 raw = bytes.fromhex(joined)
-                if len(raw) == 16 * n:
-                    trace = raw
+            except ValueError:
+                raw = b""
+            # lowercase hex digits and nothing else (fromhex takes upper case and skips
+            # whitespace; its own hex() gives back the text only when there was neither)
+            if len(raw) == 16 * n and raw.hex() == joined:
+                trace = raw
         out: dict[str, Any] = {
             "n": n,
             "capability": capability,

@@ -82,11 +82,31 @@ class CallRecorder:
     def served(
         self, trail: CallTrail, meta: RequestMeta, latency_ms: float, route: tuple[AttemptRow, ...]
     ) -> None:
-        """A call that returned a value (its route given once, shared with its result)."""
+        """A call that returned a value (its route given once, shared with its result).
+        A plain one, the common case (answered at its first attempt by the instance it
+        went to, nothing skipped, no span, no metrics), goes to the writer's columns by
+        its fields, with no event built."""
         if trail.span is not None or self.telemetry.metrics_on:
             self._write(self.event(trail, meta, latency_ms, route), None, trail.span)
-        elif self.audit is not None:  # the common case
-            self.audit.record(self.event(trail, meta, latency_ms, route))
+            return
+        audit = self.audit
+        if audit is None:
+            return
+        if len(route) == 1 and not trail.skipped:
+            agent_id, score, outcome, attempt_ms = route[0]
+            callee = trail.last_target
+            # (a NaN score would read back as None from the columns: a row keeps it)
+            if outcome == "ok" and agent_id == callee and (score is None or score == score):
+                candidates = trail.candidates
+                audit.record_plain(
+                    capability=trail.capability, ts=trail.started_at, call_id=meta.call_id,
+                    trace_id=trace_id_of(meta.traceparent), caller=self.caller,
+                    caller_agent=meta.caller, callee=callee, latency_ms=latency_ms,
+                    candidates=self._names(trail.capability, trail.tags, candidates),
+                    n_candidates=len(candidates), score=score, attempt_latency_ms=attempt_ms,
+                )  # fmt: skip
+                return
+        audit.record(self.event(trail, meta, latency_ms, route))
 
     def failed(
         self,

@@ -32,13 +32,12 @@ from pathlib import Path
 from reach import subjects
 from reach.audit.batch import (
     BatchBuilder,
-    RowSummary,
-    encode_notice,
     pack_event,
     summary_headers,
 )
 from reach.audit.config import WriterConfig
 from reach.audit.events import CallEvent
+from reach.audit.notices import Notices
 from reach.audit.spool import Batch, Spool
 from reach.errors import ConfigurationError, NoResponders, ReachError
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
@@ -97,12 +96,8 @@ class AuditWriter:
         #: events acked by the stream / dropped (memory and spool full, or not packable)
         self.written = 0
         self.dropped = 0
-        #: dropped events the alert rules have not been told of, and when to tell them
-        #: (after a notice of the last batch acked: its sequence and capability)
-        self._unreported = 0
-        self._report_at = 0.0
-        self._last_seq = 0
-        self._last_capability = ""
+        #: the alert rules' notices, and the drops not told to them yet
+        self._notices = Notices(conn, self.config.ack_timeout)
         #: said once per outage: the stream does not ack, events go to the spool, dropped
         self._warned = False
         self._spilling = False
@@ -122,14 +117,10 @@ class AuditWriter:
     def record(self, event: CallEvent) -> None:
         """Queue one event; never blocks, never raises. A plain call (the common case) is
         a few list appends, anything else is packed here."""
-        if self._filling + self._held >= self._max_buffer and not self._make_room():
-            self._full()
-            return
         capability = event.capability
-        at = self._open.get(capability)
-        if at is None:
-            at = self._start(capability)
-        batch = at.batch
+        batch = self._batch_for(capability)
+        if batch is None:
+            return
         try:
             if batch.add_if_plain(event):
                 self._added(capability, batch)
@@ -154,6 +145,41 @@ class AuditWriter:
             batch = self._start(capability).batch
         batch.add_packed(event, data)
         self._added(capability, batch)
+
+    def record_plain(
+        self, *, capability: str, ts: float, call_id: str, trace_id: str, caller: str,
+        caller_agent: str | None, callee: str, latency_ms: float, candidates: tuple[str, ...],
+        n_candidates: int, score: float | None, attempt_latency_ms: float,
+    ) -> None:  # fmt: skip
+        """A caller's plain call (answered at its first attempt by the instance it went
+        to, nothing skipped, no fallback) by its fields, ``CallEvent``'s: what ``record``
+        does with such an event, without one built (``Columns.add_call``). Never blocks,
+        never raises."""
+        batch = self._batch_for(capability)
+        if batch is None:
+            return
+        try:
+            batch.columns.add_call(
+                ts=ts, call_id=call_id, trace_id=trace_id, caller=caller,
+                caller_agent=caller_agent, callee=callee, latency_ms=latency_ms,
+                candidates=candidates, n_candidates=n_candidates, score=score,
+                attempt_latency_ms=attempt_latency_ms,
+            )  # fmt: skip
+        except (TypeError, ValueError) as exc:  # a field of the wrong type or range
+            self._drop(1)
+            log.error("audit: an event of %s cannot be recorded: %s", capability, exc)
+            return
+        batch.count += 1
+        self._added(capability, batch)
+
+    def _batch_for(self, capability: str) -> BatchBuilder | None:
+        """The batch an event of ``capability`` joins; None when there is no room in
+        memory or the spool (the event is dropped, counted)."""
+        if self._filling + self._held >= self._max_buffer and not self._make_room():
+            self._full()
+            return None
+        at = self._open.get(capability)  # (sealed once full: an open one has room)
+        return at.batch if at is not None else self._start(capability).batch
 
     def _added(self, capability: str, batch: BatchBuilder) -> None:
         """One event joined ``batch``: it is sealed once full (by count, bytes or names)."""
@@ -221,8 +247,9 @@ class AuditWriter:
             )
         if spool is None:
             return
-        if self._unreported and spool.append_drops(self._unreported):
-            self._unreported = 0
+        notices = self._notices
+        if notices.unreported and spool.append_drops(notices.unreported):
+            notices.unreported = 0
         if spool.events:
             log.warning(
                 "audit: %d event(s) not acked by %s before shutdown: kept in %s, sent by the"
@@ -276,9 +303,9 @@ class AuditWriter:
 
     def _drop(self, count: int) -> None:
         """``count`` events are lost: counted, and told to the alert rules (once the
-        stream acks again; see ``_report_drops``)."""
+        stream acks again; see ``Notices.report_drops``)."""
         self.dropped += count
-        self._unreported += count
+        self._notices.unreported += count
 
     def _full(self) -> None:
         """No room for a new event, in memory or the spool: dropped, logged once."""
@@ -307,8 +334,8 @@ class AuditWriter:
                         await asyncio.wait_for(self._wake.wait(), wait)
             self._seal_due(time.monotonic())
             if not self._batches and not self._spooled():
-                if self._unreported and self._last_seq and time.monotonic() >= self._report_at:
-                    await self._report_drops()
+                if self._notices.drops_due():
+                    await self._notices.report_drops()
                 continue
             failed = False
             try:
@@ -398,8 +425,7 @@ class AuditWriter:
             self.written += batch.count
             if self._warned:
                 self._back()
-            self._last_seq, self._last_capability = seq, batch.capability
-            await self._notify(batch, seq)
+            await self._notices.stored(batch, seq)
 
     def _next(self) -> tuple[Batch | None, bool]:
         """The next batch to write, and whether it comes from the spool (else it is taken
@@ -408,7 +434,7 @@ class AuditWriter:
         if spool is not None and spool.records:
             batch = spool.peek()
             self._drop(spool.lost)  # damaged records skipped
-            self._unreported += spool.drops  # drops an earlier writer had not reported
+            self._notices.unreported += spool.drops  # drops an earlier writer had not reported
             spool.lost = spool.drops = 0
             if batch is not None:
                 return batch, True
@@ -437,35 +463,6 @@ class AuditWriter:
             timeout=self.config.ack_timeout,
             headers=summary_headers(batch.summary),
         )
-
-    async def _notify(self, batch: Batch, seq: int) -> None:
-        """Tell the alert rules where the stream holds ``batch`` (core NATS, best effort:
-        the events are stored either way; a notice lost with the connection only leaves
-        its calls out of the last minute's counts). After a resend whose first ack was
-        lost the notice goes out once, with the first copy's sequence."""
-        try:
-            await self._conn.publish(
-                subjects.audited(batch.capability, self._conn.writer),
-                encode_notice(seq, batch.summary),
-            )
-        except ReachError as exc:
-            log.debug("audit: no notice of batch %d of %s: %s", seq, batch.capability, exc)
-
-    async def _report_drops(self) -> None:
-        """Tell the alert rules how many events were dropped, once the stream acks again
-        and nothing waits: a notice of the last batch with its ``dropped`` count, as a
-        request that a registrar's alert watcher answers once it has raised the alert.
-        Unanswered (no registrar), it is asked again a second later."""
-        dropped = self._unreported
-        notice = encode_notice(self._last_seq, RowSummary(), dropped)
-        subject = subjects.audited(self._last_capability, self._conn.writer)
-        try:
-            await self._conn.request(subject, notice, timeout=self.config.ack_timeout)
-        except ReachError as exc:
-            self._report_at = time.monotonic() + 1.0
-            log.debug("audit: %d dropped event(s) not reported yet: %s", dropped, exc)
-            return
-        self._unreported -= dropped
 
     def _warn(self, exc: ReachError) -> None:
         if not self._warned:
