@@ -186,6 +186,32 @@ async def _caller_events(admin: Connection, side: str = "caller") -> list[str]:
             await asyncio.sleep(0.1)
 
 
+async def _kill_and_rejoin(
+    cluster: Cluster, admin: Connection, victim_port: int, traffic: Traffic
+) -> None:
+    """SIGKILL the node on ``victim_port`` while ``traffic`` flows: calls go on after the
+    kill, the node is started again and current, calls go on after it rejoined; then the
+    traffic stops."""
+    victim = cluster.node_pids()[victim_port]
+    os.kill(victim, signal.SIGKILL)
+    at_kill = traffic.ok
+    await _until(
+        lambda: traffic.reached(at_kill + CALLS_PER_PHASE), "calls after the kill", STEP_TIMEOUT
+    )
+
+    async def restarted() -> bool:
+        pids = cluster.node_pids()
+        return len(pids) == 3 and pids.get(victim_port) not in (None, victim)
+
+    await _until(restarted, "the killed node started again", STEP_TIMEOUT)
+    await _until(lambda: _replicated_on_all(admin), "3 current replicas again", STEP_TIMEOUT)
+    at_rejoin = traffic.ok
+    await _until(
+        lambda: traffic.reached(at_rejoin + CALLS_PER_PHASE), "calls after rejoin", STEP_TIMEOUT
+    )
+    traffic.stop.set()
+
+
 def _agent(cluster: Cluster, agent_id: str) -> Agent:
     agent = Agent(
         manifest(agent_id, "work", interval=1.0, timeout=0.5),
@@ -242,24 +268,7 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
         # clients on it log in again on another node, answered from the gates' memory
         # while the credentials elect a leader if it led them)
         victim_port = _port(client.connection.connected_url)
-        victim = cluster.node_pids()[victim_port]
-        os.kill(victim, signal.SIGKILL)
-        at_kill = traffic.ok
-        await _until(
-            lambda: traffic.reached(at_kill + CALLS_PER_PHASE), "calls after the kill", STEP_TIMEOUT
-        )
-
-        async def restarted() -> bool:
-            pids = cluster.node_pids()
-            return len(pids) == 3 and pids.get(victim_port) not in (None, victim)
-
-        await _until(restarted, "the killed node started again", STEP_TIMEOUT)
-        await _until(lambda: _replicated_on_all(admin), "3 current replicas again", STEP_TIMEOUT)
-        at_rejoin = traffic.ok
-        await _until(
-            lambda: traffic.reached(at_rejoin + CALLS_PER_PHASE), "calls after rejoin", STEP_TIMEOUT
-        )
-        traffic.stop.set()
+        await _kill_and_rejoin(cluster, admin, victim_port, traffic)
         await asyncio.wait_for(asyncio.gather(*workers), STEP_TIMEOUT)
 
         # 0 lost registrations: every read of the registry all along found both agents
@@ -314,24 +323,7 @@ async def test_a_killed_node_loses_no_event_agents_record_for_a_caller_that_does
         await _until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", STEP_TIMEOUT)
 
         victim_port = _port(agents[0].connection.connected_url)
-        victim = cluster.node_pids()[victim_port]
-        os.kill(victim, signal.SIGKILL)
-        at_kill = traffic.ok
-        await _until(
-            lambda: traffic.reached(at_kill + CALLS_PER_PHASE), "calls after the kill", STEP_TIMEOUT
-        )
-
-        async def restarted() -> bool:
-            pids = cluster.node_pids()
-            return len(pids) == 3 and pids.get(victim_port) not in (None, victim)
-
-        await _until(restarted, "the killed node started again", STEP_TIMEOUT)
-        await _until(lambda: _replicated_on_all(admin), "3 current replicas again", STEP_TIMEOUT)
-        at_rejoin = traffic.ok
-        await _until(
-            lambda: traffic.reached(at_rejoin + CALLS_PER_PHASE), "calls after rejoin", STEP_TIMEOUT
-        )
-        traffic.stop.set()
+        await _kill_and_rejoin(cluster, admin, victim_port, traffic)
         await asyncio.wait_for(asyncio.gather(*workers), STEP_TIMEOUT)
 
         for agent in agents:
