@@ -26,9 +26,11 @@ from nats.aio.msg import Msg
 
 from reach import subjects
 from reach.agent import Agent
+from reach.fabric import Fabric as ReachFabric
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.partitions import partition_of, partition_token
 from reach.security import natsconf
+from reach.security.credentials import CredentialsFile
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 from reach.transport.kvfollow import republish_prefix
@@ -250,3 +252,46 @@ async def test_a_registrar_joining_takes_its_partitions_within_one_interval(
         assert all(len(r.partitions) >= 20 for r in (a, b, c))
     finally:
         await regs.stop()
+
+
+async def test_on_a_secured_fabric_an_agent_s_heartbeats_are_mapped_and_nothing_else_gets_in(
+    tmp_path: Path,
+) -> None:
+    """Agents live in the clients' account and publish ``reach.v1.hb.<own id>`` as ever;
+    the mapping, in the registrars' account, puts each in its partition after the service
+    import. A client cannot publish on a partition subject itself (nothing there is
+    imported): the registrar hears only what the server mapped."""
+    async with ReachFabric(tmp_path / "secured", secure=True) as root:
+        reg = root.registrar
+        assert reg is not None
+        creds = await root.add_client("mapped", 1, agent_id="mapped-1", capabilities=["echo"])
+        agent = Agent(
+            manifest("mapped-1", interval=INTERVAL, timeout=0.4),
+            servers=root.url,
+            credentials=creds,
+        )
+        agent.capability("echo")(_echo)
+        async with agent:
+            await _until(lambda: (reg._policy.heard_at("mapped-1") or 0) > 0, "a heartbeat heard")
+            assert reg._heartbeats.forwarded == 0  # mapped by the server, not forwarded
+            secret = CredentialsFile.read(creds).secret
+            errors: list[Exception] = []
+
+            async def on_error(exc: Exception) -> None:
+                errors.append(exc)
+
+            nc = await nats.connect(
+                root.url,
+                user="mapped",
+                password=secret,
+                error_cb=on_error,
+                max_reconnect_attempts=0,
+            )
+            try:
+                forged = subjects.heartbeat_partition(partition_of("mapped-1"), "mapped-1")
+                await nc.publish(forged, b"x")
+                await nc.flush()
+                await _until(lambda: bool(errors), "the publish refused")
+                assert "permissions violation" in str(errors[0]).lower()
+            finally:
+                await nc.close()
