@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import random
 import secrets
 import time
 from collections import Counter
@@ -31,6 +32,10 @@ from reach.models import (
     ProbeReply,
 )
 from reach.registry.partitions import partition_of
+
+
+#: announces tried per instance (a busy host may answer one late)
+ANNOUNCE_ATTEMPTS = 5
 
 
 def sim_manifest(agent_id: str, interval: float, timeout: float) -> Manifest:
@@ -79,8 +84,12 @@ class Simulator:
         self.replies_by: Counter[str] = Counter()
         self.not_ok: Counter[str] = Counter()
         self.probes = 0
+        #: heartbeats nobody was subscribed to hear (a partition between two owners)
+        self.unheard = 0
         self.sent = 0
         self._tasks: list[asyncio.Task[None]] = []
+        #: (when, instance) of the next heartbeats
+        self._due: list[tuple[float, int]] = []
 
     async def start(self) -> None:
         self.nc = await nats.connect(self.url, name="hbsim", max_reconnect_attempts=0)
@@ -89,7 +98,7 @@ class Simulator:
         await self.nc.subscribe(f"{self.inbox}.*", cb=self._on_reply)
         await self.nc.flush()
 
-    async def announce_all(self, batch: int = 100) -> int:
+    async def announce_all(self, batch: int = 25) -> int:
         accepted = 0
         for first in range(0, len(self.ids), batch):
             done = await asyncio.gather(
@@ -105,20 +114,29 @@ class Simulator:
             instance_id=self.instance_ids[n],
             started_at=time.time(),
         )
-        msg = await self.nc.request(subjects.announce(agent_id), request(agent_id, req), 30.0)
+        for attempt in range(ANNOUNCE_ATTEMPTS):  # as an Agent does, again after a timeout
+            try:
+                msg = await self.nc.request(
+                    subjects.announce(agent_id), request(agent_id, req), 30.0
+                )
+                break
+            except nats.errors.TimeoutError:
+                if attempt == ANNOUNCE_ATTEMPTS - 1:
+                    raise
         reply = envelope.unpack_reply(msg.data)
-        return reply.ok and decode_model(AnnounceReply, reply.body).accepted
+        accepted = reply.ok and decode_model(AnnounceReply, reply.body).accepted
+        if accepted:  # its first heartbeat one interval on, as an Agent's
+            first = self.interval * random.uniform(0.9, 1.0)
+            heapq.heappush(self._due, (time.monotonic() + first, n))
+        return accepted
 
     def beat(self) -> None:
-        """Start heartbeating every instance, spread over one interval."""
+        """Heartbeat every announced instance every interval (call before announcing)."""
         self._tasks.append(asyncio.create_task(self._beat()))
 
     async def _beat(self) -> None:
-        now = time.monotonic()
-        count = len(self.ids)
-        due = [(now + self.interval * n / count, n) for n in range(count)]
-        heapq.heapify(due)
-        seq = [0] * count
+        due = self._due
+        seq = [0] * len(self.ids)
         while True:
             now = time.monotonic()
             while due and due[0][0] <= now:
@@ -139,13 +157,19 @@ class Simulator:
                 )
                 self.sent += 1
                 heapq.heappush(due, (at + self.interval, n))
-            await asyncio.sleep(min(0.02, max(0.001, due[0][0] - time.monotonic())))
+            wait = due[0][0] - time.monotonic() if due else 0.02
+            await asyncio.sleep(min(0.02, max(0.001, wait)))
 
     async def _on_reply(self, msg: Msg) -> None:
+        if not msg.data:  # no responders: nobody heard the partition at that moment
+            self.unheard += 1
+            return
         reply = envelope.unpack_reply(msg.data)
         self.replies_by[reply.by] += 1
-        if not reply.ok or not decode_model(HeartbeatReply, reply.body).ok:
-            self.not_ok[reply.by] += 1
+        if not reply.ok:
+            self.not_ok[f"{reply.by}: {reply.code}"] += 1
+        elif not (answer := decode_model(HeartbeatReply, reply.body)).ok:
+            self.not_ok[f"{reply.by}: {answer.reason}"] += 1
 
     async def _on_probe(self, msg: Msg) -> None:
         agent_id = subjects.last_token(msg.subject)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 
 from reach.registry import Registrar, RegistrarConfig
 from reach.transport import connect
@@ -25,6 +26,8 @@ class _Marks(logging.Handler):
         text = record.getMessage()
         if "→ unhealthy" in text or text.startswith("removed "):
             print(f"UNHEALTHY {text}", flush=True)
+        elif "heartbeat partitions" in text:
+            print(f"PARTITIONS {time.time():.3f} {text}", flush=True)
 
 
 async def main() -> None:

@@ -263,7 +263,11 @@ class ControlHandlers:
             return HeartbeatReply(ok=False, reason=f"heartbeat for {hb.agent_id} on {subject_id}")
         current = self._view.get(hb.agent_id)
         if current is None:
-            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+            # announced through another registrar a moment ago, its watch not here yet?
+            current = await self._view.store.get(hb.agent_id)
+            if current is None:
+                return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+            self._view.remember(*current)
         if current[0].instance_id != hb.instance_id:
             return HeartbeatReply(
                 ok=False,
