@@ -33,7 +33,6 @@ from reach.models import (
 )
 from reach.registry.partitions import partition_of
 
-
 #: announces tried per instance (a busy host may answer one late)
 ANNOUNCE_ATTEMPTS = 5
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -35,7 +36,7 @@ INSTANCES = 5_000
 HB_INTERVAL = 5.0
 HB_TIMEOUT = 4.0
 #: how often each registrar refreshes its record
-REG_INTERVAL = 0.5
+REG_INTERVAL = 1.0
 #: a registrar's sweep runs at least this often (``reach.registry.sweep.MAX_TICK_SEC``)
 SWEEP_TICK = 1.0
 
@@ -52,7 +53,7 @@ async def mapped_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
 
 
 class _RegistrarProcess:
-    def __init__(self, url: str, registrar_id: str) -> None:
+    def __init__(self, url: str, registrar_id: str, log: IO[str]) -> None:
         self.registrar_id = registrar_id
         self.proc = subprocess.Popen(
             [
@@ -64,6 +65,7 @@ class _RegistrarProcess:
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=log,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
@@ -101,8 +103,11 @@ class _RegistrarProcess:
 
 
 @pytest.fixture
-def registrar_processes(mapped_server: NatsServer) -> Iterator[list[_RegistrarProcess]]:
-    procs = [_RegistrarProcess(mapped_server.url, f"reg-{n}") for n in range(3)]
+def registrar_processes(
+    mapped_server: NatsServer, tmp_path: Path
+) -> Iterator[list[_RegistrarProcess]]:
+    logs = [(tmp_path / f"reg-{n}.log").open("w") for n in range(3)]
+    procs = [_RegistrarProcess(mapped_server.url, f"reg-{n}", logs[n]) for n in range(3)]
     try:
         for proc in procs:
             assert proc.ready.wait(30), f"{proc.registrar_id} did not start: {proc.lines}"
@@ -110,6 +115,8 @@ def registrar_processes(mapped_server: NatsServer) -> Iterator[list[_RegistrarPr
     finally:
         for proc in procs:
             proc.stop()
+        for log in logs:
+            log.close()
 
 
 async def _owners(sim: Simulator, probe_ids: list[str]) -> dict[int, str]:

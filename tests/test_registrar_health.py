@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -417,3 +418,85 @@ def test_the_policies_import_nothing_that_does_io(module: object) -> None:
     # the pure parts of the policy: what a change is worth, which partition an id is in
     allowed |= {"reach.registry.material", "reach.registry.partitions"}
     assert imported <= allowed, sorted(imported - allowed)
+
+
+# -- liveness apart from the record ---------------------------------------------------
+
+
+def _beat(in_flight: int, max_concurrency: int = 10, **readiness: Any) -> Heartbeat:
+    return Heartbeat(
+        agent_id="svc-1",
+        instance_id="svc-1-a",
+        seq=1,
+        sent_at=0.0,
+        in_flight=in_flight,
+        max_concurrency=max_concurrency,
+        completed=in_flight * 100,
+        readiness=Readiness(**readiness),
+    )
+
+
+def test_a_heartbeat_that_changes_nothing_routing_reads_is_not_written(
+    policy: HealthPolicy, clock: ManualClock
+) -> None:
+    written = _record(clock.time(), in_flight=2, max_concurrency=10)
+    clock.advance(INTERVAL)
+    # completed calls, memory, a load drift under a tenth: the record itself (no write)
+    assert policy.after_heartbeat(written, _beat(2), clock.time(), None) is written
+    drift = _beat(2).model_copy(update={"memory_bytes": 10**9})
+    assert policy.after_heartbeat(written, drift, clock.time(), None) is written
+    bigger = _record(clock.time(), in_flight=2, max_concurrency=20)
+    assert policy.after_heartbeat(bigger, _beat(3, 20), clock.time(), None) is bigger
+    assert policy.after_heartbeat(written, _beat(2, details={"pool": 0.4}), 1.0, None) is written
+
+
+@pytest.mark.parametrize(
+    ("beat", "why"),
+    [
+        (_beat(3), "load"),  # a tenth of max_concurrency
+        (_beat(10), "saturation"),
+        (_beat(2, max_concurrency=12), "max_concurrency"),
+        (_beat(2, ready=False, reason="pool full"), "readiness"),
+        (_beat(2, reason="warming"), "readiness"),
+    ],
+)
+def test_a_heartbeat_that_changes_what_routing_reads_is_written(
+    policy: HealthPolicy, clock: ManualClock, beat: Heartbeat, why: str
+) -> None:
+    written = _record(clock.time(), in_flight=2, max_concurrency=10)
+    clock.advance(INTERVAL)
+    after = policy.after_heartbeat(written, beat, clock.time(), None)
+    assert after is not None
+    assert after is not written
+    assert after.last_heartbeat_at == clock.time()
+    assert (after.in_flight, after.max_concurrency, after.completed) == (
+        beat.in_flight,
+        beat.max_concurrency,
+        beat.completed,
+    )
+    assert material.material_change(
+        written,
+        status=after.status,
+        readiness=beat.readiness,
+        in_flight=beat.in_flight,
+        max_concurrency=beat.max_concurrency,
+    ) in (why, "status")
+
+
+def test_a_load_step_under_a_tenth_stays_inside_the_routing_tie_band() -> None:
+    """What is not written moves the load term of the score by less than the band in
+    which instances count as equally good."""
+    from reach import routing
+
+    assert routing.W_LOAD * material.LOAD_STEP < routing.TIE_BAND
+
+
+def test_silence_is_counted_from_a_takeover_never_from_before(
+    policy: HealthPolicy, clock: ManualClock
+) -> None:
+    inst = _record(clock.time())
+    clock.advance(10 * INTERVAL)  # heard by another registrar meanwhile, not by this one
+    taken = clock.time()
+    assert policy.review(inst, clock.time(), since=taken).action == "keep"
+    clock.advance(INTERVAL * FAILURES)
+    assert policy.review(inst, clock.time(), since=taken).action == "unhealthy"
