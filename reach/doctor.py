@@ -435,9 +435,7 @@ def _fabric_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]])
         verdict = "fail"
         findings.append("no registrar answers and none refreshed its record: health is unkept")
         blame.append(("fabric", "no registrar is running: nothing probes or evicts instances"))
-    # a heartbeat rewrites a record only when it changes what callers route on: a record
-    # is current while a registrar runs, which marks and evicts the instances it no
-    # longer hears
+    # records change on a change only; a running registrar marks and evicts the silent
     kept = "kept" if ev.registrar_answered or live else "UNKEPT (no registrar)"
     for inst in ev.instances:
         interval = inst.manifest.health.interval_sec
