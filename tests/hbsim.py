@@ -89,6 +89,8 @@ class Simulator:
         self._tasks: list[asyncio.Task[None]] = []
         #: (when, instance) of the next heartbeats
         self._due: list[tuple[float, int]] = []
+        self._beats: dict[int, bytes] = {}
+        self._probe_replies: dict[int, bytes] = {}
 
     async def start(self) -> None:
         self.nc = await nats.connect(self.url, name="hbsim", max_reconnect_attempts=0)
@@ -133,26 +135,30 @@ class Simulator:
         """Heartbeat every announced instance every interval (call before announcing)."""
         self._tasks.append(asyncio.create_task(self._beat()))
 
+    def _heartbeat(self, n: int) -> bytes:
+        """Instance ``n``'s heartbeat, encoded once: the same figures every time (the
+        registrar reads neither ``seq`` nor ``sent_at``), so the simulator stays cheap."""
+        data = self._beats.get(n)
+        if data is None:
+            hb = Heartbeat(
+                agent_id=self.ids[n],
+                instance_id=self.instance_ids[n],
+                seq=1,
+                sent_at=time.time(),
+                in_flight=n % 3,
+                max_concurrency=16,
+            )
+            data = self._beats[n] = request(self.ids[n], hb)
+        return data
+
     async def _beat(self) -> None:
         due = self._due
-        seq = [0] * len(self.ids)
         while True:
             now = time.monotonic()
             while due and due[0][0] <= now:
                 at, n = heapq.heappop(due)
-                seq[n] += 1
-                hb = Heartbeat(
-                    agent_id=self.ids[n],
-                    instance_id=self.instance_ids[n],
-                    seq=seq[n],
-                    sent_at=time.time(),
-                    in_flight=n % 3,
-                    max_concurrency=16,
-                )
                 await self.nc.publish(
-                    subjects.heartbeat(self.ids[n]),
-                    request(self.ids[n], hb),
-                    reply=f"{self.inbox}.{n}",
+                    subjects.heartbeat(self.ids[n]), self._heartbeat(n), reply=f"{self.inbox}.{n}"
                 )
                 self.sent += 1
                 heapq.heappush(due, (at + self.interval, n))
@@ -175,14 +181,17 @@ class Simulator:
         n = self.index.get(agent_id)
         if n is None or not msg.reply:
             return
-        answer = ProbeReply(
-            agent_id=agent_id,
-            instance_id=self.instance_ids[n],
-            in_flight=n % 3,
-            max_concurrency=16,
-        )
+        data = self._probe_replies.get(n)
+        if data is None:
+            answer = ProbeReply(
+                agent_id=agent_id,
+                instance_id=self.instance_ids[n],
+                in_flight=n % 3,
+                max_concurrency=16,
+            )
+            data = self._probe_replies[n] = envelope.pack_ok(encode_model(answer), agent_id)
         self.probes += 1
-        await self.nc.publish(msg.reply, envelope.pack_ok(encode_model(answer), agent_id))
+        await self.nc.publish(msg.reply, data)
 
     async def sonar(self, probe_ids: list[str], timeout: float = 1.0) -> dict[int, str]:
         """Which registrar answers a heartbeat of each partition now (missing: none)."""

@@ -32,6 +32,7 @@ class _Marks(logging.Handler):
 
 async def main() -> None:
     url, registrar_id, interval = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("reach.registrar").addHandler(_Marks())
     logging.getLogger("reach.registrar").setLevel(logging.INFO)
     conn = await connect([url], name=registrar_id)
