@@ -52,6 +52,7 @@ class HeartbeatFeed:
         self._changed = asyncio.Event()
         #: heartbeats that came on the subject without a partition and were forwarded
         self.forwarded = 0
+        self._stopped = False
 
     def poke(self) -> None:
         """The live registrars may have changed: follow the partitions owned now."""
@@ -73,6 +74,8 @@ class HeartbeatFeed:
         """Subscribe to the partitions this registrar owns now, unsubscribe from those
         it gave away."""
         self._changed.clear()
+        if self._stopped:
+            return
         now = self._clock.time()
         owned = self._ownership.owned(now)
         given = sorted(set(self._subs) - owned)
@@ -107,6 +110,7 @@ class HeartbeatFeed:
             await self.follow()
 
     async def stop(self) -> None:
+        self._stopped = True
         subs = [*self._subs.values(), *([self._plain] if self._plain else [])]
         self._subs.clear()
         self.since.clear()
