@@ -295,3 +295,24 @@ async def test_on_a_secured_fabric_an_agent_s_heartbeats_are_mapped_and_nothing_
                 assert "permissions violation" in str(errors[0]).lower()
             finally:
                 await nc.close()
+
+
+async def test_an_open_fabric_started_here_maps_heartbeats_too(tmp_path: Path) -> None:
+    """``reach up`` without logins writes a config with the mapping alone."""
+    async with ReachFabric(tmp_path / "open", secure=False) as root:
+        mapped: list[str] = []
+        nc = await nats.connect(root.url)
+
+        async def on(msg: Msg) -> None:
+            mapped.append(msg.subject)
+
+        await nc.subscribe(f"{subjects.HEARTBEAT_PARTITION_PREFIX}.>", cb=on)
+        await nc.flush()
+        agent = Agent(manifest("open-1", interval=INTERVAL, timeout=0.4), servers=root.url)
+        agent.capability("echo")(_echo)
+        try:
+            async with agent:
+                await _until(lambda: bool(mapped), "a heartbeat in its partition")
+        finally:
+            await nc.close()
+        assert mapped[0] == subjects.heartbeat_partition(partition_of("open-1"), "open-1")
