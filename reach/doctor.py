@@ -5,7 +5,7 @@
 3. connectivity — does each instance answer a probe now, and how fast?
 4. the agent — did requests arrive, did the handler fail or stall?
 5. dependencies — the agent's readiness report (pools, queues)
-6. the fabric — registrar alive, registry records fresh, breaker states, audit events
+6. the fabric — registrar alive, registry records kept, breaker states, audit events
    dropped (``audit_dropped`` alerts) or waiting in spools on this machine
 
 Each step gives a verdict (ok / warn / fail / skip) with its evidence; the diagnosis
@@ -382,7 +382,7 @@ def _agent_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
         findings.append(
             f"{inst.agent_id}: {in_flight}/{inst.max_concurrency} in flight,"
             f" {inst.completed} completed, {done};"
-            f" last heartbeat {_ago(ev.now - inst.last_heartbeat_at)}"
+            f" record last written {_ago(ev.now - inst.last_heartbeat_at)}"
         )
         sla = max((c.latency_sla_ms for c in inst.manifest.capabilities), default=1000.0)
         stalled_for = ev.now - (last or inst.registered_at)
@@ -435,13 +435,14 @@ def _fabric_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]])
         verdict = "fail"
         findings.append("no registrar answers and none refreshed its record: health is unkept")
         blame.append(("fabric", "no registrar is running: nothing probes or evicts instances"))
+    # records change on a change only; a running registrar marks and evicts the silent
+    kept = "kept" if ev.registrar_answered or live else "UNKEPT (no registrar)"
     for inst in ev.instances:
         interval = inst.manifest.health.interval_sec
         age = ev.now - inst.last_heartbeat_at
-        fresh = "fresh" if age <= 2 * interval else "STALE"
         findings.append(
-            f"{inst.agent_id}: registry record {fresh} (heartbeat {age:.1f}s ago,"
-            f" every {interval:g}s)"
+            f"{inst.agent_id}: registry record {kept} (last written {age:.1f}s ago, on a"
+            f" change; heartbeats every {interval:g}s)"
         )
     open_now = stats.open_breakers(ev.now, within_sec=60.0)
     rejected = [e for e in stats.events if e.error == "breaker" and ev.now - e.ts < 60.0]

@@ -20,6 +20,17 @@ REGISTRAR_QUEUE = "reach-registrar"
 ANNOUNCE_ALL = f"{PREFIX}.announce.*"
 HEARTBEAT_ALL = f"{PREFIX}.hb.*"
 BYE_ALL = f"{PREFIX}.bye.*"
+#: heartbeats split by agent id into this many partitions, each handled by one registrar
+HEARTBEAT_PARTITIONS = 128
+#: where nats-server's subject mapping puts a heartbeat published on ``heartbeat(agent_id)``:
+#: ``reach.v1.hbp.<partition>.<agent_id>``, the partition an FNV-1a hash of the agent id
+#: (``reach.registry.partitions``); agents publish on ``reach.v1.hb.<agent_id>`` as ever
+HEARTBEAT_PARTITION_PREFIX = f"{PREFIX}.hbp"
+#: the mapping every server config reach writes carries (source → destination)
+HEARTBEAT_MAPPING = (
+    HEARTBEAT_ALL,
+    f"{HEARTBEAT_PARTITION_PREFIX}.{{{{partition({HEARTBEAT_PARTITIONS},1)}}}}.{{{{wildcard(1)}}}}",
+)
 TOKEN = f"{PREFIX}.auth.token"
 #: an admin asks the issuer for a new signing key
 KEY_ROTATE = f"{PREFIX}.auth.rotate"
@@ -64,6 +75,11 @@ def announce(agent_id: str) -> str:
 
 def heartbeat(agent_id: str) -> str:
     return f"{PREFIX}.hb.{agent_id}"
+
+
+def heartbeat_partition(partition: int, agent_id: str = "*") -> str:
+    """A heartbeat in its partition (``agent_id="*"``: every heartbeat of the partition)."""
+    return f"{HEARTBEAT_PARTITION_PREFIX}.{partition}.{agent_id}"
 
 
 def bye(agent_id: str) -> str:

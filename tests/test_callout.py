@@ -19,6 +19,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, RePublish
 
+from reach import subjects
+from reach.registry.partitions import partition_of
 from reach.security import accounts, natsconf
 from reach.security.callout import (
     PARTICIPANT_SUFFIX,
@@ -512,10 +514,11 @@ async def test_agent_speaks_only_for_itself(
     await agent.violation('publish to "reach.v1.hb.agent-b"')
     await agent.violation('publish to "reach.v1.announce.agent-b"')
     await asyncio.sleep(0.2)
+    # its heartbeat arrives mapped onto its partition in the fabric account
     assert sorted(m.subject for m in seen) == [
         "reach.v1.announce.agent-a",
         "reach.v1.bye.agent-a",
-        "reach.v1.hb.agent-a",
+        subjects.heartbeat_partition(partition_of("agent-a"), "agent-a"),
     ]
 
 

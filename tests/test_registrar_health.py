@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from reach.models import (
     Readiness,
     Transition,
 )
-from reach.registry import health, ownership
+from reach.registry import health, material, ownership, partitions
 from reach.registry.health import HealthPolicy
 from reach.registry.probe import ProbeResult
 
@@ -148,7 +149,6 @@ def test_an_instance_whose_probes_fail_stays_unhealthy_on_heartbeats(
     after = policy.after_heartbeat(failing, _heartbeat(clock.time()), clock.time(), None)
     assert after is not None
     assert after.status == "unhealthy"
-    assert after.last_heartbeat_at == clock.time()
     recovered = policy.after_probe(after, "svc-1-a", _answered(), clock.time())
     assert recovered is not None
     assert (recovered.status, recovered.consecutive_failures) == ("healthy", 0)
@@ -158,10 +158,10 @@ def test_an_instance_whose_probes_fail_stays_unhealthy_on_heartbeats(
 # -- probes -----------------------------------------------------------------------------
 
 
-def test_a_probe_that_changes_nothing_is_written_by_the_next_heartbeat(
+def test_a_probe_that_changes_nothing_is_written_by_the_next_heartbeat_written(
     policy: HealthPolicy, clock: ManualClock
 ) -> None:
-    inst = _record(clock.time())
+    inst = _record(clock.time(), last_probe_at=clock.time(), last_probe_ms=1.0)
     clock.advance(1.0)
     probed_at = clock.time()
     assert policy.after_probe(inst, "svc-1-a", _answered(ms=4.5), probed_at) is None
@@ -178,13 +178,23 @@ def test_a_probe_that_changes_nothing_is_written_by_the_next_heartbeat(
 def test_a_newer_probe_noted_while_a_heartbeat_was_written_is_kept(
     policy: HealthPolicy, clock: ManualClock
 ) -> None:
-    inst = _record(clock.time())
+    inst = _record(clock.time(), last_probe_at=clock.time(), last_probe_ms=1.0)
     policy.after_probe(inst, "svc-1-a", _answered(ms=1.0), clock.time())
     carried = policy.unwritten_probe("svc-1")
     clock.advance(1.0)
     policy.after_probe(inst, "svc-1-a", _answered(ms=2.0), clock.time())
     policy.probe_written("svc-1", carried)
     assert policy.unwritten_probe("svc-1") == (clock.time(), 2.0)
+
+
+def test_the_first_latency_a_probe_measures_is_written(
+    policy: HealthPolicy, clock: ManualClock
+) -> None:
+    """Written once (tools show it); later ones ride along with the next change."""
+    after = policy.after_probe(_record(clock.time()), "svc-1-a", _answered(ms=4.5), 1.0)
+    assert after is not None
+    assert (after.last_probe_at, after.last_probe_ms) == (1.0, 4.5)
+    assert policy.after_probe(after, "svc-1-a", _answered(ms=5.0), 2.0) is None
 
 
 def test_an_older_unwritten_probe_does_not_replace_a_recorded_one(
@@ -338,12 +348,12 @@ def test_no_silence_is_counted_from_before_the_registrar_s_trouble(
     assert policy.review(inst, clock.time()).action == "keep"
 
 
-def test_heartbeats_that_could_not_be_written_still_count(
+def test_heartbeats_heard_and_not_written_still_count(
     policy: HealthPolicy, clock: ManualClock
 ) -> None:
     inst = _record(clock.time())
     clock.advance(5 * INTERVAL)
-    policy.heard_unrecorded("svc-1")  # arrived, the registry could not take it
+    policy.heard("svc-1", clock.time())  # arrived, nothing to write (or it failed)
     clock.advance(INTERVAL)
     assert policy.silence(inst, clock.time()) == INTERVAL
     assert policy.review(inst, clock.time()).action == "keep"
@@ -390,7 +400,9 @@ def test_a_long_reason_is_clipped(policy: HealthPolicy, clock: ManualClock) -> N
 # -- no I/O -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", [health, ownership], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [health, ownership, material, partitions], ids=lambda m: m.__name__
+)
 def test_the_policies_import_nothing_that_does_io(module: object) -> None:
     """The health policy and ownership depend on the clock, the models and the errors
     only: no NATS, no asyncio, no other part of the registrar."""
@@ -401,6 +413,90 @@ def test_the_policies_import_nothing_that_does_io(module: object) -> None:
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module)
-    allowed = {"__future__", "dataclasses", "hashlib", "logging", "typing"}
-    allowed |= {"reach.clock", "reach.errors", "reach.models"}
+    allowed = {"__future__", "collections.abc", "dataclasses", "functools", "hashlib"}
+    allowed |= {"logging", "typing", "reach", "reach.clock", "reach.errors", "reach.models"}
+    # the pure parts of the policy: what a change is worth, which partition an id is in
+    allowed |= {"reach.registry.material", "reach.registry.partitions"}
     assert imported <= allowed, sorted(imported - allowed)
+
+
+# -- liveness apart from the record ---------------------------------------------------
+
+
+def _beat(in_flight: int, max_concurrency: int = 10, **readiness: Any) -> Heartbeat:
+    return Heartbeat(
+        agent_id="svc-1",
+        instance_id="svc-1-a",
+        seq=1,
+        sent_at=0.0,
+        in_flight=in_flight,
+        max_concurrency=max_concurrency,
+        completed=in_flight * 100,
+        readiness=Readiness(**readiness),
+    )
+
+
+def test_a_heartbeat_that_changes_nothing_routing_reads_is_not_written(
+    policy: HealthPolicy, clock: ManualClock
+) -> None:
+    written = _record(clock.time(), in_flight=2, max_concurrency=10)
+    clock.advance(INTERVAL)
+    # completed calls, memory, a load drift under a tenth: the record itself (no write)
+    assert policy.after_heartbeat(written, _beat(2), clock.time(), None) is written
+    drift = _beat(2).model_copy(update={"memory_bytes": 10**9})
+    assert policy.after_heartbeat(written, drift, clock.time(), None) is written
+    bigger = _record(clock.time(), in_flight=2, max_concurrency=20)
+    assert policy.after_heartbeat(bigger, _beat(3, 20), clock.time(), None) is bigger
+    assert policy.after_heartbeat(written, _beat(2, details={"pool": 0.4}), 1.0, None) is written
+
+
+@pytest.mark.parametrize(
+    ("beat", "why"),
+    [
+        (_beat(3), "load"),  # a tenth of max_concurrency
+        (_beat(10), "saturation"),
+        (_beat(2, max_concurrency=12), "max_concurrency"),
+        (_beat(2, ready=False, reason="pool full"), "readiness"),
+        (_beat(2, reason="warming"), "readiness"),
+    ],
+)
+def test_a_heartbeat_that_changes_what_routing_reads_is_written(
+    policy: HealthPolicy, clock: ManualClock, beat: Heartbeat, why: str
+) -> None:
+    written = _record(clock.time(), in_flight=2, max_concurrency=10)
+    clock.advance(INTERVAL)
+    after = policy.after_heartbeat(written, beat, clock.time(), None)
+    assert after is not None
+    assert after is not written
+    assert after.last_heartbeat_at == clock.time()
+    assert (after.in_flight, after.max_concurrency, after.completed) == (
+        beat.in_flight,
+        beat.max_concurrency,
+        beat.completed,
+    )
+    assert material.material_change(
+        written,
+        status=after.status,
+        readiness=beat.readiness,
+        in_flight=beat.in_flight,
+        max_concurrency=beat.max_concurrency,
+    ) in (why, "status")
+
+
+def test_a_load_step_under_a_tenth_stays_inside_the_routing_tie_band() -> None:
+    """What is not written moves the load term of the score by less than the band in
+    which instances count as equally good."""
+    from reach import routing
+
+    assert routing.W_LOAD * material.LOAD_STEP < routing.TIE_BAND
+
+
+def test_silence_is_counted_from_a_takeover_never_from_before(
+    policy: HealthPolicy, clock: ManualClock
+) -> None:
+    inst = _record(clock.time())
+    clock.advance(10 * INTERVAL)  # heard by another registrar meanwhile, not by this one
+    taken = clock.time()
+    assert policy.review(inst, clock.time(), since=taken).action == "keep"
+    clock.advance(INTERVAL * FAILURES)
+    assert policy.review(inst, clock.time(), since=taken).action == "unhealthy"

@@ -7,6 +7,7 @@ intervals" is reached by advancing it, not by waiting.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from reach.agent import Agent
 from reach.clock import ManualClock
 from reach.errors import ReachTimeout
-from reach.models import Instance, Manifest
+from reach.models import Instance, Manifest, Readiness
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import RegistryStore
 from reach.testing import NatsServer
@@ -84,13 +85,14 @@ async def test_an_eviction_is_checked_again_on_the_record_as_it_is_now(
     assert await store.get("quiet-1") is None
 
 
-async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
+async def test_heartbeats_heard_and_not_written_do_not_count_as_silence(
     clock_registrar: tuple[Registrar, ManualClock, Connection],
     nats_server: NatsServer,
 ) -> None:
-    """While the registry cannot take an instance's heartbeats (a JetStream leader
-    election in a cluster), they still arrive: the instance is not evicted for the silence
-    of its record. A silent one beside it still is."""
+    """A heartbeat that changes nothing routing reads is not written, and one the
+    registry cannot take (a JetStream leader election in a cluster) is not either: both
+    arrived, so the instance is not evicted for the silence of its record. A silent one
+    beside it still is."""
     reg, clock, _ = clock_registrar
     agent = Agent(manifest("steady-1", interval=INTERVAL), servers=[nats_server.url])
 
@@ -105,31 +107,31 @@ async def test_heartbeats_it_could_not_record_do_not_count_as_silence(
         await store.create(_record("gone-1", clock.time()))  # never heard from again
         await _until(lambda: "gone-1" in reg._records, "the silent record seen")
         write = store.update
-        refused = 0
 
         async def leaderless(instance: Instance, last: int) -> int:
             # only steady-1's writes fail: gone-1's record may be marked unhealthy (a
             # failed sweep would count as trouble, which holds every eviction back)
-            nonlocal refused
             if instance.agent_id != "steady-1":
                 return await write(instance, last)
-            refused += 1
             raise ReachTimeout("no reply from the registry in time (no stream leader)")
 
         store.update = leaderless  # type: ignore[method-assign]
+        written = reg._records["steady-1"][0].last_heartbeat_at
         # The record's heartbeat grows 5 intervals old, one interval at a time, each step
-        # only once a heartbeat arrived (and could not be written) after it: the
-        # registrar's own sweeps, which run meanwhile, never see the instance silent for
-        # more than one interval. The record itself is never updated.
+        # only once a heartbeat arrived after it: the registrar's own sweeps, which run
+        # meanwhile, never see the instance silent for more than one interval.
         for _ in range(5):
             clock.advance(INTERVAL)
+            now = clock.time()
             await _until(
-                lambda seen=refused: refused > seen, "a heartbeat the registrar could not write"
+                lambda now=now: reg._policy.heard_at("steady-1") == now, "a heartbeat heard"
             )
         await reg._sweep()
         store.update = write  # type: ignore[method-assign]
         assert "steady-1" in reg._records
-        assert await store.get("steady-1") is not None
+        kept = await store.get("steady-1")
+        assert kept is not None
+        assert kept[0].last_heartbeat_at == written  # never rewritten for a heartbeat
         assert await store.get("gone-1") is None
     finally:
         await agent.stop()
@@ -143,7 +145,13 @@ async def test_a_registrar_behind_on_its_messages_evicts_nobody(nats_server: Nat
     reg = Registrar(conn, RegistrarConfig(clock=clock, liveness_interval_sec=3600.0, max_backlog=2))
     await reg.start()
     interval = 0.2
-    agent = Agent(manifest("busy-1", interval=interval), servers=[nats_server.url])
+    beats = itertools.count()
+    # every heartbeat changes what it reports of its readiness: each is written
+    agent = Agent(
+        manifest("busy-1", interval=interval),
+        servers=[nats_server.url],
+        readiness=lambda: Readiness(reason=f"beat {next(beats)}"),
+    )
 
     @agent.capability("echo")
     async def echo(request: Any) -> Any:

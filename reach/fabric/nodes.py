@@ -4,7 +4,8 @@ With logins on, each server's config (written to the store, mode 0600) has the a
 and the auth callout of ``reach.security.natsconf``: no anonymous access. A cluster's
 nodes also log in to each other's route port with a password kept in the store, and
 fsync every write (``sync_interval: always``) so an acknowledged message survives a
-node's crash. Without logins a single server runs with JetStream and no config.
+node's crash. Without logins a single server runs with JetStream and a config holding
+only the heartbeat mapping (``natsconf.render_mappings``), which every config has.
 
 Store layout (the names ``reach up`` has always used): one server keeps its config in
 ``<store>/nats.conf`` and its JetStream data and log in ``<store>/nats``; node N of a
@@ -44,12 +45,14 @@ def plan_nodes(
 
 
 def _single(store: Path, port: int, logins: bool) -> EmbeddedServer:
-    config: Path | None = None
     if logins:
         setup = natsconf.prepare(store)
         config = natsconf.write_config(
             setup, store / "nats.conf", port=port, store_dir=None, host=HOST
         )
+    else:  # the heartbeat mapping only
+        store.mkdir(parents=True, exist_ok=True)
+        config = natsconf.write_open_config(store / "nats.conf")
     return EmbeddedServer(
         port=port,
         store_dir=store / "nats",

@@ -247,10 +247,8 @@ class ControlHandlers:
         try:
             reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
         except ReachError as exc:
-            # it is alive, the registry could not take it (a JetStream leader election):
-            # its silence is not counted from the record's older heartbeat
-            if self._view.get(hb.agent_id) is not None:
-                self._policy.heard_unrecorded(hb.agent_id)
+            # it is alive (heard, see _heartbeat), the registry could not take a change
+            # (a JetStream leader election): the next heartbeat brings it again
             if msg.reply:  # told, not left to time out
                 await self._conn.respond(
                     msg,
@@ -265,7 +263,11 @@ class ControlHandlers:
             return HeartbeatReply(ok=False, reason=f"heartbeat for {hb.agent_id} on {subject_id}")
         current = self._view.get(hb.agent_id)
         if current is None:
-            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+            # announced through another registrar a moment ago, its watch not here yet?
+            current = await self._view.store.get(hb.agent_id)
+            if current is None:
+                return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+            self._view.remember(*current)
         if current[0].instance_id != hb.instance_id:
             return HeartbeatReply(
                 ok=False,
@@ -273,6 +275,8 @@ class ControlHandlers:
             )
         now = self._clock.time()
         policy = self._policy
+        # heard: its silence counts from now, whether or not the record is written
+        policy.heard(hb.agent_id, now)
         probed = policy.unwritten_probe(hb.agent_id)
         result = await self._view.mutate(
             hb.agent_id, lambda inst: policy.after_heartbeat(inst, hb, now, probed)

@@ -6,10 +6,17 @@ own trouble keeping the registry current) and ask it what an instance's record b
 they do the KV writes. Every decision on a record is a pure function of the record and
 this policy's state, so a compare-and-set that meets a newer record asks again.
 
-Silence is counted from the latest heartbeat this registrar knows of, never from before
-it started or last had trouble (its watch failing, a failed sweep, a backlog of messages,
-its connection coming back): heartbeats may have arrived then and been lost, and an
-instance is not evicted for the registrar's own trouble.
+Liveness is kept apart from the record: the registrar that owns an instance's heartbeat
+partition (:mod:`reach.registry.ownership`) remembers when it last heard it, and a
+heartbeat rewrites the record only for a change routing reads
+(:mod:`reach.registry.material`), so route caches see changes, not renewals. The record's
+``last_heartbeat_at`` is the heartbeat last written, not the last one heard.
+
+Silence is counted from the latest heartbeat this registrar knows of (heard or written),
+never from before it started, last had trouble (its watch failing, a failed sweep, a
+backlog of messages, its connection coming back) or took over the instance's partition:
+heartbeats may have arrived then elsewhere or been lost, and an instance is not evicted
+for the registrar's own trouble nor for a handover.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from reach.models import (
     Transition,
     clip_reason,
 )
+from reach.registry.material import material_change
 
 __all__ = ["HealthPolicy", "ProbeOutcome", "UnwrittenProbe", "Verdict"]
 
@@ -88,8 +96,8 @@ class HealthPolicy:
         self.started_at = 0.0
         #: when it last could not keep the registry current (see the module's docstring)
         self.trouble_at = 0.0
-        #: per instance: when a heartbeat of it arrived that could not be written
-        self._unrecorded: dict[str, float] = {}
+        #: per instance: when this registrar last heard a heartbeat of it (written or not)
+        self._heard: dict[str, float] = {}
         #: per instance: its latest successful probe that changed nothing and so was not
         #: written; the next heartbeat's write carries it (no write of its own)
         self._probed: dict[str, UnwrittenProbe] = {}
@@ -123,7 +131,7 @@ class HealthPolicy:
         """The record is gone: drop what this policy kept about it."""
         self._last_probe.pop(agent_id, None)
         self._probed.pop(agent_id, None)
-        self._unrecorded.pop(agent_id, None)
+        self._heard.pop(agent_id, None)
 
     # -- statuses ------------------------------------------------------------------------
 
@@ -172,12 +180,29 @@ class HealthPolicy:
     def after_heartbeat(
         self, inst: Instance, hb: Heartbeat, now: float, probed: UnwrittenProbe | None
     ) -> Instance | None:
-        """The record after heartbeat ``hb`` (None: not this instance's record).
+        """The record after heartbeat ``hb``: ``inst`` itself (nothing to write) unless it
+        changed something routing reads (:func:`~reach.registry.material.material_change`);
+        None: not this instance's record.
 
         A heartbeat says the process lives, not that it answers: an instance whose probes
         fail stays unhealthy until a probe succeeds, else its health would flap."""
         if inst.instance_id != hb.instance_id:
             return None
+        status = inst.status
+        if inst.consecutive_failures < inst.manifest.health.failures_before_unhealthy:
+            status = self.status_from(hb.readiness, "heartbeat")[0]
+        changed = material_change(
+            inst,
+            status=status,
+            readiness=hb.readiness,
+            in_flight=hb.in_flight,
+            max_concurrency=hb.max_concurrency,
+        )
+        return self._heartbeat_record(inst, hb, now, probed) if changed else inst
+
+    def _heartbeat_record(
+        self, inst: Instance, hb: Heartbeat, now: float, probed: UnwrittenProbe | None
+    ) -> Instance:
         update: dict[str, Any] = {
             "last_heartbeat_at": now,
             "in_flight": hb.in_flight,
@@ -200,10 +225,14 @@ class HealthPolicy:
         if probed is not None and self._probed.get(agent_id) == probed:
             del self._probed[agent_id]
 
-    def heard_unrecorded(self, agent_id: str) -> None:
-        """A heartbeat of ``agent_id`` arrived and could not be written (the registry
-        could not take it): its silence is not counted from the record's older heartbeat."""
-        self._unrecorded[agent_id] = self.clock.time()
+    def heard(self, agent_id: str, now: float) -> None:
+        """A heartbeat of ``agent_id`` arrived (whether or not it is written): its silence
+        counts from now."""
+        self._heard[agent_id] = now
+
+    def heard_at(self, agent_id: str) -> float | None:
+        """When this registrar last heard a heartbeat of ``agent_id``, if it did."""
+        return self._heard.get(agent_id)
 
     # -- probes --------------------------------------------------------------------------
 
@@ -225,14 +254,16 @@ class HealthPolicy:
     ) -> Instance | None:
         """The record after a probe of instance ``instance_id`` (None: nothing to write).
 
-        A success that changes nothing is not written: the next heartbeat carries it.
+        A success that changes nothing is not written (unless it is the instance's first
+        measured latency): the next change a heartbeat brings carries it.
         ``failures_before_unhealthy`` failures in a row make the instance unhealthy; a
         probe nobody received while the fabric settles is no failure (:meth:`settling`)."""
         if cur.instance_id != instance_id:
             return None
         if result.reply is not None:
             status, reason = self.status_from(result.reply.readiness, "probe")
-            if cur.status == status and cur.consecutive_failures == 0:
+            unchanged = cur.status == status and cur.consecutive_failures == 0
+            if unchanged and cur.last_probe_ms is not None:
                 self._probed[cur.agent_id] = (now, result.latency_ms)
                 return None
             updated = cur.model_copy(
@@ -267,19 +298,20 @@ class HealthPolicy:
 
     # -- silence -------------------------------------------------------------------------
 
-    def silence(self, inst: Instance, now: float) -> float:
+    def silence(self, inst: Instance, now: float, since: float = 0.0) -> float:
         """How long the instance has not been heard from, as far as this registrar knows:
-        since its last heartbeat, recorded or not, but never counting time before this
-        registrar started or before it last had trouble keeping the registry current."""
-        heard = max(inst.last_heartbeat_at, self._unrecorded.get(inst.agent_id, 0.0))
-        return now - max(heard, self.started_at, self.trouble_at)
+        since its last heartbeat, written or only heard, but never counting time before
+        this registrar started, last had trouble keeping the registry current, or took
+        the instance over (``since``: when it came to own the instance's partition)."""
+        heard = max(inst.last_heartbeat_at, self._heard.get(inst.agent_id, 0.0))
+        return now - max(heard, self.started_at, self.trouble_at, since)
 
-    def review(self, inst: Instance, now: float) -> Verdict:
+    def review(self, inst: Instance, now: float, since: float = 0.0) -> Verdict:
         """What a sweep does about ``inst`` for its silence: evicted once silent for
         ``evict_after_intervals`` intervals, unhealthy once it missed
-        ``failures_before_unhealthy`` heartbeats."""
+        ``failures_before_unhealthy`` heartbeats (``since``: see :meth:`silence`)."""
         health = inst.manifest.health
-        silence = self.silence(inst, now)
+        silence = self.silence(inst, now, since)
         evict_after = self.evict_after_intervals * health.interval_sec
         if silence >= evict_after:
             return Verdict("evict", f"silent for {silence:.1f}s: evicted", evict_after)
@@ -288,15 +320,17 @@ class HealthPolicy:
             return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
         return Verdict()
 
-    def still_silent(self, cur: Instance, now: float, limit: float) -> bool:
-        """Whether the record as it is now (a heartbeat another registrar wrote may have
-        come in since the review) is still silent for ``limit`` seconds."""
-        return self.silence(cur, now) >= limit
+    def still_silent(self, cur: Instance, now: float, limit: float, since: float = 0.0) -> bool:
+        """Whether the record as it is now (a heartbeat written or heard since the review)
+        is still silent for ``limit`` seconds."""
+        return self.silence(cur, now, since) >= limit
 
-    def missed_heartbeats(self, cur: Instance, reason: str, now: float) -> Instance:
+    def missed_heartbeats(
+        self, cur: Instance, reason: str, now: float, since: float = 0.0
+    ) -> Instance:
         """The record marked unhealthy for its missed heartbeats, unless the record as it
-        is now shows a heartbeat that came in meanwhile."""
+        is now, or what this registrar heard, shows a heartbeat that came in meanwhile."""
         health = cur.manifest.health
-        if self.silence(cur, now) < health.interval_sec * health.failures_before_unhealthy:
+        if self.silence(cur, now, since) < health.interval_sec * health.failures_before_unhealthy:
             return cur
         return self.with_status(cur, "unhealthy", reason, now)

@@ -1,15 +1,22 @@
-"""Which registrar probes and evicts which instance: rendezvous hashing over the live ones.
+"""Which registrar hears and judges which instance: rendezvous hashing of heartbeat
+partitions over the live registrars.
 
-Every registrar sees the same ``registrar.<id>`` records through its registry watch, so
-each computes the same owner for an instance without talking to the others; when one
-stops refreshing its record its instances move to the others, and only those. No I/O.
+An instance's heartbeats come on its partition's subject (``reach.registry.partitions``);
+each partition belongs to the live registrar with the highest weight for it. Every
+registrar sees the same ``registrar.<id>`` records through its registry watch, so each
+computes the same owners without talking to the others; when one stops refreshing its
+record its partitions move to the others, and only those; when one joins it takes about
+its share from each. No I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
+from reach import subjects
 from reach.models import RegistrarRecord
+from reach.registry.partitions import partition_of
 
 __all__ = ["LIVE_INTERVALS", "Ownership"]
 
@@ -17,57 +24,80 @@ __all__ = ["LIVE_INTERVALS", "Ownership"]
 LIVE_INTERVALS = 3
 
 
-def _weight(registrar_id: str, agent_id: str) -> bytes:
-    return hashlib.blake2b(f"{registrar_id}/{agent_id}".encode()).digest()
+def _weight(registrar_id: str, partition: int) -> bytes:
+    return hashlib.blake2b(f"{registrar_id}/p{partition}".encode()).digest()
 
 
 class Ownership:
-    """One registrar's answer to "is this instance mine?", kept current by its watch."""
+    """One registrar's answer to "is this partition (this instance) mine?", kept current
+    by its watch; ``on_change`` is told when the set of live registrars may have changed."""
 
-    def __init__(self, registrar_id: str) -> None:
+    def __init__(
+        self,
+        registrar_id: str,
+        partitions: int = subjects.HEARTBEAT_PARTITIONS,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         self.registrar_id = registrar_id
+        self.partitions = partitions
+        self.on_change = on_change
         #: the registrar records seen on the watch, by id
         self.registrars: dict[str, RegistrarRecord] = {}
-        self._mine: dict[str, bool] = {}
+        self._owned: frozenset[int] | None = None
+        #: the live registrars ``_owned`` was computed with
+        self._computed_with: frozenset[str] = frozenset()
+
+    def _changed(self) -> None:
+        self._owned = None
+        self.on_change()
 
     def seen(self, registrar_id: str, record: RegistrarRecord) -> None:
-        """A registrar's record was written (a new one changes every owner)."""
-        if registrar_id not in self.registrars:
-            self._mine.clear()
+        """A registrar's record was written (a new one changes the owners)."""
+        known = registrar_id in self.registrars
         self.registrars[registrar_id] = record
+        if not known:
+            self._changed()
 
     def gone(self, registrar_id: str) -> None:
         """A registrar's record was deleted."""
         if self.registrars.pop(registrar_id, None) is not None:
-            self._mine.clear()
-
-    def forget(self, agent_id: str) -> None:
-        """The instance's record is gone."""
-        self._mine.pop(agent_id, None)
+            self._changed()
 
     def _live(self, record: RegistrarRecord, now: float) -> bool:
         return now - record.seen_at < LIVE_INTERVALS * record.interval_sec
 
-    def owns(self, agent_id: str, now: float) -> bool:
-        """Whether this registrar probes and evicts ``agent_id`` (remembered until the
-        set of live registrars changes)."""
-        cached = self._mine.get(agent_id)
-        if cached is not None:
-            return cached
-        live = [self.registrar_id] + [
+    def live(self, now: float) -> list[str]:
+        """The live registrars, this one first."""
+        return [self.registrar_id] + [
             rid
             for rid, rec in self.registrars.items()
             if rid != self.registrar_id and self._live(rec, now)
         ]
-        owner = max(live, key=lambda rid: _weight(rid, agent_id))
-        mine = owner == self.registrar_id
-        self._mine[agent_id] = mine
-        return mine
+
+    def owned(self, now: float) -> frozenset[int]:
+        """The partitions this registrar owns (remembered until the set of live
+        registrars changes)."""
+        if self._owned is None:
+            live = self.live(now)
+            self._computed_with = frozenset(live)
+            me = self.registrar_id
+            self._owned = frozenset(
+                p
+                for p in range(self.partitions)
+                if max(live, key=lambda rid: _weight(rid, p)) == me
+            )
+        return self._owned
+
+    def partition(self, agent_id: str) -> int:
+        """The heartbeat partition of ``agent_id``."""
+        return partition_of(agent_id, self.partitions)
+
+    def owns(self, agent_id: str, now: float) -> bool:
+        """Whether the partition of ``agent_id`` is this registrar's."""
+        return self.partition(agent_id) in self.owned(now)
 
     def expire(self, now: float) -> None:
-        """Registrars that stopped refreshing their records drop out of ownership."""
-        if any(
-            rid != self.registrar_id and not self._live(rec, now)
-            for rid, rec in self.registrars.items()
-        ):
-            self._mine.clear()
+        """Registrars that stopped refreshing their records drop out of ownership (and
+        one that refreshes its record again comes back)."""
+        if self._owned is not None and frozenset(self.live(now)) != self._computed_with:
+            self._changed()

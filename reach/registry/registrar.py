@@ -3,8 +3,11 @@
 State lives in the KV bucket, never only in memory: every write is a compare-and-set on
 the revision this registrar last saw, so several registrars can run at once and a
 restart loses nothing. Each registrar keeps a view of the bucket through a watch.
-Probing and eviction of an instance is done by one registrar, chosen by rendezvous
-hashing over the live registrars, so work is split and taken over when one dies.
+Heartbeats are split into partitions by nats-server's subject mapping; each partition
+belongs to one registrar, chosen by rendezvous hashing over the live registrars, which
+hears its instances' heartbeats, keeps their liveness in memory, writes a record only for
+a change routing reads, and probes and evicts them: work is split, and taken over when
+one joins or dies.
 
 This module puts the parts together and runs their loops:
 
@@ -13,7 +16,8 @@ This module puts the parts together and runs their loops:
 - :mod:`~reach.registry.health` decides every status (a state machine without I/O);
 - :mod:`~reach.registry.records` holds the view and writes with compare-and-set, kept
   current by :mod:`~reach.registry.watch`;
-- :mod:`~reach.registry.ownership` says which instances are this registrar's to sweep;
+- :mod:`~reach.registry.ownership` says which heartbeat partitions are this registrar's,
+  :mod:`~reach.registry.heartbeats` subscribes to them;
 - :mod:`~reach.registry.sweep` evicts, marks and probes them.
 """
 
@@ -36,6 +40,7 @@ from reach.models import Instance, RegistrarRecord
 from reach.registry.config import RegistrarConfig
 from reach.registry.handlers import ControlHandlers
 from reach.registry.health import HealthPolicy
+from reach.registry.heartbeats import HeartbeatFeed
 from reach.registry.message_auth import MessageAuth
 from reach.registry.ownership import Ownership
 from reach.registry.records import RecordView
@@ -70,7 +75,7 @@ class Registrar:
             transitions_kept=cfg.transitions_kept,
             max_backlog=cfg.max_backlog,
         )
-        self._ownership = Ownership(cfg.registrar_id)
+        self._ownership = Ownership(cfg.registrar_id, on_change=self._partitions_changed)
         self._view = RecordView(on_gone=self._gone)
         self._auth = MessageAuth(conn, self._limits)
         self._handlers = ControlHandlers(
@@ -82,14 +87,20 @@ class Registrar:
             limits=self._limits,
             duplicate_grace_sec=cfg.duplicate_grace_sec,
         )
+        self._heartbeats = HeartbeatFeed(
+            conn,
+            self._ownership,
+            self._clock,
+            self._handlers.spawning(self._handlers.on_heartbeat, counted=True),
+        )
         self._sweeper = Sweeper(
             conn,
             view=self._view,
             policy=self._policy,
-            ownership=self._ownership,
             limits=self._limits,
             max_concurrent_probes=cfg.max_concurrent_probes,
             backlog=lambda: self._handlers.handling,
+            judged_since=self._heartbeats.judged_since,
         )
         self._subs: list[Subscription] = []
         #: the watch first, then the sweep and liveness loops
@@ -132,7 +143,14 @@ class Registrar:
 
     def _gone(self, agent_id: str) -> None:
         self._policy.forget(agent_id)
-        self._ownership.forget(agent_id)
+
+    def _partitions_changed(self) -> None:
+        self._heartbeats.poke()
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The heartbeat partitions this registrar hears now."""
+        return frozenset(self._heartbeats.since)
 
     async def start(self) -> None:
         self._auth.security = await FabricSecurity.join(
@@ -159,8 +177,10 @@ class Registrar:
         )
         self._loops.append(asyncio.create_task(watch.run(), name="registrar-watch"))
         await asyncio.wait_for(watch.synced.wait(), _SYNC_TIMEOUT_SEC)
-        await self._refresh_liveness()
+        # its partitions heard before its record tells the others to give them up
         await self._subscribe()
+        await self._refresh_liveness()
+        self._loops.append(asyncio.create_task(self._heartbeats.run(), name="registrar-partitions"))
         self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
         self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
         log.info("registrar %s started with %d records", self.registrar_id, len(self._records))
@@ -180,17 +200,14 @@ class Registrar:
 
     async def _subscribe(self) -> None:
         handlers = self._handlers
+        await self._heartbeats.start()
         for subject, handler in (
             (subjects.ANNOUNCE_ALL, handlers.on_announce),
-            (subjects.HEARTBEAT_ALL, handlers.on_heartbeat),
             (subjects.BYE_ALL, handlers.on_bye),
         ):
-            counted = subject == subjects.HEARTBEAT_ALL
             self._subs.append(
                 await self._conn.subscribe(
-                    subject,
-                    handlers.spawning(handler, counted=counted),
-                    queue=subjects.REGISTRAR_QUEUE,
+                    subject, handlers.spawning(handler), queue=subjects.REGISTRAR_QUEUE
                 )
             )
         self._subs.append(await self._conn.subscribe(subjects.REGISTRAR_PING, self._on_ping))
@@ -202,6 +219,7 @@ class Registrar:
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs.clear()
+        await self._heartbeats.stop()
         await cancel_and_wait([*self._loops, *self._handlers.tasks, *self._sweeper.tasks])
         self._loops.clear()
         if self._alerts is not None:
@@ -256,6 +274,9 @@ class Registrar:
     async def _sweep_loop(self) -> None:
         while not self._stopping:
             tick = MAX_TICK_SEC
+            # a registrar that stopped refreshing its record hands its partitions over
+            # as soon as it is no longer live, not at this one's next refresh
+            self._ownership.expire(self._clock.time())
             try:
                 tick = await self._sweep()
             except ReachError as exc:

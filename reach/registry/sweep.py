@@ -18,7 +18,6 @@ from reach.codec import Limits
 from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.health import HealthPolicy
-from reach.registry.ownership import Ownership
 from reach.registry.probe import probe
 from reach.registry.records import RecordView
 from reach.transport import Connection
@@ -41,19 +40,20 @@ class Sweeper:
         *,
         view: RecordView,
         policy: HealthPolicy,
-        ownership: Ownership,
         limits: Limits,
         max_concurrent_probes: int,
         backlog: Callable[[], int],
+        judged_since: Callable[[str], float | None],
     ) -> None:
         self._conn = conn
         self._view = view
         self._policy = policy
-        self._ownership = ownership
         self._limits = limits
         self._slots = asyncio.Semaphore(max_concurrent_probes)
         #: how many messages the registrar is handling now
         self._backlog = backlog
+        #: since when this registrar hears an instance's heartbeats (None: not its own)
+        self._judged_since = judged_since
         #: agent ids with a probe in flight
         self._probing: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -67,17 +67,22 @@ class Sweeper:
         policy.check_backlog(self._backlog(), now)
         for agent_id, (inst, _) in list(self._view.by_agent.items()):
             tick = min(tick, inst.manifest.health.interval_sec / 4)
-            if not self._ownership.owns(agent_id, now):
+            since = self._judged_since(agent_id)
+            if since is None:
                 continue
-            verdict = policy.review(inst, now)
+            verdict = policy.review(inst, now, since)
             if verdict.action == "evict":
                 # checked again on the record as it is now if it changed meanwhile (a
-                # heartbeat another registrar wrote, which this one's watch has not shown)
-                still = functools.partial(_still_silent, policy, now=now, limit=verdict.limit)
+                # heartbeat written or heard since)
+                still = functools.partial(
+                    _still_silent, policy, now=now, limit=verdict.limit, since=since
+                )
                 await self._view.remove(agent_id, inst.instance_id, verdict.reason, still)
                 continue
             if verdict.action == "unhealthy":
-                mark = functools.partial(_missed, policy, reason=verdict.reason, now=now)
+                mark = functools.partial(
+                    _missed, policy, reason=verdict.reason, now=now, since=since
+                )
                 await self._view.mutate(agent_id, mark)
             if agent_id not in self._probing and policy.probe_due(inst, now):
                 self._start_probe(inst, now)
@@ -108,9 +113,13 @@ class Sweeper:
             self._probing.discard(agent_id)
 
 
-def _still_silent(policy: HealthPolicy, cur: Instance, *, now: float, limit: float) -> bool:
-    return policy.still_silent(cur, now, limit)
+def _still_silent(
+    policy: HealthPolicy, cur: Instance, *, now: float, limit: float, since: float
+) -> bool:
+    return policy.still_silent(cur, now, limit, since)
 
 
-def _missed(policy: HealthPolicy, cur: Instance, *, reason: str, now: float) -> Instance | None:
-    return policy.missed_heartbeats(cur, reason, now)
+def _missed(
+    policy: HealthPolicy, cur: Instance, *, reason: str, now: float, since: float
+) -> Instance | None:
+    return policy.missed_heartbeats(cur, reason, now, since)

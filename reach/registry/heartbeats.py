@@ -1,0 +1,139 @@
+"""Which heartbeats a registrar hears: those of the partitions it owns.
+
+nats-server maps every heartbeat (``reach.v1.hb.<agent_id>``) onto its partition's
+subject (``reach.v1.hbp.<partition>.<agent_id>``, :mod:`reach.registry.partitions`); each
+registrar subscribes to the partitions it owns (:mod:`reach.registry.ownership`), so an
+instance's heartbeats reach the one registrar that judges its silence, and no other.
+
+On a NATS without the mapping (a server configured by hand), heartbeats stay on
+``reach.v1.hb.*``: every registrar also listens there in the queue group, handles a
+heartbeat of its own partitions and forwards any other to its partition's subject, where
+its owner hears it. The heartbeat protocol of agents is the same either way.
+
+When a registrar takes a partition over (one joined or one died) it notes when: silence
+is counted from then, never from before, so no instance is marked for a handover. A
+partition given away is unsubscribed and no longer judged here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from reach import subjects
+from reach.clock import Clock
+from reach.registry.ownership import Ownership
+from reach.registry.partitions import partition_token
+from reach.transport import Connection, Message, Subscription
+
+__all__ = ["HeartbeatFeed"]
+
+log = logging.getLogger("reach.registrar")
+
+MessageHandler = Callable[[Message], Awaitable[None]]
+
+
+class HeartbeatFeed:
+    """One registrar's heartbeat subscriptions, following the partitions it owns."""
+
+    def __init__(
+        self, conn: Connection, ownership: Ownership, clock: Clock, handler: MessageHandler
+    ) -> None:
+        self._conn = conn
+        self._ownership = ownership
+        self._clock = clock
+        #: what a heartbeat of one of this registrar's partitions is given to
+        self._handler = handler
+        self._subs: dict[int, Subscription] = {}
+        #: partition → when this registrar began hearing it
+        self.since: dict[int, float] = {}
+        self._plain: Subscription | None = None
+        self._changed = asyncio.Event()
+        #: heartbeats that came on the subject without a partition and were forwarded
+        self.forwarded = 0
+        self._stopped = False
+
+    def poke(self) -> None:
+        """The live registrars may have changed: follow the partitions owned now."""
+        self._changed.set()
+
+    def judged_since(self, agent_id: str) -> float | None:
+        """When this registrar began hearing the partition of ``agent_id``; None if it
+        is not this registrar's (another one judges it)."""
+        return self.since.get(self._ownership.partition(agent_id))
+
+    async def start(self) -> None:
+        """Subscribe to the owned partitions, and to heartbeats not mapped onto one."""
+        await self.follow()
+        self._plain = await self._conn.subscribe(
+            subjects.HEARTBEAT_ALL, self._on_plain, queue=subjects.REGISTRAR_QUEUE
+        )
+
+    async def follow(self) -> None:
+        """Subscribe to the partitions this registrar owns now, unsubscribe from those
+        it gave away."""
+        self._changed.clear()
+        if self._stopped:
+            return
+        now = self._clock.time()
+        owned = self._ownership.owned(now)
+        given = sorted(set(self._subs) - owned)
+        for partition in given:
+            sub = self._subs.pop(partition)
+            self.since.pop(partition, None)
+            await sub.unsubscribe()
+        taken = sorted(owned - set(self._subs))
+        for partition in taken:
+            self._subs[partition] = await self._conn.subscribe(
+                subjects.heartbeat_partition(partition), self._on_partition
+            )
+        if taken:
+            await self._conn.flush()
+            # counted from when the subscriptions are in place at the server
+            at = self._clock.time()
+            for partition in taken:
+                self.since[partition] = at
+        if taken or given:
+            log.info(
+                "registrar %s hears %d heartbeat partitions (%d taken, %d given away)",
+                self._ownership.registrar_id,
+                len(self._subs),
+                len(taken),
+                len(given),
+            )
+
+    async def run(self) -> None:
+        """Follow ownership changes until cancelled."""
+        while True:
+            await self._changed.wait()
+            await self.follow()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        subs = [*self._subs.values(), *([self._plain] if self._plain else [])]
+        self._subs.clear()
+        self.since.clear()
+        self._plain = None
+        for sub in subs:
+            await sub.unsubscribe()
+
+    async def _on_partition(self, msg: Message) -> None:
+        agent_id = subjects.last_token(msg.subject)
+        if partition_token(msg.subject) == self._ownership.partition(agent_id):
+            await self._handler(msg)
+        else:  # published there by hand: to the partition the agent id belongs to
+            await self._forward(msg, agent_id)
+
+    async def _on_plain(self, msg: Message) -> None:
+        await self._forward(msg, subjects.last_token(msg.subject))
+
+    async def _forward(self, msg: Message, agent_id: str) -> None:
+        partition = self._ownership.partition(agent_id)
+        if partition in self._subs:
+            await self._handler(msg)
+            return
+        self.forwarded += 1
+        await self._conn.publish(
+            subjects.heartbeat_partition(partition, agent_id), msg.data, reply=msg.reply or ""
+        )
