@@ -57,6 +57,8 @@ class RouteRepair:
         self._synced = False
         self._checked_at = 0.0
         self._task: asyncio.Task[None] | None = None
+        #: a check to come while agents are out of step (a quiet registry brings no tick)
+        self._timer: asyncio.TimerHandle | None = None
         #: agents whose route keys were rewritten or deleted
         self.repaired = 0
 
@@ -112,15 +114,20 @@ class RouteRepair:
             else:
                 self._suspect.pop(agent_id, None)
         self._dirty.update(self._suspect)  # checked again next time
+        loop = asyncio.get_running_loop()
+        if self._suspect and self._timer is None:
+            self._timer = loop.call_later(self.after / 2, self._timed)
         if self._task is not None and not self._task.done():
             return
         due = [a for a, since in self._suspect.items() if now - since >= self.after]
         if due:
             for agent_id in due:
                 del self._suspect[agent_id]
-            self._task = asyncio.get_running_loop().create_task(
-                self._repair(due), name="route-repair"
-            )
+            self._task = loop.create_task(self._repair(due), name="route-repair")
+
+    def _timed(self) -> None:
+        self._timer = None
+        self.tick()
 
     async def _repair(self, agent_ids: list[str]) -> None:
         for agent_id in agent_ids:
@@ -137,6 +144,9 @@ class RouteRepair:
             log.info("route keys of %s repaired", agent_id)
 
     async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
