@@ -271,7 +271,12 @@ class RouteCache:
         )
 
     async def _run(self) -> None:
-        await self._keep_following(self._store.watch, "", self._synced, self._apply_record)
+        await self._keep_following(
+            lambda: self._store.watch(f"{subjects.AGENT_KEY_PREFIX}>"),
+            "",
+            self._synced,
+            self._apply_record,
+        )
 
     def _apply_record(self, change: RecordChange) -> None:
         if change.key.startswith(subjects.AGENT_KEY_PREFIX):

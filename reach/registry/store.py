@@ -243,11 +243,11 @@ class RegistryStore:
                 registrars.append(change.registrar)
         return instances, registrars
 
-    async def watch(self) -> AsyncIterator[RecordChange | None]:
-        """Every instance and registrar record, then ``None`` once caught up, then every
-        change; bad records and route keys skipped."""
+    async def watch(self, keys: str = ">") -> AsyncIterator[RecordChange | None]:
+        """Every instance and registrar record (of ``keys``), then ``None`` once caught
+        up, then every change; bad records and route keys skipped."""
         repair = self.repair
-        async for entry in self.bucket.watch(">"):
+        async for entry in self.bucket.watch(keys):
             if entry is None:
                 if repair is not None:
                     repair.caught_up()
