@@ -60,8 +60,9 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
         assert row["kv_writes_per_sec"] > 0
         assert row["heartbeats_per_sec"] > 0
         assert row["heartbeat_replies_ok"] > 0
-        # every simulated instance and the registrar's own liveness record
-        assert row["registry_keys"] == row["instances"] + 1
+        # every simulated instance, the route key of its capability, and the registrar's
+        # own liveness record
+        assert row["registry_keys"] == 2 * row["instances"] + 1
 
     fabric = doc["callers_at_scale"]
     assert [r["instances"] for r in fabric] == doc["settings"]["fabric_scales"]
