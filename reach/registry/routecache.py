@@ -25,6 +25,7 @@ from typing import TypeVar
 from reach import subjects
 from reach.errors import ReachError
 from reach.models import Instance
+from reach.registry.routeindex import NAMED_CANDIDATES, NOBODY, Members
 from reach.registry.store import RecordChange, RegistryStore, RouteChange
 from reach.routing import Peer, Peers, RouteEntry, route_entry, sample
 from reach.tasks import cancel_and_wait
@@ -35,9 +36,6 @@ log = logging.getLogger("reach.routecache")
 
 _C = TypeVar("_C", RecordChange, RouteChange)
 
-
-#: candidates a call's audit event names (it counts them all); ``AuditEvent.candidates``
-NAMED_CANDIDATES = 16
 
 #: capabilities a cache follows at most (each is a subscription and a task); past it, the
 #: one used least recently is dropped (followed again, one round trip, when used again).
@@ -53,51 +51,6 @@ def version_matches(version: str, wanted: str | None) -> bool:
         return True
     core = version.split("+", 1)[0]
     return core == wanted or core.split("-", 1)[0].startswith(wanted + ".")
-
-
-class _Members:
-    """The instances under one index key: a dict by agent id for lookups, and the same as
-    a list of routes with each one's position, so a random sample is O(k) and a choice
-    reads routes ready-made."""
-
-    __slots__ = ("_names", "by_id", "entries", "pos")
-
-    def __init__(self) -> None:
-        self.by_id: dict[str, Instance] = {}
-        self.entries: list[RouteEntry] = []
-        self.pos: dict[str, int] = {}
-        self._names: tuple[str, ...] | None = None
-
-    def names(self) -> tuple[str, ...]:
-        """The first ``NAMED_CANDIDATES`` agent ids of ``entries``, kept until they change."""
-        if self._names is None:
-            self._names = tuple(e.agent_id for e in self.entries[:NAMED_CANDIDATES])
-        return self._names
-
-    def add(self, entry: RouteEntry) -> None:
-        self.by_id[entry.agent_id] = entry.instance
-        at = self.pos.get(entry.agent_id)
-        if at is not None:  # already here (a tag listed twice, news of it): same place
-            self.entries[at] = entry
-            return
-        self.pos[entry.agent_id] = len(self.entries)
-        self.entries.append(entry)
-        self._names = None
-
-    def remove(self, agent_id: str) -> bool:
-        """Take ``agent_id`` out; True if nobody is left."""
-        self.by_id.pop(agent_id, None)
-        at = self.pos.pop(agent_id, None)
-        if at is not None:
-            self._names = None
-            last = self.entries.pop()
-            if at < len(self.entries):  # move the last one into the hole
-                self.entries[at] = last
-                self.pos[last.agent_id] = at
-        return not self.entries
-
-
-_NOBODY = _Members()
 
 
 class _Follow:
@@ -123,9 +76,9 @@ class RouteCache:
         self._instances: dict[str, tuple[Instance, int]] = {}
         #: agent id → capability → (revision, tags) of the route indexed for it
         self._held: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {}
-        self._by_capability: dict[str, _Members] = {}
+        self._by_capability: dict[str, Members] = {}
         #: (capability, tag) → the instances whose capability carries the tag
-        self._by_cap_tag: dict[tuple[str, str], _Members] = {}
+        self._by_cap_tag: dict[tuple[str, str], Members] = {}
         self._by_tag: dict[str, set[tuple[str, str]]] = {}
         #: whether the whole registry is followed (else only ``_follows``)
         self.follow_all = follow_all
@@ -391,9 +344,9 @@ class RouteCache:
             return False
         tags = tuple(dict.fromkeys(entry.spec.tags))
         held[cap] = (revision, tags)
-        self._by_capability.setdefault(cap, _Members()).add(entry)
+        self._by_capability.setdefault(cap, Members()).add(entry)
         for tag in tags:
-            self._by_cap_tag.setdefault((cap, tag), _Members()).add(entry)
+            self._by_cap_tag.setdefault((cap, tag), Members()).add(entry)
             self._by_tag.setdefault(tag, set()).add((agent_id, cap))
         for tag in old[1] if old is not None else ():
             if tag not in tags:
@@ -480,10 +433,10 @@ class RouteCache:
                 return members.names()
         return tuple(e.agent_id for e in candidates[:NAMED_CANDIDATES])
 
-    def _members(self, capability: str, tags: tuple[str, ...]) -> _Members:
+    def _members(self, capability: str, tags: tuple[str, ...]) -> Members:
         if tags:
-            return self._by_cap_tag.get((capability, tags[0]), _NOBODY)
-        return self._by_capability.get(capability, _NOBODY)
+            return self._by_cap_tag.get((capability, tags[0]), NOBODY)
+        return self._by_capability.get(capability, NOBODY)
 
     def capabilities(self) -> list[str]:
         """The capabilities some known instance offers, sorted (those followed, unless the
