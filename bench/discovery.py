@@ -634,7 +634,9 @@ class _Control:
         meta = envelope.RequestMeta(call_id=secrets.token_hex(8), caller=agent_id, token=token)
         return envelope.pack_request(meta, encode_model(model))
 
-    async def announce(self, agent_id: str, instance_id: str, interval: float) -> bool:
+    async def announce(
+        self, agent_id: str, instance_id: str, interval: float, timeout: float = 30.0
+    ) -> bool:
         from reach import envelope, subjects
         from reach.modelcodec import decode_model
         from reach.models import AnnounceReply, AnnounceRequest
@@ -646,7 +648,7 @@ class _Control:
             started_at=time.time(),
         )
         raw = await self.conn.request(
-            subjects.announce(agent_id), self.request(agent_id, request), timeout=30.0
+            subjects.announce(agent_id), self.request(agent_id, request), timeout=timeout
         )
         reply = envelope.unpack_reply(raw)
         if not reply.ok:
@@ -1448,11 +1450,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
         "--fabric-scales", type=_counts, default=None, help="instances under callers (part 4)"
     )
     parser.add_argument("--registrars", type=int, default=None, help="registrars (part 4)")
+    parser.add_argument(
+        "--fabric-changes", type=int, default=None, help="announces and byes timed (part 4)"
+    )
     parser.add_argument("--parts", type=_counts, default=None, help="parts to run: 1,2,3,4")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else DEFAULT
     overrides = {
         "fabric_scales": args.fabric_scales,
+        "fabric_changes": args.fabric_changes,
         "registrars": args.registrars,
         "parts": args.parts,
         "scales": args.scales,
