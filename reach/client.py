@@ -425,7 +425,10 @@ class ReachClient:
         if failure.dependency is None and current_call() is not None:
             failure.dependency = capability  # raised inside a handler (see ReachError)
         if isinstance(failure, NotFound) and self._routes is not None:
-            _name_close_matches(failure, capability, self._routes.capabilities())
+            offered = self._routes.capabilities()
+            with contextlib.suppress(ReachError, TimeoutError):
+                offered = await self._routes.capability_names()
+            _name_close_matches(failure, capability, offered)
         recorder = self._recorder
         if fb is None or fb is NO_FALLBACK or not falls_back(failure):
             recorder.failed(capability, state, meta, self._since(started), failure)

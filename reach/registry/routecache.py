@@ -41,6 +41,8 @@ _C = TypeVar("_C", RecordChange, RouteChange)
 #: one used least recently is dropped (followed again, one round trip, when used again).
 #: A caller that uses more should follow the whole registry.
 MAX_FOLLOWED = 1024
+#: seconds the capabilities' names read from the registry are reused
+NAMES_FRESH_SEC = 10.0
 #: a revision above every real one: what drops a route whatever its revision
 _GONE = 1 << 62
 
@@ -95,6 +97,8 @@ class RouteCache:
         self.changes = 0
         #: records received from the registry (each one decoded)
         self.records = 0
+        #: when the capabilities' names were read, and what they were
+        self._names: tuple[float, list[str]] | None = None
 
     async def start(self, timeout: float = 10.0) -> None:
         """Follow the whole registry and wait until caught up (``follow_all``), or be
@@ -442,6 +446,17 @@ class RouteCache:
         """The capabilities some known instance offers, sorted (those followed, unless the
         whole registry is)."""
         return sorted(name for name, members in self._by_capability.items() if members.entries)
+
+    async def capability_names(self) -> list[str]:
+        """The capabilities offered on the fabric, sorted: known ones if the whole registry
+        is followed, else the route keys' names (read at most every
+        ``NAMES_FRESH_SEC``: what a caller that misspelled a capability is told)."""
+        if self.follow_all:
+            return self.capabilities()
+        now = time.monotonic()
+        if self._names is None or now - self._names[0] > NAMES_FRESH_SEC:
+            self._names = (now, sorted(await self._store.capability_names()))
+        return self._names[1]
 
     def find(
         self,

@@ -221,6 +221,11 @@ class RegistryStore:
             return
         await self._write_routes(instance, entry.revision, entry.value, frozenset(present))
 
+    async def capability_names(self) -> set[str]:
+        """The capabilities with a route key (some served now, some whose instances left)."""
+        keys = await self.bucket.key_names(f"{ROUTE_KEY_PREFIX}>")
+        return {key.split(".", 2)[1] for key in keys if key.count(".") >= 2}
+
     async def put_registrar(self, record: RegistrarRecord) -> None:
         await self.bucket.put(
             subjects.registrar_key(record.registrar_id),
