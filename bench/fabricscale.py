@@ -181,6 +181,7 @@ async def _case(
         row["caller_capabilities"] = len(used)
         row["visibility"] = await _changes(callers, urls[0], creds, vis, used[0], settings)
         row["server_version"] = await asyncio.to_thread(server_version, urls[0])
+        row["registrar_kept_up"] = kept_up(row)
     finally:
         for registrar in registrars:
             await registrar.stop()
@@ -238,6 +239,7 @@ async def _window(
         "registrars": n_regs,
         "heartbeats_per_sec": round(stats["hb_sent"] / seconds, 1),
         "heartbeat_reply_ms": stats["hb_reply_ms"],
+        "heartbeat_replies_ok_ratio": round(stats["hb_ok"] / max(1, stats["hb_sent"]), 3),
         "caller_cpu_pct": {mode: pct(i) for i, mode in enumerate(callers)},
         "caller_records_per_sec": {
             mode: round((records1[mode] - records0[mode]) / seconds, 1) for mode in callers
@@ -414,33 +416,54 @@ def _figures(row: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
+#: how each figure grows with the instances when fewer than two scales were measured with
+#: the registrar keeping up: a caller following 10 capabilities receives the writes of
+#: their instances alone (flat); one following every record, all of them (linear); the
+#: figures per 10,000 instances are flat by definition
+_MODEL_EXPONENT = {
+    "caller_cpu_used_pct": 0.0,
+    "caller_cpu_all_pct": 1.0,
+    "caller_records_used_per_sec": 0.0,
+    "caller_records_all_per_sec": 1.0,
+}
+
+
+def kept_up(row: dict[str, Any]) -> bool:
+    """Whether the registrar answered (within 2 %) every heartbeat and every announce
+    timed: else what is measured is its backlog."""
+    answered = row.get("visibility", {}).get("requests_failed", 0) == 0
+    return bool(answered and row.get("heartbeat_replies_ok_ratio", 0.0) >= 0.98)
+
+
 def project(rows: Sequence[dict[str, Any]], scale: int = TARGET_SCALE) -> dict[str, Any]:
-    """Each figure at ``scale``: measured if a row is there, else a projection with the
-    growth measured between the two largest scales (a power law through both)."""
+    """Each figure at ``scale``: measured if a row is there, else a projection from the
+    scales where the registrar kept up, with the growth measured between the two largest
+    of them (a power law through both), or with ``_MODEL_EXPONENT`` from one."""
     import math
 
     measured = _measured(rows)
     exact = [r for r in measured if r["instances"] == scale]
     if exact:
         return {"instances": scale, "projected": False, **_figures(exact[0])}
+    good = [r for r in measured if kept_up(r)]
     out: dict[str, Any] = {"instances": scale, "projected": True, "growth_exponent": {}}
-    if not measured:
+    if not good:
         return out
-    last = measured[-1]
+    last = good[-1]
     b = _figures(last)
-    a = _figures(measured[-2]) if len(measured) > 1 else b
-    ratio = scale / last["instances"]
-    span = math.log(last["instances"] / measured[-2]["instances"]) if len(measured) > 1 else 0
+    a = _figures(good[-2]) if len(good) > 1 else None
+    span = math.log(last["instances"] / good[-2]["instances"]) if len(good) > 1 else 0
+    out["from_instances"] = [r["instances"] for r in good[-2:]]
     for name, value in b.items():
         if value is None:
             out[name] = None
             continue
-        before = a[name]
-        exponent = 0.0
+        exponent = _MODEL_EXPONENT.get(name, 0.0)
+        before = a[name] if a is not None else None
         if span and before and value > 0 and before > 0:
             exponent = math.log(value / before) / span
         out["growth_exponent"][name] = round(exponent, 2)
-        out[name] = round(value * ratio**exponent, 2)
+        out[name] = round(value * (scale / last["instances"]) ** exponent, 2)
     return out
 
 
