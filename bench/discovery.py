@@ -264,18 +264,26 @@ def _record(layout: _Layout, i: int, now: float) -> Any:
 
 
 async def _write_records(store: Any, layout: _Layout, first: int, last: int) -> None:
+    """Instance records alone (no route keys: the caches here follow every record)."""
+    from reach import subjects
+    from reach.modelcodec import encode_model
+
     now = time.time()
     batch = 256
     for start in range(first, last, batch):
         records = [_record(layout, i, now) for i in range(start, min(last, start + batch))]
-        await asyncio.gather(*(store.create(r) for r in records))
+        await asyncio.gather(
+            *(store.bucket.create(subjects.agent_key(r.agent_id), encode_model(r)) for r in records)
+        )
 
 
 async def _delete_records(store: Any, layout: _Layout, count: int) -> None:
     batch = 256
     for start in range(0, count, batch):
         ids = [f"{layout.prefix}-{i}" for i in range(start, min(count, start + batch))]
-        await asyncio.gather(*(store.delete(a) for a in ids), return_exceptions=True)
+        await asyncio.gather(
+            *(store.bucket.delete(f"agent.{a}") for a in ids), return_exceptions=True
+        )
 
 
 class _Chooser:
