@@ -274,3 +274,48 @@ async def test_a_client_learns_a_capability_on_its_first_call(
         assert client.routes.records >= 1
     finally:
         await agent.stop()
+
+
+async def test_a_followed_capability_survives_a_server_restart_and_loses_no_change(
+    nats_server: NatsServer,
+) -> None:
+    """The server under a following cache is restarted (its JetStream kept on disk);
+    changes made while the cache's connection was away (a record deleted, another one
+    written) are all in the cache once it is back, and nothing else is."""
+    writer = await connect([nats_server.url], name="writer")
+    reader = await connect([nats_server.url], name="reader")
+    try:
+        store = await RegistryStore.open(writer)
+        rev = await store.create(instance("keep-1", capabilities=("alpha",)))
+        doomed = await store.create(instance("doomed-1", capabilities=("alpha",)))
+        cache = await _cache(reader)
+        try:
+            await cache.follow("alpha")
+            assert {i.agent_id for i in cache.find("alpha")} == {"keep-1", "doomed-1"}
+            reconnected = asyncio.Event()
+            reader.on_reconnect(reconnected.set)
+            writer_back = asyncio.Event()
+            writer.on_reconnect(writer_back.set)
+            await asyncio.to_thread(nats_server.restart)
+            async with asyncio.timeout(20):
+                await writer_back.wait()
+            # written as soon as the writer is back: the reader may still be away
+            await store.delete("doomed-1", last=doomed)
+            await store.create(instance("new-1", capabilities=("alpha",)))
+            await store.update(
+                _with_status(instance("keep-1", capabilities=("alpha",)), "degraded"), rev
+            )
+            async with asyncio.timeout(20):
+                await reconnected.wait()
+            await cache.wait_for(
+                lambda c: (
+                    {i.agent_id: i.status for i in c.find("alpha")}
+                    == {"keep-1": "degraded", "new-1": "healthy"}
+                ),
+                20,
+            )
+        finally:
+            await cache.stop()
+    finally:
+        await reader.close()
+        await writer.close()
