@@ -531,7 +531,7 @@ def fabric_tables(rows: Sequence[dict[str, Any]]) -> str:
             ]
         )
     at = project(rows)
-    if measured and at.get("projected"):
+    if measured and at.get("projected") and "caller_cpu_used_pct" in at:
         lines.append(
             [
                 f"{TARGET_SCALE:,} (projected)",
