@@ -104,24 +104,26 @@ class RouteCache:
         """Follow the whole registry and wait until caught up (``follow_all``), or be
         ready to follow capabilities as they are used."""
         self._started = True
-        if self.follow_all:
-            await self._start_all(timeout)
-        else:
+        if not self.follow_all:
             self._synced.set()
-
-    async def _start_all(self, timeout: float) -> None:
-        if self._task is None:
-            self._synced.clear()
-            self._task = asyncio.create_task(self._run(), name="route-cache-watch")
+            return
         # (compiled by mypyc, an await inside an except block leaks the error it handles
         # into whatever runs next: here and below the waiting happens after the block)
         synced = False
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._synced.wait(), timeout)
+            await self._start_all(timeout)
             synced = True
         if not synced:
             await self.stop()
             raise TimeoutError(f"the registry watch did not catch up within {timeout:g}s")
+
+    async def _start_all(self, timeout: float) -> None:
+        """Follow the whole registry (if not yet) and wait until caught up; TimeoutError
+        after ``timeout`` seconds (the watch goes on)."""
+        if self._task is None:
+            self._synced.clear()
+            self._task = asyncio.create_task(self._run(), name="route-cache-watch")
+        await asyncio.wait_for(self._synced.wait(), timeout)
 
     async def stop(self) -> None:
         self._stopping = True
