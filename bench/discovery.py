@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.callpath import server_version
+from bench.fabricscale import fabric_tables, fabric_targets
 from bench.procs import Child, cpu_seconds, log_dir
 from bench.report import machine_info, percentile, require_fresh_build, write_json
 
@@ -87,6 +88,17 @@ class Settings:
     window_sec: float = 25.0
     #: announcing stops counting here: a registrar that cannot keep up is measured as it is
     announce_deadline_sec: float = 120.0
+    #: heartbeating instances under callers on a cluster (part 4, ``bench.fabricscale``)
+    fabric_scales: tuple[int, ...] = (1_000, 10_000)
+    fabric_per_capability: int = 10
+    caller_capabilities: int = 10
+    fabric_window_sec: float = 30.0
+    #: announces (then byes) timed to every caller's cache
+    fabric_changes: int = 50
+    cluster_size: int = 3
+    registrars: int = 1
+    #: which parts run (1 to 4)
+    parts: tuple[int, ...] = (1, 2, 3, 4)
 
 
 DEFAULT = Settings()
@@ -101,6 +113,9 @@ QUICK = Settings(
     settle_sec=1.0,
     window_sec=3.0,
     announce_deadline_sec=30.0,
+    fabric_scales=(100,),
+    fabric_window_sec=3.0,
+    fabric_changes=5,
 )
 
 
@@ -249,18 +264,26 @@ def _record(layout: _Layout, i: int, now: float) -> Any:
 
 
 async def _write_records(store: Any, layout: _Layout, first: int, last: int) -> None:
+    """Instance records alone (no route keys: the caches here follow every record)."""
+    from reach import subjects
+    from reach.modelcodec import encode_model
+
     now = time.time()
     batch = 256
     for start in range(first, last, batch):
         records = [_record(layout, i, now) for i in range(start, min(last, start + batch))]
-        await asyncio.gather(*(store.create(r) for r in records))
+        await asyncio.gather(
+            *(store.bucket.create(subjects.agent_key(r.agent_id), encode_model(r)) for r in records)
+        )
 
 
 async def _delete_records(store: Any, layout: _Layout, count: int) -> None:
     batch = 256
     for start in range(0, count, batch):
         ids = [f"{layout.prefix}-{i}" for i in range(start, min(count, start + batch))]
-        await asyncio.gather(*(store.delete(a) for a in ids), return_exceptions=True)
+        await asyncio.gather(
+            *(store.bucket.delete(f"agent.{a}") for a in ids), return_exceptions=True
+        )
 
 
 class _Chooser:
@@ -538,7 +561,12 @@ async def route_choice(
 # -- part 2: announce → visible in another process's route cache -----------------------
 
 
-def _sim_manifest(agent_id: str, interval: float) -> Any:
+def sim_capability(n: int) -> str:
+    """The ``n``-th capability of simulated instances spread over capabilities."""
+    return f"bench-sim-{n}"
+
+
+def _sim_manifest(agent_id: str, interval: float, capability: str = "bench-sim") -> Any:
     from reach.models import Manifest
 
     return Manifest.model_validate(
@@ -549,7 +577,7 @@ def _sim_manifest(agent_id: str, interval: float) -> Any:
             "max_concurrency": 16,
             "capabilities": [
                 {
-                    "name": "bench-sim",
+                    "name": capability,
                     "input_schema": _SCHEMA,
                     "tags": ["bench", f"shard-{hash(agent_id) % 8}"],
                     "latency_sla_ms": 200,
@@ -570,6 +598,8 @@ class _Control:
         self.conn = conn
         self.security = security
         self.tokens: dict[str, str] = {}
+        #: agent id → the capability it serves (else ``bench-sim``)
+        self.capability_of: dict[str, str] = {}
 
     async def sign_tokens(self, key_file: Path, agent_ids: Sequence[str]) -> None:
         """A credential record and a token for each of ``agent_ids``, bound to it and to
@@ -590,7 +620,7 @@ class _Control:
                 client_id=agent_id,
                 level=1,
                 agent_id=agent_id,
-                capabilities=("bench-sim",),
+                capabilities=(self.capability_of.get(agent_id, "bench-sim"),),
                 secret_hash="-",
                 created_at=now,
             )
@@ -612,18 +642,21 @@ class _Control:
         meta = envelope.RequestMeta(call_id=secrets.token_hex(8), caller=agent_id, token=token)
         return envelope.pack_request(meta, encode_model(model))
 
-    async def announce(self, agent_id: str, instance_id: str, interval: float) -> bool:
+    async def announce(
+        self, agent_id: str, instance_id: str, interval: float, timeout: float = 30.0
+    ) -> bool:
         from reach import envelope, subjects
         from reach.modelcodec import decode_model
         from reach.models import AnnounceReply, AnnounceRequest
 
+        capability = self.capability_of.get(agent_id, "bench-sim")
         request = AnnounceRequest(
-            manifest=_sim_manifest(agent_id, interval),
+            manifest=_sim_manifest(agent_id, interval, capability),
             instance_id=instance_id,
             started_at=time.time(),
         )
         raw = await self.conn.request(
-            subjects.announce(agent_id), self.request(agent_id, request), timeout=30.0
+            subjects.announce(agent_id), self.request(agent_id, request), timeout=timeout
         )
         reply = envelope.unpack_reply(raw)
         if not reply.ok:
@@ -1070,9 +1103,14 @@ async def _child_hbsim(
     interval: float,
     bye: bool,
     signing_key: Path | None,
+    per_capability: int = 0,
 ) -> None:
     control = await _Control.open(url, creds, "bench-hbsim")
     sim = _Simulator(control, prefix, count, interval, secrets.token_hex(4))
+    if per_capability:  # instances spread over capabilities: bench-sim-0, bench-sim-1, …
+        control.capability_of = {
+            agent_id: sim_capability(n // per_capability) for n, agent_id in enumerate(sim.ids)
+        }
     if signing_key is not None:
         await control.sign_tokens(signing_key, sim.ids)
     await sim.start()
@@ -1123,22 +1161,36 @@ async def _until_stdin_closes(commands: dict[str, Callable[[], None]]) -> None:
 async def run_discovery(
     settings: Settings, servers: str | None, progress: Progress
 ) -> dict[str, Any]:
+    from bench.fabricscale import callers_at_scale
+
     logs = log_dir()
     began = time.perf_counter()
+    parts = settings.parts
+    choice: list[dict[str, Any]] = []
+    decode: dict[str, Any] = {}
+    visible: dict[str, Any] = {}
+    load: list[dict[str, Any]] = []
+    fabric: list[dict[str, Any]] = []
     try:
-        progress("part 1: route choice from the cache")
-        decode = record_decode_us()
-        progress(
-            "decode of one registry record: median"
-            f" {decode['with_input_schema']['median']} µs with a JSON Schema,"
-            f" {decode['without_schemas']['median']} µs without,"
-            f" {decode['after_heartbeat']['median']} µs after a heartbeat (manifest known)"
-        )
-        choice = await route_choice(servers, logs, settings, progress)
-        progress("part 2: announce → visible in another process's cache")
-        visible = await visibility(servers, logs, settings, progress)
-        progress("part 3: registrar CPU and KV writes under heartbeats")
-        load = await registrar_load(servers, logs, settings, progress)
+        if 1 in parts:
+            progress("part 1: route choice from the cache")
+            decode = record_decode_us()
+            progress(
+                "decode of one registry record: median"
+                f" {decode['with_input_schema']['median']} µs with a JSON Schema,"
+                f" {decode['without_schemas']['median']} µs without,"
+                f" {decode['after_heartbeat']['median']} µs after a heartbeat (manifest known)"
+            )
+            choice = await route_choice(servers, logs, settings, progress)
+        if 2 in parts:
+            progress("part 2: announce → visible in another process's cache")
+            visible = await visibility(servers, logs, settings, progress)
+        if 3 in parts:
+            progress("part 3: registrar CPU and KV writes under heartbeats")
+            load = await registrar_load(servers, logs, settings, progress)
+        if 4 in parts:
+            progress("part 4: callers on a cluster of many heartbeating instances")
+            fabric = await callers_at_scale(servers, logs, settings, progress)
     except BaseException:
         progress(f"failed; logs of the child processes are in {logs}")
         raise
@@ -1148,7 +1200,9 @@ async def run_discovery(
         "record_decode_us": decode,
         "visibility": visible,
         "registrar_load": load,
-        "server_version": visible.pop("server_version"),
+        "callers_at_scale": fabric,
+        "server_version": visible.pop("server_version", None)
+        or next((r["server_version"] for r in fabric if "server_version" in r), "unknown"),
         "wall_sec": round(time.perf_counter() - began, 1),
     }
 
@@ -1211,8 +1265,10 @@ def build_document(
         "record_decode_us": result["record_decode_us"],
         "visibility": result["visibility"],
         "registrar_load": result["registrar_load"],
+        "callers_at_scale": result["callers_at_scale"],
     }
-    doc["targets"] = _targets(doc)
+    doc["targets"] = _targets(doc) if doc["route_choice"] and doc["visibility"] else {}
+    doc["targets"].update(fabric_targets(doc["callers_at_scale"]))
     return doc
 
 
@@ -1232,6 +1288,15 @@ def _n(value: float | None) -> str:
 
 
 def format_tables(doc: dict[str, Any]) -> str:
+    parts = [_format_parts(doc)] if doc["route_choice"] and doc["visibility"] else []
+    if doc["registrar_load"]:
+        parts.append(_registrar_table(doc["registrar_load"]))
+    if doc["callers_at_scale"]:
+        parts.append(fabric_tables(doc["callers_at_scale"]))
+    return "\n\n".join(parts)
+
+
+def _format_parts(doc: dict[str, Any]) -> str:
     names = [name for name, _ in _LOOKUPS]
     rows = [
         [r["layout"], f"{r['instances']:,}", f"{r['capabilities']:,}"]
@@ -1276,42 +1341,6 @@ def format_tables(doc: dict[str, Any]) -> str:
             ],
         )
     )
-    parts.append(
-        _table(
-            "Registrar under heartbeats (CPU % of one core)",
-            [
-                "instances",
-                "registrar %",
-                "server %",
-                "sim %",
-                "KV writes/s",
-                "hb/s",
-                "probes/s",
-                "hb reply p99 ms",
-                "reannounce",
-                "keys",
-                "kept up",
-            ],
-            [
-                [f"{r['instances']:,}", f"failed: {r['error']}", *[""] * 9]
-                if "error" in r
-                else [
-                    f"{r['instances']:,}",
-                    _n(r["registrar_cpu_pct"]),
-                    _n(r["server_cpu_pct"]),
-                    _n(r["simulator_cpu_pct"]),
-                    _n(r["kv_writes_per_sec"]),
-                    _n(r["heartbeats_per_sec"]),
-                    _n(r["probes_per_sec"]),
-                    _n(r["heartbeat_reply_ms"]["p99"]),
-                    str(r["heartbeat_reannounce"]),
-                    f"{r['registry_keys']:,}",
-                    "yes" if r["registrar_kept_up"] else "NO",
-                ]
-                for r in doc["registrar_load"]
-            ],
-        )
-    )
     targets = doc["targets"]
     choice = targets["route_choice_us"]
     met = ", ".join(
@@ -1330,6 +1359,43 @@ def format_tables(doc: dict[str, Any]) -> str:
         f" {'met' if vis_t['met'] else 'NOT met'}"
     )
     return "\n\n".join(parts)
+
+
+def _registrar_table(rows: list[dict[str, Any]]) -> str:
+    return _table(
+        "Registrar under heartbeats (CPU % of one core)",
+        [
+            "instances",
+            "registrar %",
+            "server %",
+            "sim %",
+            "KV writes/s",
+            "hb/s",
+            "probes/s",
+            "hb reply p99 ms",
+            "reannounce",
+            "keys",
+            "kept up",
+        ],
+        [
+            [f"{r['instances']:,}", f"failed: {r['error']}", *[""] * 9]
+            if "error" in r
+            else [
+                f"{r['instances']:,}",
+                _n(r["registrar_cpu_pct"]),
+                _n(r["server_cpu_pct"]),
+                _n(r["simulator_cpu_pct"]),
+                _n(r["kv_writes_per_sec"]),
+                _n(r["heartbeats_per_sec"]),
+                _n(r["probes_per_sec"]),
+                _n(r["heartbeat_reply_ms"]["p99"]),
+                str(r["heartbeat_reannounce"]),
+                f"{r['registry_keys']:,}",
+                "yes" if r["registrar_kept_up"] else "NO",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def write_chart(doc: dict[str, Any], path: Path) -> str:
@@ -1388,9 +1454,21 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
     parser.add_argument("--announces", type=int, default=None, help="announces to time")
     parser.add_argument("--window", type=float, default=None, help="seconds of a load window")
     parser.add_argument("--no-chart", action="store_true", help="do not write a PNG chart")
+    parser.add_argument(
+        "--fabric-scales", type=_counts, default=None, help="instances under callers (part 4)"
+    )
+    parser.add_argument("--registrars", type=int, default=None, help="registrars (part 4)")
+    parser.add_argument(
+        "--fabric-changes", type=int, default=None, help="announces and byes timed (part 4)"
+    )
+    parser.add_argument("--parts", type=_counts, default=None, help="parts to run: 1,2,3,4")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else DEFAULT
     overrides = {
+        "fabric_scales": args.fabric_scales,
+        "fabric_changes": args.fabric_changes,
+        "registrars": args.registrars,
+        "parts": args.parts,
         "scales": args.scales,
         "load_scales": args.load_scales,
         "announces": args.announces,
@@ -1416,9 +1494,19 @@ def _child_main(argv: Sequence[str]) -> int:
     sim.add_argument("interval", type=float)
     sim.add_argument("--bye", action="store_true")
     sim.add_argument("--signing-key", type=Path, help="sign a token for each instance")
+    sim.add_argument("--per-capability", type=int, default=0, help="instances per capability")
+    caller = roles.add_parser("caller")
+    caller.add_argument("url")
+    caller.add_argument("mode", choices=("used", "all"))
+    caller.add_argument("prefix")
+    caller.add_argument("capabilities")
     args = parser.parse_args(argv)
     if args.role == "watch":
         asyncio.run(_child_watch(args.url, args.prefix))
+    elif args.role == "caller":
+        from bench.fabricscale import child_caller
+
+        asyncio.run(child_caller(args.url, args.mode, args.prefix, args.capabilities.split(",")))
     else:
         creds = None if args.creds == "-" else Path(args.creds)
         asyncio.run(
@@ -1430,6 +1518,7 @@ def _child_main(argv: Sequence[str]) -> int:
                 args.interval,
                 args.bye,
                 args.signing_key,
+                args.per_capability,
             )
         )
     return 0

@@ -231,7 +231,8 @@ class ReachClient:
         attempts.security = self._security
         # the audit's caller: the authenticated client id (on an open fabric, the name)
         self._recorder.caller = creds.client_id if creds is not None else self.name
-        self._routes = RouteCache(store, self.peers)
+        # it follows the capabilities this client calls or asks about, not the registry
+        self._routes = RouteCache(store, self.peers, follow_all=False)
         self._planner.routes = self._routes
         self._routes.on_change(self._instance_changed)
         await self._routes.start(self._sync_timeout)
@@ -302,8 +303,15 @@ class ReachClient:
         version: str | None = None,
         include_unhealthy: bool = False,
     ) -> list[Instance]:
-        """Instances from the local route cache; no network round trip."""
-        return self.routes.find(capability, tags, version, include_unhealthy)
+        """Instances from the local route cache: no network round trip once the cache
+        follows ``capability`` (the first time, one scan of its route keys; without a
+        capability, of the whole registry)."""
+        routes = self.routes
+        if capability is None:
+            await routes.follow_everything(self._sync_timeout)
+        elif not routes.ready(capability):
+            await routes.follow(capability, self._sync_timeout)
+        return routes.find(capability, tags, version, include_unhealthy)
 
     def _first_names(
         self, capability: str, tags: tuple[str, ...], candidates: Sequence[RouteEntry]
@@ -317,7 +325,10 @@ class ReachClient:
 
     async def submit(self, capability: str, payload: Any, **kwargs: Any) -> JobHandle:
         """Call an async-mode capability and return its job at once."""
-        known = self.routes.entries(capability, kwargs.get("tags", ()))
+        routes = self.routes
+        if not routes.ready(capability):
+            await routes.follow(capability, self._sync_timeout)
+        known = routes.entries(capability, kwargs.get("tags", ()))
         if known and all(entry.instance.manifest.mode != "async" for entry in known):
             # refused before it runs: a sync call made here would do the work for nothing
             raise ConfigurationError(f"{capability} is not an async-mode capability")
@@ -359,6 +370,9 @@ class ReachClient:
         # No await inside an except block here: compiled by mypyc, one there leaves the
         # error it handled behind as the "current" exception of whatever runs next.
         failure: ReachError | None = None
+        routes = self._routes
+        if routes is not None and not routes.ready(capability):
+            await self._follow(routes, capability)
         try:
             state, meta, body = self._planner.plan(
                 capability, payload, timeout, tuple(tags), idempotency_key
@@ -389,6 +403,13 @@ class ReachClient:
             self._fallbacks.remember(capability, body, value)
         return _result(state, meta, value, latency_ms, route)
 
+    async def _follow(self, routes: RouteCache, capability: str) -> None:
+        """A capability called for the first time: its instances are known before the
+        call is planned (one scan of its route keys). A scan that does not answer leaves
+        the call to find none (NotFound), as an empty registry would."""
+        with contextlib.suppress(TimeoutError, ReachError):
+            await routes.follow(capability, self._sync_timeout)
+
     async def _failed(
         self,
         capability: str,
@@ -404,7 +425,10 @@ class ReachClient:
         if failure.dependency is None and current_call() is not None:
             failure.dependency = capability  # raised inside a handler (see ReachError)
         if isinstance(failure, NotFound) and self._routes is not None:
-            _name_close_matches(failure, capability, self._routes.capabilities())
+            offered = self._routes.capabilities()
+            with contextlib.suppress(ReachError, TimeoutError):
+                offered = await self._routes.capability_names()
+            _name_close_matches(failure, capability, offered)
         recorder = self._recorder
         if fb is None or fb is NO_FALLBACK or not falls_back(failure):
             recorder.failed(capability, state, meta, self._since(started), failure)

@@ -22,7 +22,7 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
     out = tmp_path / "results" / "discovery.json"
     cmd = [sys.executable, "-m", "bench.discovery", "--quick", "--announces", "10"]
     cmd += ["--no-chart", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     doc = json.loads(out.read_text())
@@ -60,9 +60,29 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
         assert row["kv_writes_per_sec"] > 0
         assert row["heartbeats_per_sec"] > 0
         assert row["heartbeat_replies_ok"] > 0
-        # every simulated instance and the registrar's own liveness record
-        assert row["registry_keys"] == row["instances"] + 1
+        # every simulated instance, the route key of its capability, and the registrar's
+        # own liveness record
+        assert row["registry_keys"] == 2 * row["instances"] + 1
 
-    assert set(doc["targets"]) == {"route_choice_us", "announce_visible_ms"}
+    fabric = doc["callers_at_scale"]
+    assert [r["instances"] for r in fabric] == doc["settings"]["fabric_scales"]
+    for row in fabric:
+        assert "error" not in row, row.get("error")
+        assert row["announced"] == row["instances"]
+        assert set(row["caller_cpu_pct"]) == {"used", "all"}
+        assert row["registry_bytes"] > 0
+        assert row["visibility"]["not_seen_within_5s"] == 0
+        for mode in ("used", "all"):
+            for kind in ("announce", "bye"):
+                assert row["visibility"][mode][kind]["count"] == doc["settings"]["fabric_changes"]
+
+    assert set(doc["targets"]) == {
+        "route_choice_us",
+        "announce_visible_ms",
+        "caller_cpu_pct_at_100k",
+        "change_visible_p99_ms_at_100k",
+        "registrar_cpu_pct_per_10k",
+    }
     assert "Route choice from the cache" in proc.stdout
     assert "Registrar under heartbeats" in proc.stdout
+    assert "Callers on a fabric of heartbeating instances" in proc.stdout

@@ -129,6 +129,8 @@ async def serve(gateway: A2AGateway, host: str, port: int, ready: Callable[[str]
     """Serve ``gateway`` on ``host``:``port`` (0: a free port) until SIGINT or SIGTERM;
     ``ready(url)`` once it listens."""
     sock = _listen(host, port)
+    # its index and cards list every agent of the fabric: it follows the whole registry
+    await gateway.client.routes.follow_everything()
     server = _Server(uvicorn.Config(gateway.app(), log_level="warning", lifespan="off"))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

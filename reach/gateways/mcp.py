@@ -119,6 +119,8 @@ class McpGateway:
     async def start(self) -> None:
         """Take the tools from the route cache and follow it from now on."""
         routes = self.client.routes
+        # its tools are every capability of the fabric: it follows the whole registry
+        await routes.follow_everything()
         for instance in routes.all():
             self._manifests[instance.agent_id] = instance.manifest
         self.tools = catalogue(self._manifests.values())

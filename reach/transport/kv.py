@@ -170,6 +170,23 @@ class KVBucket:
                 exc, started=started, what=f"KV delete {self.name}/{key}"
             ) from exc
 
+    async def key_names(self, keys: str) -> list[str]:
+        """The keys matching ``keys`` that have an entry (deleted ones included), from the
+        stream's subject counts: one request, no value read. The server lists a bounded
+        number of subjects: for a very large bucket, some are missing."""
+        started = time.monotonic()
+        prefix = f"$KV.{self.name}."
+        try:
+            info = await self._kv._js.stream_info(
+                f"KV_{self.name}", subjects_filter=f"{prefix}{keys}"
+            )
+        except Exception as exc:
+            raise self._denials.explain(
+                exc, started=started, what=f"KV keys {self.name}/{keys}"
+            ) from exc
+        found = info.state.subjects or {}
+        return [s[len(prefix) :] for s in found if s.startswith(prefix)]
+
     async def watch(self, keys: str) -> AsyncIterator[KVEntry | None]:
         """Current values, then ``None`` once caught up, then every change (deletes flagged)."""
         if self._follower is not None:
