@@ -38,6 +38,7 @@ COMPILED = [
     "reach/envelope.py",
     "reach/plain.py",
     "reach/registry/routecache.py",
+    "reach/registry/routeindex.py",
     "reach/replycache.py",
     "reach/resilience/_window.py",
     "reach/resilience/breaker.py",

@@ -23,6 +23,7 @@ from reach.registry.store import decode_instance
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 
+from .audit_helpers import until
 from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
 
@@ -252,8 +253,15 @@ async def test_probe_latency_is_recorded_and_rides_along_with_the_next_change(
         assert first.last_probe_at is not None
         assert first.last_probe_ms is not None
         assert first.last_probe_ms >= 0
-        # probes every 0.15 s (a new agent), heartbeats every 0.3 s: once a heartbeat
-        # brings a change (saturation), a newer probe rides along
+        # probes every 0.15 s (a new agent), heartbeats every 0.3 s: once a newer probe
+        # waits unwritten and a heartbeat brings a change (saturation), it rides along
+        policy = registrar._policy
+        await until(
+            lambda: (
+                (p := policy.unwritten_probe("probed-1")) is not None
+                and p[0] > (first.last_probe_at or 0)
+            ),
+        )
         agent._server.in_flight = agent.manifest.max_concurrency
         await client.routes.wait_for(
             lambda c: (

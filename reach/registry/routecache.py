@@ -25,7 +25,7 @@ from typing import TypeVar
 from reach import subjects
 from reach.errors import ReachError
 from reach.models import Instance
-from reach.registry.routeindex import NAMED_CANDIDATES, NOBODY, Members
+from reach.registry.routeindex import NAMED_CANDIDATES, NOBODY, Members, version_matches
 from reach.registry.store import RecordChange, RegistryStore, RouteChange
 from reach.routing import Peer, Peers, RouteEntry, route_entry, sample
 from reach.tasks import cancel_and_wait
@@ -45,14 +45,6 @@ MAX_FOLLOWED = 1024
 NAMES_FRESH_SEC = 10.0
 #: a revision above every real one: what drops a route whatever its revision
 _GONE = 1 << 62
-
-
-def version_matches(version: str, wanted: str | None) -> bool:
-    """``None`` matches all; ``"2"`` or ``"2.3"`` match by prefix; ``"2.3.1"`` exactly."""
-    if wanted is None:
-        return True
-    core = version.split("+", 1)[0]
-    return core == wanted or core.split("-", 1)[0].startswith(wanted + ".")
 
 
 class _Follow:

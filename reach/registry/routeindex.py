@@ -1,15 +1,23 @@
 """The route cache's index lists: the instances under one capability (or capability and
-tag), ready for a choice."""
+tag), ready for a choice; and how a wanted version matches."""
 
 from __future__ import annotations
 
 from reach.models import Instance
 from reach.routing import RouteEntry
 
-__all__ = ["NAMED_CANDIDATES", "NOBODY", "Members"]
+__all__ = ["NAMED_CANDIDATES", "NOBODY", "Members", "version_matches"]
 
 #: candidates a call's audit event names (it counts them all); ``AuditEvent.candidates``
 NAMED_CANDIDATES = 16
+
+
+def version_matches(version: str, wanted: str | None) -> bool:
+    """``None`` matches all; ``"2"`` or ``"2.3"`` match by prefix; ``"2.3.1"`` exactly."""
+    if wanted is None:
+        return True
+    core = version.split("+", 1)[0]
+    return core == wanted or core.split("-", 1)[0].startswith(wanted + ".")
 
 
 class Members:
