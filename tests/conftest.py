@@ -23,6 +23,7 @@ from reach.client import ReachClient
 from reach.fabric import Fabric as ReachFabric
 from reach.native import compiled_modules, stale_message
 from reach.registry import Registrar, RegistrarConfig
+from reach.security import natsconf
 from reach.security.issuer import TokenService
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
@@ -91,6 +92,18 @@ def manifest(
         },
         **extra,
     }
+
+
+@pytest.fixture
+async def mapped_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """A nats-server with the heartbeat mapping every config reach writes carries."""
+    config = natsconf.write_open_config(tmp_path / "nats.conf")
+    server = NatsServer(store_dir=tmp_path / "nats-mapped", config_file=config)
+    await server.start()
+    try:
+        yield server
+    finally:
+        server.stop_now()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -22,7 +22,6 @@ import pytest
 from reach import subjects
 from reach.registry.ownership import LIVE_INTERVALS
 from reach.registry.store import RegistryStore
-from reach.security import natsconf
 from reach.testing import NatsServer
 from reach.transport import connect
 
@@ -39,17 +38,6 @@ HB_TIMEOUT = 4.0
 REG_INTERVAL = 1.0
 #: a registrar's sweep runs at least this often (``reach.registry.sweep.MAX_TICK_SEC``)
 SWEEP_TICK = 1.0
-
-
-@pytest.fixture
-async def mapped_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    config = natsconf.write_open_config(tmp_path / "nats.conf")
-    server = NatsServer(store_dir=tmp_path / "nats-mapped", config_file=config)
-    await server.start()
-    try:
-        yield server
-    finally:
-        server.stop_now()
 
 
 class _RegistrarProcess:

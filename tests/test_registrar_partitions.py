@@ -16,7 +16,7 @@ import asyncio
 import random
 import string
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from reach.agent import Agent
 from reach.fabric import Fabric as ReachFabric
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.partitions import partition_of, partition_token
-from reach.security import natsconf
 from reach.security.credentials import CredentialsFile
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
@@ -38,18 +37,6 @@ from reach.transport.kvfollow import republish_prefix
 from .conftest import manifest
 
 INTERVAL = 0.5
-
-
-@pytest.fixture
-async def mapped_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
-    """A nats-server with the heartbeat mapping every config reach writes carries."""
-    config = natsconf.write_open_config(tmp_path / "nats.conf")
-    server = NatsServer(store_dir=tmp_path / "nats-mapped", config_file=config)
-    await server.start()
-    try:
-        yield server
-    finally:
-        server.stop_now()
 
 
 async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

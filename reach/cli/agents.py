@@ -19,7 +19,8 @@ from reach.transport import Connection
 _STATUS_STYLE = {"healthy": "green", "degraded": "yellow", "unhealthy": "red"}
 
 
-def _age(seconds: float) -> str:
+def age_text(seconds: float) -> str:
+    """An age as a person reads it: seconds, then minutes, hours, days."""
     if seconds < 120:
         return f"{seconds:.0f}s"
     if seconds < 7200:
@@ -81,7 +82,7 @@ def render_table(
             f"{inst.in_flight}/{inst.max_concurrency}",
             f"{p99[inst.agent_id]:.1f}ms" if inst.agent_id in p99 else "-",
             probe,
-            _age(inst.age(now)),
+            age_text(inst.age(now)),
         )
     return table
 

@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from reach.audit.stats import LATENCY
+from reach.cli.agents import age_text
 from reach.console.charts import ERROR_COLOURS, calls_chart, errors_chart
 from reach.console.rollup import Summary
 from reach.console.state import FabricView
@@ -40,16 +41,6 @@ def _ms(value: float | None) -> str:
     return f"{value:.1f} ms" if value is not None else "-"
 
 
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f}h"
-    return f"{seconds / 86400:.0f}d"
-
-
 def _clock(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
@@ -65,7 +56,7 @@ def make_environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ms=_ms, ago=_ago, clock=_clock, pct=_pct)
+    env.filters.update(ms=_ms, ago=age_text, clock=_clock, pct=_pct)
     env.globals.update(LATENCY=LATENCY, ERROR_COLOURS=ERROR_COLOURS)
     return env
 
