@@ -16,6 +16,7 @@ import asyncio
 import random
 import string
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,15 +102,29 @@ async def test_the_partition_of_an_agent_id_is_the_one_nats_server_maps_it_to(
 
 
 class _Changes:
-    """The registry's changes of one agent as a caller hears them (republished)."""
+    """The registry's changes of one agent as a caller hears them (republished): its
+    record's and its route keys' (each record write is followed by its route keys')."""
 
     def __init__(self, agent_id: str) -> None:
         self.agent_id = agent_id
         self.count = 0
+        #: republished changes heard per key kind ("agent", "cap"), and the newest
+        #: stream sequence (the record's revision) of the record heard
+        self.kinds: Counter[str] = Counter()
+        self.record_seq = 0
 
     async def on(self, msg: Msg) -> None:
         if self.agent_id in msg.subject:
             self.count += 1
+            key = msg.subject.removeprefix(republish_prefix(subjects.REGISTRY_BUCKET) + ".")
+            kind = key.split(".", 1)[0]
+            self.kinds[kind] += 1
+            if kind == "agent" and msg.headers and "Nats-Sequence" in msg.headers:
+                self.record_seq = max(self.record_seq, int(msg.headers["Nats-Sequence"]))
+
+    def settled(self, revision: int) -> bool:
+        """The record written at ``revision`` and the route keys written after it heard."""
+        return self.record_seq >= revision and self.kinds["cap"] == self.kinds["agent"]
 
 
 async def test_a_heartbeat_without_a_material_change_writes_nothing_a_caller_sees(
@@ -138,6 +153,10 @@ async def test_a_heartbeat_without_a_material_change_writes_nothing_a_caller_see
                 ),
                 "announced and probed",
             )
+            # what a caller hears of those writes, the route key after the record, heard
+            record = reg._view.get("steady-1")
+            assert record is not None
+            await _until(lambda: changes.settled(record[1]), "the writes heard")
             before, heard = changes.count, reg._policy.heard_at("steady-1")
             # ten heartbeats, none of which changes what routing reads
             await _until(
