@@ -280,8 +280,15 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
         await asyncio.wait_for(client.audit.flush(), STEP_TIMEOUT)
         assert client.audit.dropped == 0
         call_ids = await _caller_events(admin)
-        assert len(call_ids) == traffic.completed
-        assert len(set(call_ids)) == traffic.completed
+        missing = set(traffic.ok_ids) - set(call_ids)
+        twice = len(call_ids) - len(set(call_ids))
+        counts = (
+            f"{len(call_ids)} caller events for {traffic.completed} calls ({traffic.ok} ok):"
+            f" {len(missing)} successful calls without an event, {twice} events stored twice"
+        )
+        assert not missing, counts
+        assert not twice, counts
+        assert len(call_ids) == traffic.completed, counts
     finally:
         for task in (*workers, *([watcher] if watcher else [])):
             task.cancel()

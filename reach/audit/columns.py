@@ -42,6 +42,7 @@ _TRACE_HEX: Final = 32
 #: (constants, compiled, are read without a lookup per call)
 _NAN: Final = math.nan
 _IS_ASCII: Final = str.isascii
+_UPPER_HEX: Final = "ABCDEF"
 
 
 def _text_bytes(text: str) -> int:
@@ -265,9 +266,9 @@ class Columns:
                 raw = bytes.fromhex(joined)
             except ValueError:
                 raw = b""
-            # lowercase hex digits and nothing else (fromhex takes upper case and skips
-            # whitespace; its own hex() gives back the text only when there was neither)
-            if len(raw) == 16 * n and raw.hex() == joined:
+            # lowercase hex digits and nothing else: fromhex skips whitespace (every id
+            # has 32 characters, so there would be fewer bytes) and takes upper case
+            if len(raw) == 16 * n and not any(c in joined for c in _UPPER_HEX):
                 trace = raw
         out: dict[str, Any] = {
             "n": n,
