@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,15 @@ class Bucket:
     seen_ok: int = 0
 
     def count(self, ok: bool, kind: str, latency_ms: float, rng: random.Random) -> None:
-        self.calls += 1
         if not ok:
+            self.calls += 1
             self.errors[kind] = self.errors.get(kind, 0) + 1
             return
+        self.count_ok(latency_ms, rng)
+
+    def count_ok(self, latency_ms: float, rng: random.Random) -> None:
+        """A successful call."""
+        self.calls += 1
         self.ok += 1
         self.seen_ok += 1
         if len(self.latencies) < SAMPLES:
@@ -168,6 +173,27 @@ class Rollup:
             callee, skipped,
         )  # fmt: skip
         return True
+
+    def add_plain(self, capability: str, calls: Iterable[tuple[float, str, float]]) -> None:
+        """Plain calls of ``capability`` (``reach.audit.split.ColumnPart``: ok at the first
+        attempt), checked by the reader: (start, the instance that answered, "" for none,
+        latency). What ``add_map`` counts of the same events, without a map per call."""
+        rng = self._rng
+        newest = self.newest
+        cap: Bucket | None = None
+        cap_index = -1
+        for ts, agent_id, latency_ms in calls:
+            newest = max(newest, ts)
+            index = int(ts // self.bucket_sec)
+            if cap is None or index != cap_index:
+                cap, cap_index = self._bucket(self._caps, capability, ts), index
+            if cap is not None:
+                cap.count_ok(latency_ms, rng)
+            if agent_id:
+                inst = self._bucket(self._insts, agent_id, ts)
+                if inst is not None:
+                    inst.count_ok(latency_ms, rng)
+        self.newest = newest
 
     def _fold(
         self,

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from reach import subjects
 from reach.audit.alerts import Alert, decode_alert
-from reach.audit.batch import decode_events
 from reach.audit.provenance import verdict
+from reach.audit.split import ColumnPart, split_batch
 from reach.clock import Clock, system_clock
 from reach.console.rollup import Rollup
 from reach.errors import ReachError
@@ -121,8 +122,9 @@ class FabricView:
 
     async def _follow_calls(self) -> None:
         """The audit stream as ``reach.audit.reader.read_events`` reads it (forged events
-        left out), each event folded from its map rather than made a model first: the
-        console reads every call of the fabric. Read again, it goes on after the last
+        left out), each event folded from its map rather than made a model first, and a
+        plain call from its batch's columns without a map: the console reads every call
+        of the fabric. Read again, it goes on after the last
         message it read (by the stream's sequence: none lost, none counted twice)."""
         rollup = self.rollup
         window_start = self.now() - rollup.window_sec
@@ -134,14 +136,18 @@ class FabricView:
                 continue
             self._calls_at = (msg.seq, msg.time)
             writer = subjects.writer_of(msg.subject)
-            decoded = decode_events(msg.data)
-            self.bad_events += decoded.bad
-            for item in decoded.events:
+            batch = split_batch(msg.data)
+            self.bad_events += batch.bad
+            for item in batch.rows:
                 ts = item.get("ts")
                 if isinstance(ts, int | float) and ts < window_start:
                     continue  # a call that started before the window
                 if _forged(item, writer) or not rollup.add_map(item):
                     self.bad_events += 1
+            for part in batch.columns:
+                calls, bad = _plain_calls(part, writer, window_start)
+                rollup.add_plain(part.capability, calls)
+                self.bad_events += bad
 
     async def _follow_alerts(self) -> None:
         stream = await self.conn.stream(subjects.ALERTS_STREAM)
@@ -167,3 +173,35 @@ def _forged(item: dict[str, Any], writer: str) -> bool:
     if not (isinstance(side, str) and isinstance(caller, str) and isinstance(callee, str)):
         return True
     return verdict(side, caller, callee, writer) == "forged"
+
+
+def _plain_calls(
+    part: ColumnPart, writer: str, window_start: float
+) -> tuple[list[tuple[float, str, float]], int]:
+    """The calls of ``part`` for ``Rollup.add_plain`` (those that started within the
+    window), and how many are not counted: forged as ``_forged`` tells, or with a name,
+    time or latency that ``Rollup.add_map`` would refuse."""
+    values = part.values
+    genuine = {
+        i: type(name := values[i]) is str and verdict(part.side, name, "", writer) != "forged"
+        for i in set(part.caller)
+    }
+    answers = part.attempt_latency if part.side == "caller" else part.latency
+    isfinite = math.isfinite
+    calls: list[tuple[float, str, float]] = []
+    bad = 0
+    for ts, caller, callee, latency, answer in zip(
+        part.ts, part.caller, part.callee, part.latency, answers, strict=True
+    ):
+        if ts < window_start:
+            continue  # a call that started before the window
+        agent_id = values[callee]
+        if (
+            agent_id is None
+            or not genuine[caller]
+            or not (isfinite(ts) and isfinite(latency) and isfinite(answer))
+        ):
+            bad += 1
+            continue
+        calls.append((ts, agent_id, answer))
+    return calls, bad
