@@ -28,7 +28,7 @@ from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
-from reach.transport import Connection
+from reach.transport import Connection, StreamMessage
 
 __all__ = ["ALERTS_KEPT", "FabricView"]
 
@@ -61,6 +61,8 @@ class FabricView:
         #: (stream sequence, time stored) of the last message read of each stream
         self._calls_at: tuple[int, float] = (0, 0.0)
         self._alerts_at: tuple[int, float] = (0, 0.0)
+        #: calls that started before it are not counted (the window when reading began)
+        self._window_start = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
     def now(self) -> float:
@@ -124,30 +126,34 @@ class FabricView:
         """The audit stream as ``reach.audit.reader.read_events`` reads it (forged events
         left out), each event folded from its map rather than made a model first, and a
         plain call from its batch's columns without a map: the console reads every call
-        of the fabric. Read again, it goes on after the last
-        message it read (by the stream's sequence: none lost, none counted twice)."""
-        rollup = self.rollup
-        window_start = self.now() - rollup.window_sec
-        since = max(self._calls_at[1], window_start)
+        of the fabric, so each batch is handed to ``_count`` as it arrives. Read again,
+        it goes on after the last message it read (by the stream's sequence: none lost,
+        none counted twice)."""
+        self._window_start = self.now() - self.rollup.window_sec
+        since = max(self._calls_at[1], self._window_start)
         stream = await self.conn.stream(subjects.AUDIT_STREAM)
-        async for msg in stream.read(subjects.AUDIT_ALL, since=since, follow=True):
-            self.notes.pop("calls", None)
-            if msg.seq <= self._calls_at[0]:
-                continue
-            self._calls_at = (msg.seq, msg.time)
-            writer = subjects.writer_of(msg.subject)
-            batch = split_batch(msg.data)
-            self.bad_events += batch.bad
-            for item in batch.rows:
-                ts = item.get("ts")
-                if isinstance(ts, int | float) and ts < window_start:
-                    continue  # a call that started before the window
-                if _forged(item, writer) or not rollup.add_map(item):
-                    self.bad_events += 1
-            for part in batch.columns:
-                calls, bad = _plain_calls(part, writer, window_start)
-                rollup.add_plain(part.capability, calls)
-                self.bad_events += bad
+        await stream.follow(subjects.AUDIT_ALL, self._count, since=since)
+
+    def _count(self, msg: StreamMessage) -> None:
+        """One batch of the audit stream, folded into the rollup."""
+        self.notes.pop("calls", None)
+        if msg.seq <= self._calls_at[0]:
+            return
+        self._calls_at = (msg.seq, msg.time)
+        rollup, window_start = self.rollup, self._window_start
+        writer = subjects.writer_of(msg.subject)
+        batch = split_batch(msg.data)
+        self.bad_events += batch.bad
+        for item in batch.rows:
+            ts = item.get("ts")
+            if isinstance(ts, int | float) and ts < window_start:
+                continue  # a call that started before the window
+            if _forged(item, writer) or not rollup.add_map(item):
+                self.bad_events += 1
+        for part in batch.columns:
+            calls, bad = _plain_calls(part, writer, window_start)
+            rollup.add_plain(part.capability, calls)
+            self.bad_events += bad
 
     async def _follow_alerts(self) -> None:
         stream = await self.conn.stream(subjects.ALERTS_STREAM)
