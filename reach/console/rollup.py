@@ -106,6 +106,8 @@ class Rollup:
         self._insts: dict[str, dict[int, Bucket]] = {}
         #: instance → when a caller last passed it over because its breaker was open
         self.breaker_skips: dict[str, float] = {}
+        #: calls that passed an instance over because of its open breaker, counted
+        self.skips = 0
         #: denials by callees or the registrar: (ts, capability)
         self.denials: deque[tuple[float, str]] = deque(maxlen=10_000)
         self.newest = 0.0
@@ -227,6 +229,7 @@ class Rollup:
             inst = self._bucket(self._insts, callee, ts)
             if inst is not None:
                 inst.count(outcome == "ok", kind, answer_ms, rng)
+        self.skips += len(skipped)
         for agent_id in skipped:
             if agent_id in self.breaker_skips or len(self.breaker_skips) < MAX_KEYS:
                 self.breaker_skips[agent_id] = max(self.breaker_skips.get(agent_id, 0.0), ts)

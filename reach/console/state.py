@@ -68,6 +68,17 @@ class FabricView:
     def now(self) -> float:
         return self.clock.time()
 
+    def version(self) -> tuple[int, ...]:
+        """Changes when what a live page must show at once changes: a registry record (a
+        health change, an instance come or gone), a breaker passed over, a new alert."""
+        routes = self.routes
+        return (
+            routes.changes if routes is not None else -1,
+            self.rollup.skips,
+            self._alerts_at[0],
+            len(self.notes),
+        )
+
     def instances(self) -> list[Instance]:
         return self.routes.all() if self.routes is not None else []
 
