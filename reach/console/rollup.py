@@ -182,17 +182,23 @@ class Rollup:
         latency). What ``add_map`` counts of the same events, without a map per call."""
         rng = self._rng
         newest = self.newest
+        width = self.bucket_sec
         cap: Bucket | None = None
         cap_index = -1
+        insts = self._insts
         for ts, agent_id, latency_ms in calls:
-            newest = max(newest, ts)
-            index = int(ts // self.bucket_sec)
+            if ts > newest:
+                newest = ts
+            index = int(ts // width)
             if cap is None or index != cap_index:
                 cap, cap_index = self._bucket(self._caps, capability, ts), index
             if cap is not None:
                 cap.count_ok(latency_ms, rng)
             if agent_id:
-                inst = self._bucket(self._insts, agent_id, ts)
+                slots = insts.get(agent_id)
+                inst = slots.get(index) if slots is not None else None
+                if inst is None:
+                    inst = self._bucket(insts, agent_id, ts)
                 if inst is not None:
                     inst.count_ok(latency_ms, rng)
         self.newest = newest
