@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import struct
 import time
 
 import httpx
@@ -105,7 +106,9 @@ async def test_the_nats_server_killed_under_the_console(
         rollup = console.view.rollup
 
         def counted() -> int:
-            return rollup.capability("work", time.time(), seconds=300).calls
+            # the calls that succeeded: one that failed while the server came back is
+            # audited too, as a failed call
+            return rollup.capability("work", time.time(), seconds=300).ok
 
         for _ in range(20):
             await client.call("work", {})
@@ -132,3 +135,56 @@ async def test_the_nats_server_killed_under_the_console(
         await asyncio.sleep(1)  # (none counted twice either: the follower goes on by sequence)
         assert counted() == 40
         assert (await http.get("/agents")).status_code == 200
+
+
+def columns_batch(caller: str, callee: str, n: int, latency: float = 1.0) -> bytes:
+    """A batch of ``n`` plain calls in columns, as the documented format has them
+    (schemas/audit-batch.schema.json), written by hand."""
+    now = time.time()
+    plain = {
+        "n": n,
+        "capability": "evil",
+        "ts": struct.pack(f"<{n}d", *[now] * n),
+        "call_id": [f"col-{i}" for i in range(n)],
+        "trace_id": bytes(16 * n),
+        "caller": struct.pack(f"<{n}H", *[0] * n),
+        "caller_agent": struct.pack(f"<{n}H", *[2] * n),
+        "callee": struct.pack(f"<{n}H", *[1] * n),
+        "latency_ms": struct.pack(f"<{n}d", *[latency] * n),
+        "candidates": struct.pack(f"<{n}H", *[0] * n),
+        "score": struct.pack(f"<{n}d", *[math.nan] * n),
+        "attempt_latency_ms": struct.pack(f"<{n}d", *[latency] * n),
+        "values": [caller, callee, None],
+        "candidate_sets": [[[callee], 1]],
+    }
+    return msgpack.packb(
+        {"v": 2, "fields": ["ts"], "attempt_fields": ["agent_id"], "events": [], "plain": plain},
+        use_bin_type=True,
+    )
+
+
+async def test_forged_and_hostile_columns_are_not_counted(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    """Plain calls in columns are counted without a map made of each: a writer whose
+    subject does not name the caller they claim is still refused, every call of them;
+    columns that do not fit are refused whole, and the follower goes on."""
+    async with serve_console(nats_server.url, None) as (base, console):
+        outsider = await nats.connect(nats_server.url)
+        js = outsider.jetstream()
+        rollup = console.view.rollup
+        # the subject names the writer "mallory", the columns claim calls by "victim"
+        await js.publish("reach.v1.audit.evil.mallory", columns_batch("victim", "x-1", 50))
+        await js.publish(
+            "reach.v1.audit.evil.mallory", columns_batch("mallory", "x-1", 1, math.inf)
+        )
+        broken = msgpack.unpackb(columns_batch("mallory", "x-1", 5))
+        broken["plain"]["callee"] = struct.pack("<5H", 1, 1, 1, 1, 7)  # past the names
+        await js.publish("reach.v1.audit.evil.mallory", msgpack.packb(broken))
+        await js.publish("reach.v1.audit.evil.mallory", columns_batch("mallory", "x-1", 3))
+        await until(lambda: rollup.capability("evil", time.time()).calls == 3, "mallory's own")
+        await outsider.close()
+        assert console.view.bad_events == 50 + 1 + 5
+        assert rollup.instance("x-1", time.time()).calls == 3
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+            assert (await http.get("/capability/evil")).status_code == 200

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
 from reach.errors import ReachError
 from reach.testing import NatsServer
 from reach.transport import Connection, StreamMessage, connect
@@ -31,9 +33,12 @@ async def _publish(conn: Connection, stream_name: str, n: int) -> None:
                 await asyncio.sleep(0.2)
 
 
+@pytest.mark.parametrize("how", ["read", "follow"])
 async def test_a_follower_goes_on_after_its_server_restarts_with_every_message_once(
-    nats_server: NatsServer,
+    nats_server: NatsServer, how: str
 ) -> None:
+    """``Stream.read(follow=True)``, each message awaited, or ``Stream.follow``, each one
+    handed to a function as it arrives."""
     conn = await connect([nats_server.url], name="follower")
     got: list[StreamMessage] = []
     try:
@@ -42,8 +47,11 @@ async def test_a_follower_goes_on_after_its_server_restarts_with_every_message_o
             await _publish(conn, "FOLLOW", n)
 
         async def follow() -> None:
-            async for msg in stream.read(follow=True):
-                got.append(msg)
+            if how == "follow":
+                await stream.follow(">", got.append)
+            else:
+                async for msg in stream.read(follow=True):
+                    got.append(msg)
 
         reader = asyncio.create_task(follow())
         try:
@@ -60,5 +68,28 @@ async def test_a_follower_goes_on_after_its_server_restarts_with_every_message_o
                 await reader
         assert [m.seq for m in got] == [1, 2, 3, 4, 5, 6]
         assert [m.data for m in got] == [b"%d" % n for n in range(6)]
+    finally:
+        await conn.close()
+
+
+async def test_what_a_handed_message_raises_ends_the_follow_with_it(
+    nats_server: NatsServer,
+) -> None:
+    conn = await connect([nats_server.url], name="follower")
+    try:
+        stream = await conn.stream("FOLLOW", ["follow.>"], create=True)
+        for n in range(3):
+            await _publish(conn, "FOLLOW", n)
+        got: list[int] = []
+
+        def handle(msg: StreamMessage) -> None:
+            got.append(msg.seq)
+            if msg.seq == 2:
+                raise ValueError("the handler's own bug")
+
+        async with asyncio.timeout(10):
+            with pytest.raises(ValueError, match="the handler's own bug"):
+                await stream.follow(">", handle)
+        assert got == [1, 2]  # nothing handed after it
     finally:
         await conn.close()

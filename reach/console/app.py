@@ -2,9 +2,10 @@
 
 Pages are rendered on the server (``reach.console.pages``); a live part of a page (the
 agents table, a capability's instances and charts, the alerts) is sent again over
-server-sent events (``/live/<page>``) whenever it changes, and the page's one script
-(``static/console.js``, an EventSource) puts it in place. Nothing the console serves
-changes the fabric: every route is a GET that reads.
+server-sent events (``/live/<page>``) whenever it changes: at the next ``interval`` after
+the registry, a breaker or the alerts changed, its call figures every ``refresh``. The
+page's one script (``static/console.js``, an EventSource) puts it in place. Nothing the
+console serves changes the fabric: every route is a GET that reads.
 """
 
 from __future__ import annotations
@@ -30,12 +31,15 @@ from reach.doctor import diagnose
 from reach.errors import ConfigurationError, ReachError
 from reach.models import Instance
 
-__all__ = ["MAX_FEEDS", "Console"]
+__all__ = ["MAX_FEEDS", "REFRESH_SEC", "Console"]
 
 #: live feeds open at once at most (each one renders its page part every interval)
 MAX_FEEDS = 64
 #: a comment is sent on a quiet feed this often, so that proxies keep it open
 KEEPALIVE_SEC = 15.0
+#: a live part is rendered again at least this often (its call figures: the width of a
+#: bucket), and at the next interval after the registry, a breaker or the alerts changed
+REFRESH_SEC = 5.0
 #: a live part is rendered again no sooner than this many times its last rendering took
 RENDER_PACE = 20.0
 #: how far back the doctor page reads the audit stream
@@ -54,6 +58,7 @@ class Console:
         view: FabricView,
         *,
         interval: float = 1.0,
+        refresh: float = REFRESH_SEC,
         password: str | None = None,
         loopback_only: bool = True,
     ) -> None:
@@ -62,9 +67,11 @@ class Console:
         self.interval = interval
         self.feeds = 0
         self.closing = asyncio.Event()
-        #: (page, params) → (tick, html, seconds it took): one rendering per interval,
-        #: whatever the number of feeds showing it
-        self._rendered: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, str, float]] = {}
+        self.refresh = refresh
+        #: (page, params) → (when, ``FabricView.version`` then, html, seconds it took)
+        self._rendered: dict[
+            tuple[str, tuple[tuple[str, str], ...]], tuple[float, tuple[int, ...], str, float]
+        ] = {}
         static = files("reach.console").joinpath("static")
         app = Starlette(
             routes=[
@@ -157,19 +164,23 @@ class Console:
         return self._page("doctor.html", section="doctor", target=target, diagnosis=diagnosis)
 
     def _fragment(self, page: str, params: dict[str, str]) -> tuple[str, float]:
-        """The live part of ``page`` (rendered at most once per interval), and how long
-        its rendering took."""
+        """The live part of ``page``, and how long its rendering took: rendered again when
+        the registry, a breaker or the alerts changed (``FabricView.version``), else once
+        per ``refresh`` (the call figures), whatever the number of feeds showing it."""
         key = (page, tuple(sorted(params.items())))
-        tick = int(time.monotonic() / self.interval)
+        now = time.monotonic()
+        version = self.view.version()
         cached = self._rendered.get(key)
-        if cached is not None and cached[0] == tick:
-            return cached[1], cached[2]
+        if cached is not None:
+            at, seen, html, cost = cached
+            if seen == version and now - at < self.refresh:
+                return html, cost
         started = time.perf_counter()
         html = self.pages.fragment(page, params) or ""
         cost = time.perf_counter() - started
         if len(self._rendered) > 4 * MAX_FEEDS:
             self._rendered.clear()
-        self._rendered[key] = (tick, html, cost)
+        self._rendered[key] = (now, version, html, cost)
         return html, cost
 
     async def live(self, request: Request) -> Response:

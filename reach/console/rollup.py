@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,15 @@ class Bucket:
     seen_ok: int = 0
 
     def count(self, ok: bool, kind: str, latency_ms: float, rng: random.Random) -> None:
-        self.calls += 1
         if not ok:
+            self.calls += 1
             self.errors[kind] = self.errors.get(kind, 0) + 1
             return
+        self.count_ok(latency_ms, rng)
+
+    def count_ok(self, latency_ms: float, rng: random.Random) -> None:
+        """A successful call."""
+        self.calls += 1
         self.ok += 1
         self.seen_ok += 1
         if len(self.latencies) < SAMPLES:
@@ -101,6 +106,8 @@ class Rollup:
         self._insts: dict[str, dict[int, Bucket]] = {}
         #: instance → when a caller last passed it over because its breaker was open
         self.breaker_skips: dict[str, float] = {}
+        #: calls that passed an instance over because of its open breaker, counted
+        self.skips = 0
         #: denials by callees or the registrar: (ts, capability)
         self.denials: deque[tuple[float, str]] = deque(maxlen=10_000)
         self.newest = 0.0
@@ -169,6 +176,33 @@ class Rollup:
         )  # fmt: skip
         return True
 
+    def add_plain(self, capability: str, calls: Iterable[tuple[float, str, float]]) -> None:
+        """Plain calls of ``capability`` (``reach.audit.split.ColumnPart``: ok at the first
+        attempt), checked by the reader: (start, the instance that answered, "" for none,
+        latency). What ``add_map`` counts of the same events, without a map per call."""
+        rng = self._rng
+        newest = self.newest
+        width = self.bucket_sec
+        cap: Bucket | None = None
+        cap_index = -1
+        insts = self._insts
+        for ts, agent_id, latency_ms in calls:
+            if ts > newest:
+                newest = ts
+            index = int(ts // width)
+            if cap is None or index != cap_index:
+                cap, cap_index = self._bucket(self._caps, capability, ts), index
+            if cap is not None:
+                cap.count_ok(latency_ms, rng)
+            if agent_id:
+                slots = insts.get(agent_id)
+                inst = slots.get(index) if slots is not None else None
+                if inst is None:
+                    inst = self._bucket(insts, agent_id, ts)
+                if inst is not None:
+                    inst.count_ok(latency_ms, rng)
+        self.newest = newest
+
     def _fold(
         self,
         ts: float,
@@ -201,6 +235,7 @@ class Rollup:
             inst = self._bucket(self._insts, callee, ts)
             if inst is not None:
                 inst.count(outcome == "ok", kind, answer_ms, rng)
+        self.skips += len(skipped)
         for agent_id in skipped:
             if agent_id in self.breaker_skips or len(self.breaker_skips) < MAX_KEYS:
                 self.breaker_skips[agent_id] = max(self.breaker_skips.get(agent_id, 0.0), ts)

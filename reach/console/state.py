@@ -13,21 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from reach import subjects
 from reach.audit.alerts import Alert, decode_alert
-from reach.audit.batch import decode_events
 from reach.audit.provenance import verdict
+from reach.audit.split import ColumnPart, split_batch
 from reach.clock import Clock, system_clock
 from reach.console.rollup import Rollup
 from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
-from reach.transport import Connection
+from reach.transport import Connection, StreamMessage
 
 __all__ = ["ALERTS_KEPT", "FabricView"]
 
@@ -60,10 +61,23 @@ class FabricView:
         #: (stream sequence, time stored) of the last message read of each stream
         self._calls_at: tuple[int, float] = (0, 0.0)
         self._alerts_at: tuple[int, float] = (0, 0.0)
+        #: calls that started before it are not counted (the window when reading began)
+        self._window_start = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
     def now(self) -> float:
         return self.clock.time()
+
+    def version(self) -> tuple[int, ...]:
+        """Changes when what a live page must show at once changes: a registry record (a
+        health change, an instance come or gone), a breaker passed over, a new alert."""
+        routes = self.routes
+        return (
+            routes.changes if routes is not None else -1,
+            self.rollup.skips,
+            self._alerts_at[0],
+            len(self.notes),
+        )
 
     def instances(self) -> list[Instance]:
         return self.routes.all() if self.routes is not None else []
@@ -121,27 +135,36 @@ class FabricView:
 
     async def _follow_calls(self) -> None:
         """The audit stream as ``reach.audit.reader.read_events`` reads it (forged events
-        left out), each event folded from its map rather than made a model first: the
-        console reads every call of the fabric. Read again, it goes on after the last
-        message it read (by the stream's sequence: none lost, none counted twice)."""
-        rollup = self.rollup
-        window_start = self.now() - rollup.window_sec
-        since = max(self._calls_at[1], window_start)
+        left out), each event folded from its map rather than made a model first, and a
+        plain call from its batch's columns without a map: the console reads every call
+        of the fabric, so each batch is handed to ``_count`` as it arrives. Read again,
+        it goes on after the last message it read (by the stream's sequence: none lost,
+        none counted twice)."""
+        self._window_start = self.now() - self.rollup.window_sec
+        since = max(self._calls_at[1], self._window_start)
         stream = await self.conn.stream(subjects.AUDIT_STREAM)
-        async for msg in stream.read(subjects.AUDIT_ALL, since=since, follow=True):
-            self.notes.pop("calls", None)
-            if msg.seq <= self._calls_at[0]:
-                continue
-            self._calls_at = (msg.seq, msg.time)
-            writer = subjects.writer_of(msg.subject)
-            decoded = decode_events(msg.data)
-            self.bad_events += decoded.bad
-            for item in decoded.events:
-                ts = item.get("ts")
-                if isinstance(ts, int | float) and ts < window_start:
-                    continue  # a call that started before the window
-                if _forged(item, writer) or not rollup.add_map(item):
-                    self.bad_events += 1
+        await stream.follow(subjects.AUDIT_ALL, self._count, since=since)
+
+    def _count(self, msg: StreamMessage) -> None:
+        """One batch of the audit stream, folded into the rollup."""
+        self.notes.pop("calls", None)
+        if msg.seq <= self._calls_at[0]:
+            return
+        self._calls_at = (msg.seq, msg.time)
+        rollup, window_start = self.rollup, self._window_start
+        writer = subjects.writer_of(msg.subject)
+        batch = split_batch(msg.data)
+        self.bad_events += batch.bad
+        for item in batch.rows:
+            ts = item.get("ts")
+            if isinstance(ts, int | float) and ts < window_start:
+                continue  # a call that started before the window
+            if _forged(item, writer) or not rollup.add_map(item):
+                self.bad_events += 1
+        for part in batch.columns:
+            calls, bad = _plain_calls(part, writer, window_start)
+            rollup.add_plain(part.capability, calls)
+            self.bad_events += bad
 
     async def _follow_alerts(self) -> None:
         stream = await self.conn.stream(subjects.ALERTS_STREAM)
@@ -167,3 +190,35 @@ def _forged(item: dict[str, Any], writer: str) -> bool:
     if not (isinstance(side, str) and isinstance(caller, str) and isinstance(callee, str)):
         return True
     return verdict(side, caller, callee, writer) == "forged"
+
+
+def _plain_calls(
+    part: ColumnPart, writer: str, window_start: float
+) -> tuple[list[tuple[float, str, float]], int]:
+    """The calls of ``part`` for ``Rollup.add_plain`` (those that started within the
+    window), and how many are not counted: forged as ``_forged`` tells, or with a name,
+    time or latency that ``Rollup.add_map`` would refuse."""
+    values = part.values
+    genuine = {
+        i: type(name := values[i]) is str and verdict(part.side, name, "", writer) != "forged"
+        for i in set(part.caller)
+    }
+    answers = part.attempt_latency if part.side == "caller" else part.latency
+    isfinite = math.isfinite
+    calls: list[tuple[float, str, float]] = []
+    bad = 0
+    for ts, caller, callee, latency, answer in zip(
+        part.ts, part.caller, part.callee, part.latency, answers, strict=True
+    ):
+        if ts < window_start:
+            continue  # a call that started before the window
+        agent_id = values[callee]
+        if (
+            agent_id is None
+            or not genuine[caller]
+            or not (isfinite(ts) and isfinite(latency) and isfinite(answer))
+        ):
+            bad += 1
+            continue
+        calls.append((ts, agent_id, answer))
+    return calls, bad

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +143,59 @@ class Stream:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
+    async def follow(
+        self,
+        subject: str,
+        handle: Callable[[StreamMessage], None],
+        *,
+        since: float | None = None,
+    ) -> None:
+        """What ``read(subject, since=since, follow=True)`` yields, handed to ``handle``
+        as each message arrives (called on the event loop, not awaited), until cancelled;
+        raises what ``handle`` raises. For a reader of every message of a busy stream:
+        a message costs a call, not a wait for it."""
+        last = 0
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def deliver(msg: Any) -> None:
+            nonlocal last
+            if failed.done():
+                return
+            try:
+                meta = msg.metadata
+                seq = int(meta.sequence.stream)
+                if seq <= last:
+                    return  # sent again by a consumer made after a reconnect
+                last = seq
+                handle(
+                    StreamMessage(
+                        msg.subject, bytes(msg.data), seq, meta.timestamp.timestamp(),
+                        int(meta.num_pending), dict(msg.headers or {}),
+                    )
+                )  # fmt: skip
+            except Exception as exc:
+                failed.set_exception(exc)
+
+        sub = await self._subscribe(subject, since, False, False, cb=deliver)
+        try:
+            seen_reconnects = self._reconnects()
+            while True:
+                await asyncio.wait({failed}, timeout=_FOLLOW_CHECK)
+                if failed.done():
+                    failed.result()
+                if self._reconnects() == seen_reconnects:
+                    continue
+                # as in ``read``: a new consumer goes on after the last message handled
+                seen_reconnects = self._reconnects()
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+                sub = await self._subscribe(
+                    subject, since, False, False, after=last or None, cb=deliver
+                )
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
     async def _subscribe(
         self,
         subject: str,
@@ -149,6 +203,7 @@ class Stream:
         new_only: bool,
         headers_only: bool,
         after: int | None = None,
+        cb: Callable[[Any], Coroutine[Any, Any, None]] | None = None,
     ) -> Any:
         """An ordered consumer of ``subject`` from where ``read`` starts (or from the
         message after the sequence ``after``)."""
@@ -173,6 +228,7 @@ class Stream:
                     deliver_policy=policy,
                     config=ConsumerConfig(opt_start_time=start) if start else config,
                     headers_only=headers_only or None,
+                    cb=cb,
                 ),
                 f"read {self.name}",
                 api_refusal_of("CONSUMER.CREATE", self.name),

@@ -1,0 +1,99 @@
+"""Audit batches read for counting: rows as maps, plain calls left in their columns.
+
+``reach.audit.batch.decode_events`` makes a map of every event, which is what a reader
+that shows events needs. A reader that counts every call of a busy fabric (the console)
+needs only a plain call's time, names and latencies: ``split_batch`` checks a batch as
+``decode_events`` does (the same events are read, the same are refused) but leaves its
+plain calls in their columns (``ColumnPart``), so that no map is made per plain call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from reach.audit.batch import _names, _row_to_map
+from reach.audit.columns import _doubles, _indexes, _sets, _strings, _traces
+
+__all__ = ["ColumnPart", "SplitBatch", "split_batch"]
+
+
+class ColumnPart:
+    """A set of plain calls' columns, checked as ``expand_plain`` checks them but not
+    made into maps: every event ok, at its first attempt; names as indexes into
+    ``values``. For readers that count calls rather than show them."""
+
+    __slots__ = ("attempt_latency", "callee", "caller", "capability", "latency", "side", "ts",
+                 "values")  # fmt: skip
+
+    def __init__(self, part: dict[str, Any]) -> None:
+        """ValueError names what does not fit the format."""
+        n, capability, side = part.get("n"), part.get("capability"), part.get("side", "caller")
+        if type(n) is not int or n < 0 or type(capability) is not str:
+            raise ValueError("the plain part has no count or no capability")
+        if side not in ("caller", "callee"):
+            raise ValueError("the plain part's side is neither caller nor callee")
+        values = part.get("values")
+        if type(values) is not list or not all(v is None or type(v) is str for v in values):
+            raise ValueError("the plain part's values are not names")
+        sets = _sets(part.get("candidate_sets"))
+        self.side: str = side
+        self.capability: str = capability
+        self.values: list[str | None] = values
+        self.ts = _doubles(part.get("ts"), n)
+        self.latency = _doubles(part.get("latency_ms"), n)
+        _doubles(part.get("score"), n)
+        self.attempt_latency = _doubles(part.get("attempt_latency_ms"), n)
+        _strings(part.get("call_id"), n)
+        _traces(part.get("trace_id"), n)
+        self.caller = _indexes(part.get("caller"), n, values)
+        _indexes(part.get("caller_agent"), n, values)
+        self.callee = _indexes(part.get("callee"), n, values)
+        _indexes(part.get("candidates"), n, sets)
+
+
+class SplitBatch:
+    """A batch's rows as maps (unvalidated) and its sets of columns as they are."""
+
+    __slots__ = ("bad", "columns", "rows")
+
+    def __init__(self, rows: list[dict[str, Any]], columns: list[ColumnPart], bad: int) -> None:
+        self.rows = rows
+        self.columns = columns
+        #: rows and columns that do not fit the format (left out)
+        self.bad = bad
+
+
+def split_batch(data: bytes) -> SplitBatch:
+    """The events of one stream message as ``decode_events`` reads them, in no particular
+    order: the rows as maps, the plain calls left in their columns (``ColumnPart``), for
+    a reader that counts every call of the fabric and so builds no map per plain call."""
+    try:
+        batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception:
+        return SplitBatch([], [], 1)
+    if not isinstance(batch, dict):
+        return SplitBatch([], [], 1)
+    fields, attempt_fields, rows = (
+        batch.get("fields"),
+        batch.get("attempt_fields"),
+        batch.get("events"),
+    )
+    if not (_names(fields) and _names(attempt_fields) and isinstance(rows, list)):
+        return SplitBatch([], [], 1)
+    full: list[Any] = [_row_to_map(row, fields, attempt_fields) for row in rows]
+    bad = full.count(None)
+    columns: list[ColumnPart] = []
+    for key in ("plain", "served"):
+        part = batch.get(key)
+        if part is None:
+            continue
+        try:
+            if type(part) is not dict:
+                raise ValueError("the plain part is not a map")
+            columns.append(ColumnPart(part))
+        except ValueError:
+            n = part.get("n") if isinstance(part, dict) else None
+            bad += n if type(n) is int and n > 0 else 1
+    return SplitBatch([e for e in full if e is not None], columns, bad)
