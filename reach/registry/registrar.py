@@ -143,6 +143,7 @@ class Registrar:
 
     def _gone(self, agent_id: str) -> None:
         self._policy.forget(agent_id)
+        self._sweeper.probes.forget(agent_id)
 
     def _partitions_changed(self) -> None:
         self._heartbeats.poke()
@@ -180,6 +181,7 @@ class Registrar:
         # its partitions heard before its record tells the others to give them up
         await self._subscribe()
         await self._refresh_liveness()
+        await self._sweeper.start()
         self._loops.append(asyncio.create_task(self._heartbeats.run(), name="registrar-partitions"))
         self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
         self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
@@ -222,6 +224,7 @@ class Registrar:
         await self._heartbeats.stop()
         await cancel_and_wait([*self._loops, *self._handlers.tasks, *self._sweeper.tasks])
         self._loops.clear()
+        await self._sweeper.stop()
         if self._alerts is not None:
             await self._alerts.stop()
         if self._audit is not None:

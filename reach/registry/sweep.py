@@ -3,8 +3,9 @@ missed heartbeats unhealthy, and probe those due a probe.
 
 What happens to an instance is the health policy's decision (:mod:`reach.registry.health`);
 this module does the I/O: compare-and-set writes that ask the policy again on the record
-as it is at the write, and the probes, each in a task of its own, at most
-``max_concurrent_probes`` at once.
+as it is at the write, and the probes, sent by :mod:`reach.registry.probes` (at most
+``max_concurrent_probes`` at once). A probe's outcome is recorded as it arrives; only one
+that changes the record costs a write (a task of its own).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from reach.codec import Limits
 from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.health import HealthPolicy
-from reach.registry.probe import probe
+from reach.registry.probe import ProbeResult
+from reach.registry.probes import ProbeDispatcher
 from reach.registry.records import RecordView
 from reach.transport import Connection
 
@@ -45,18 +47,30 @@ class Sweeper:
         backlog: Callable[[], int],
         judged_since: Callable[[str], float | None],
     ) -> None:
-        self._conn = conn
         self._view = view
         self._policy = policy
-        self._limits = limits
-        self._slots = asyncio.Semaphore(max_concurrent_probes)
+        self.probes = ProbeDispatcher(
+            conn,
+            limits=limits,
+            clock=policy.clock,
+            record=self._record_probe,
+            max_in_flight=max_concurrent_probes,
+        )
         #: how many messages the registrar is handling now
         self._backlog = backlog
         #: since when this registrar hears an instance's heartbeats (None: not its own)
         self._judged_since = judged_since
         #: agent ids with a probe in flight
         self._probing: set[str] = set()
+        #: writes of probe outcomes that changed a record
         self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self.probes.start()
+
+    async def stop(self) -> None:
+        await self.probes.stop()
+        self._probing.clear()
 
     async def sweep(self) -> float:
         """One pass over owned records; returns the pause until the next (a quarter of
@@ -91,26 +105,35 @@ class Sweeper:
     def _start_probe(self, inst: Instance, now: float) -> None:
         self._probing.add(inst.agent_id)
         self._policy.probe_started(inst.agent_id, now)
-        task = asyncio.create_task(self._probe_and_record(inst))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.probes.send(inst)
 
-    async def _probe_and_record(self, inst: Instance) -> None:
+    def _record_probe(self, inst: Instance, result: ProbeResult) -> None:
+        """The outcome of the probe of ``inst``: written if it changes the record."""
         agent_id = inst.agent_id
+        self._probing.discard(agent_id)
         policy = self._policy
+        now = policy.clock.time()
+        write = self._view.change_now(
+            agent_id, functools.partial(_probed, policy, inst.instance_id, result, now)
+        )
+        if write is not None:
+            task = asyncio.create_task(self._write(agent_id, write))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _write(self, agent_id: str, write: Awaitable[Instance | None]) -> None:
         try:
-            async with self._slots:
-                result = await probe(self._conn, inst, limits=self._limits, clock=policy.clock)
-            now = policy.clock.time()
-            await self._view.mutate(
-                agent_id, lambda cur: policy.after_probe(cur, inst.instance_id, result, now)
-            )
+            await write
         except ReachError as exc:  # NATS busy or away: the next probe tries again
             log.warning("could not record the probe of %s: %s", agent_id, exc)
         except Exception:
-            log.exception("probing %s failed", agent_id)
-        finally:
-            self._probing.discard(agent_id)
+            log.exception("recording the probe of %s failed", agent_id)
+
+
+def _probed(
+    policy: HealthPolicy, instance_id: str, result: ProbeResult, now: float, cur: Instance
+) -> Instance | None:
+    return policy.after_probe(cur, instance_id, result, now)
 
 
 def _still_silent(

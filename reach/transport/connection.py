@@ -30,6 +30,7 @@ from reach.transport.kv import KVBucket, open_bucket
 from reach.transport.link import Link, PublicClient, open_client
 from reach.transport.mux import ReplyBatch, ReplyMux, batch_bytes
 from reach.transport.natsio import Writer, barrier, subscribe_inline
+from reach.transport.replies import ReplyInbox
 from reach.transport.streams import Stream, open_stream
 
 __all__ = [
@@ -103,6 +104,7 @@ class Connection:
         self._js = nc.jetstream()
         self._writer = Writer(nc, self.uses_internals)
         self._mux = ReplyMux(nc, self._writer, inbox_prefix)
+        self._inbox_prefix = inbox_prefix
         self._reconnect_listeners: list[Callable[[], None]] = []
         #: times the connection came back after a disconnect (a request that spans one
         #: may have been lost with the old socket: not its target's fault)
@@ -162,6 +164,11 @@ class Connection:
     def reply_batch(self, msg: Message) -> ReplyBatch:
         """Where the replies to the batch of requests in ``msg`` are collected."""
         return ReplyBatch(self._writer, msg.reply, batch_bytes(self._nc))
+
+    def reply_inbox(self) -> ReplyInbox:
+        """A reply subscription of its own for many requests matched by their sender
+        (``reach.transport.replies``); ``await inbox.open(deliver)`` before use."""
+        return ReplyInbox(self._nc, self._writer, self.denials, self._inbox_prefix)
 
     def new_inbox(self) -> str:
         return str(self._nc.new_inbox())
