@@ -91,7 +91,7 @@ class Registrar:
             conn,
             self._ownership,
             self._clock,
-            self._handlers.spawning(self._handlers.on_heartbeat, counted=True),
+            self._handlers.heartbeat,
         )
         self._sweeper = Sweeper(
             conn,
