@@ -246,6 +246,16 @@ class HealthPolicy:
         last = self._last_probe.get(inst.agent_id, inst.registered_at)
         return now - last >= probe_every
 
+    def next_probe_at(self, inst: Instance, now: float) -> float:
+        """When ``inst`` is next due a probe, as things stand at ``now`` (:meth:`probe_due`
+        is False before then; a probe started or the instance growing older only moves
+        it later)."""
+        health = inst.manifest.health
+        probe_every = health.interval_sec
+        if inst.age(now) < self.new_agent_window_sec:
+            probe_every /= 2
+        return self._last_probe.get(inst.agent_id, inst.registered_at) + probe_every
+
     def probe_started(self, agent_id: str, now: float) -> None:
         self._last_probe[agent_id] = now
 
@@ -319,6 +329,19 @@ class HealthPolicy:
         if missed >= health.failures_before_unhealthy and inst.status != "unhealthy":
             return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
         return Verdict()
+
+    def next_review_at(self, inst: Instance, now: float, since: float = 0.0) -> float:
+        """The earliest time :meth:`review` of this record may say anything but keep, as
+        things stand at ``now``: a heartbeat heard, this registrar's trouble or a later
+        ``since`` only move it later; a change of the record may not (ask again then)."""
+        health = inst.manifest.health
+        base = now - self.silence(inst, now, since)
+        unhealthy_at = base + health.interval_sec * health.failures_before_unhealthy
+        evict_at = base + self.evict_after_intervals * health.interval_sec
+        if unhealthy_at > now:
+            return min(unhealthy_at, evict_at)
+        # missed enough heartbeats: marked already, or to be marked at every review
+        return evict_at if inst.status == "unhealthy" else now
 
     def still_silent(self, cur: Instance, now: float, limit: float, since: float = 0.0) -> bool:
         """Whether the record as it is now (a heartbeat written or heard since the review)

@@ -48,6 +48,8 @@ class HeartbeatFeed:
         self._subs: dict[int, Subscription] = {}
         #: partition → when this registrar began hearing it
         self.since: dict[int, float] = {}
+        #: counts the changes of ``since`` (partitions taken or given away)
+        self.version = 0
         self._plain: Subscription | None = None
         self._changed = asyncio.Event()
         #: heartbeats that came on the subject without a partition and were forwarded
@@ -95,6 +97,7 @@ class HeartbeatFeed:
             for partition in taken:
                 self.since[partition] = at
         if taken or given:
+            self.version += 1
             log.info(
                 "registrar %s hears %d heartbeat partitions (%d taken, %d given away)",
                 self._ownership.registrar_id,
@@ -114,6 +117,7 @@ class HeartbeatFeed:
         subs = [*self._subs.values(), *([self._plain] if self._plain else [])]
         self._subs.clear()
         self.since.clear()
+        self.version += 1
         self._plain = None
         for sub in subs:
             await sub.unsubscribe()

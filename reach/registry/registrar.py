@@ -101,6 +101,7 @@ class Registrar:
             max_concurrent_probes=cfg.max_concurrent_probes,
             backlog=lambda: self._handlers.handling,
             judged_since=self._heartbeats.judged_since,
+            ownership_version=lambda: self._heartbeats.version,
         )
         self._subs: list[Subscription] = []
         #: the watch first, then the sweep and liveness loops
@@ -144,6 +145,7 @@ class Registrar:
     def _gone(self, agent_id: str) -> None:
         self._policy.forget(agent_id)
         self._sweeper.probes.forget(agent_id)
+        self._sweeper.forget(agent_id)
 
     def _partitions_changed(self) -> None:
         self._heartbeats.poke()

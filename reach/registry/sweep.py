@@ -31,6 +31,9 @@ log = logging.getLogger("reach.registrar")
 #: the longest pause between two sweeps, and the shortest
 MAX_TICK_SEC = 1.0
 MIN_TICK_SEC = 0.02
+#: a record's next due time is taken this much early (float rounding)
+_MARGIN_SEC = 1e-6
+_NEVER = float("inf")
 
 
 class Sweeper:
@@ -46,6 +49,7 @@ class Sweeper:
         max_concurrent_probes: int,
         backlog: Callable[[], int],
         judged_since: Callable[[str], float | None],
+        ownership_version: Callable[[], int] = lambda: 0,
     ) -> None:
         self._view = view
         self._policy = policy
@@ -60,6 +64,11 @@ class Sweeper:
         self._backlog = backlog
         #: since when this registrar hears an instance's heartbeats (None: not its own)
         self._judged_since = judged_since
+        #: changes whenever ``judged_since`` may answer differently
+        self._version = ownership_version
+        #: agent id → (the record, the ownership version, the time before which nothing
+        #: is due about it, a quarter of its health interval)
+        self._quiet: dict[str, tuple[Instance, int, float, float]] = {}
         #: agent ids with a probe in flight
         self._probing: set[str] = set()
         #: writes of probe outcomes that changed a record
@@ -74,33 +83,67 @@ class Sweeper:
 
     async def sweep(self) -> float:
         """One pass over owned records; returns the pause until the next (a quarter of
-        the shortest health interval, within bounds)."""
+        the shortest health interval, within bounds).
+
+        A record is looked at only once something may be due about it: each keeps the
+        time before which nothing can be (:meth:`HealthPolicy.next_review_at`,
+        :meth:`HealthPolicy.next_probe_at`), valid while the record and the partitions
+        this registrar hears are the same; heartbeats heard and trouble only move it
+        later."""
         policy = self._policy
         now = policy.clock.time()
         tick = MAX_TICK_SEC
         policy.check_backlog(self._backlog(), now)
+        version = self._version()
+        quiet = self._quiet
         for agent_id, (inst, _) in list(self._view.by_agent.items()):
-            tick = min(tick, inst.manifest.health.interval_sec / 4)
-            since = self._judged_since(agent_id)
-            if since is None:
-                continue
-            verdict = policy.review(inst, now, since)
-            if verdict.action == "evict":
-                # checked again on the record as it is now if it changed meanwhile (a
-                # heartbeat written or heard since)
-                still = functools.partial(
-                    _still_silent, policy, now=now, limit=verdict.limit, since=since
-                )
-                await self._view.remove(agent_id, inst.instance_id, verdict.reason, still)
-                continue
-            if verdict.action == "unhealthy":
-                mark = functools.partial(
-                    _missed, policy, reason=verdict.reason, now=now, since=since
-                )
-                await self._view.mutate(agent_id, mark)
-            if agent_id not in self._probing and policy.probe_due(inst, now):
-                self._start_probe(inst, now)
+            entry = quiet.get(agent_id)
+            if entry is not None and entry[0] is inst and entry[1] == version:
+                if entry[3] < tick:
+                    tick = entry[3]
+                if entry[2] > now:
+                    continue
+            quarter = inst.manifest.health.interval_sec / 4
+            tick = min(tick, quarter)
+            until = await self._review(agent_id, inst, now)
+            if until is None:
+                quiet.pop(agent_id, None)
+            else:
+                quiet[agent_id] = (inst, version, until, quarter)
         return max(MIN_TICK_SEC, tick)
+
+    async def _review(self, agent_id: str, inst: Instance, now: float) -> float | None:
+        """Evict, mark or probe ``inst`` if due; returns the time before which nothing is
+        due about it (None: ask again at the next sweep)."""
+        policy = self._policy
+        since = self._judged_since(agent_id)
+        if since is None:  # not this registrar's: until the partitions it hears change
+            return _NEVER
+        verdict = policy.review(inst, now, since)
+        if verdict.action == "evict":
+            # checked again on the record as it is now if it changed meanwhile (a
+            # heartbeat written or heard since)
+            still = functools.partial(
+                _still_silent, policy, now=now, limit=verdict.limit, since=since
+            )
+            await self._view.remove(agent_id, inst.instance_id, verdict.reason, still)
+            return None
+        if verdict.action == "unhealthy":
+            mark = functools.partial(_missed, policy, reason=verdict.reason, now=now, since=since)
+            await self._view.mutate(agent_id, mark)
+        if agent_id in self._probing:
+            return None  # its probe ends soon: due again then
+        if policy.probe_due(inst, now):
+            self._start_probe(inst, now)
+        if verdict.action != "keep":
+            return None
+        until = min(policy.next_review_at(inst, now, since), policy.next_probe_at(inst, now))
+        # computed in floats as the checks are: a hair early rather than late
+        return until - _MARGIN_SEC
+
+    def forget(self, agent_id: str) -> None:
+        """The record is gone."""
+        self._quiet.pop(agent_id, None)
 
     def _start_probe(self, inst: Instance, now: float) -> None:
         self._probing.add(inst.agent_id)
