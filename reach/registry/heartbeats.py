@@ -60,6 +60,11 @@ class HeartbeatFeed:
         """The live registrars may have changed: follow the partitions owned now."""
         self._changed.set()
 
+    def pending(self) -> int:
+        """Heartbeats received and not yet handled (queued behind others)."""
+        waiting = sum(sub.pending for sub in self._subs.values())
+        return waiting + (self._plain.pending if self._plain is not None else 0)
+
     def judged_since(self, agent_id: str) -> float | None:
         """When this registrar began hearing the partition of ``agent_id``; None if it
         is not this registrar's (another one judges it)."""

@@ -99,7 +99,8 @@ class Registrar:
             policy=self._policy,
             limits=self._limits,
             max_concurrent_probes=cfg.max_concurrent_probes,
-            backlog=lambda: self._handlers.handling,
+            # heartbeats queued unheard, and those being written
+            backlog=lambda: self._handlers.handling + self._heartbeats.pending(),
             judged_since=self._heartbeats.judged_since,
             ownership_version=lambda: self._heartbeats.version,
         )

@@ -67,6 +67,11 @@ class Subscription:
     def subject(self) -> str:
         return str(self._sub.subject)
 
+    @property
+    def pending(self) -> int:
+        """Messages received and not yet given to the handler."""
+        return int(self._sub.pending_msgs)
+
     async def unsubscribe(self) -> None:
         with contextlib.suppress(nats.errors.Error):
             await self._sub.unsubscribe()
