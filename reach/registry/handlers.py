@@ -243,7 +243,7 @@ class ControlHandlers:
 
     # -- heartbeat and bye ---------------------------------------------------------------
 
-    async def heartbeat(self, msg: Message) -> None:
+    def heartbeat(self, msg: Message) -> None:
         """Handle a heartbeat: at once when it writes nothing (most do: see
         :mod:`reach.registry.material`), in a task of its own (counted in ``handling``)
         when it must write or be refused. The checks are those of :meth:`on_heartbeat`."""
