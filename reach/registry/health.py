@@ -75,6 +75,12 @@ class Verdict:
     limit: float = 0.0
 
 
+#: what a sweep does about most instances most of the time
+_KEEP = Verdict()
+#: the reasons of the answers that make an instance healthy
+_OK_REASONS = {"heartbeat": "heartbeat ok", "probe": "probe ok"}
+
+
 class HealthPolicy:
     """Health transitions of the instances one registrar keeps, on an injected clock."""
 
@@ -139,7 +145,7 @@ class HealthPolicy:
     def status_from(readiness: Readiness, source: str) -> tuple[HealthStatus, str]:
         """The status an answer (``source``: heartbeat, probe) with ``readiness`` gives."""
         if readiness.ready:
-            return "healthy", f"{source} ok"
+            return "healthy", _OK_REASONS.get(source) or f"{source} ok"
         return "degraded", f"not ready: {readiness.reason or 'readiness check failed'}"
 
     @staticmethod
@@ -328,7 +334,7 @@ class HealthPolicy:
         missed = int(silence / health.interval_sec)
         if missed >= health.failures_before_unhealthy and inst.status != "unhealthy":
             return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
-        return Verdict()
+        return _KEEP
 
     def next_review_at(self, inst: Instance, now: float, since: float = 0.0) -> float:
         """The earliest time :meth:`review` of this record may say anything but keep, as

@@ -21,7 +21,6 @@ import heapq
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from reach import subjects
 from reach.clock import Clock
@@ -40,14 +39,19 @@ log = logging.getLogger("reach.registrar")
 Recorder = Callable[[Instance, ProbeResult], None]
 
 
-@dataclass(slots=True)
-class _InFlight:
-    inst: Instance
-    subject: str
-    #: ``clock.monotonic()`` at sending: the latency
-    started: float
-    #: ``ReplyInbox.now()`` at sending: what a timeout is explained against
-    sent_at: float
+#: a probe in flight: the instance, the subject, ``clock.monotonic()`` at sending (for
+#: its latency) and ``ReplyInbox.now()`` at sending (what a timeout is explained against)
+_InFlight = tuple[Instance, str, float, float]
+
+#: a probe's request with a token of 16 characters for its call id, in two parts
+_HEAD, _, _TAIL = probe_request("T" * 16).partition(b"T" * 16)
+
+
+def _request(token: str) -> bytes:
+    """:func:`~reach.registry.probe.probe_request` for ``token``, without a map packed."""
+    if len(token) == 16 and token.isascii():
+        return _HEAD + token.encode() + _TAIL
+    return probe_request(token)
 
 
 class ProbeDispatcher:
@@ -80,6 +84,8 @@ class ProbeDispatcher:
         #: agent id → its latest good reply (bytes and decoded): the same bytes again are
         #: not decoded again
         self._known: dict[str, tuple[bytes, ProbeReply]] = {}
+        #: agent id → its probe subject
+        self._subjects: dict[str, str] = {}
         #: replies to no probe in flight (unknown, answered, expired or forged tokens)
         self.strays = 0
 
@@ -112,6 +118,7 @@ class ProbeDispatcher:
     def forget(self, agent_id: str) -> None:
         """The record is gone: drop the reply kept for it."""
         self._known.pop(agent_id, None)
+        self._subjects.pop(agent_id, None)
 
     def send(self, inst: Instance) -> None:
         """Probe ``inst`` now, or once fewer than ``max_in_flight`` probes are out."""
@@ -124,15 +131,18 @@ class ProbeDispatcher:
         inbox = self._inbox
         if inbox is None:  # stopped
             return
-        subject = subjects.probe(inst.agent_id)
+        agent_id = inst.agent_id
+        subject = self._subjects.get(agent_id)
+        if subject is None:
+            subject = self._subjects[agent_id] = subjects.probe(agent_id)
         started = self._clock.monotonic()
         token = inbox.token()
         try:
-            inbox.publish(subject, probe_request(token), token)
+            inbox.publish(subject, _request(token), token)
         except ReachError as exc:  # NATS away: a failure, as a request would have ended
             self._tell(inst, failed(exc, (self._clock.monotonic() - started) * 1000))
             return
-        self._pending[token] = _InFlight(inst, subject, started, inbox.now())
+        self._pending[token] = (inst, subject, started, inbox.now())
         loop = asyncio.get_running_loop()
         when = loop.time() + inst.manifest.health.timeout_sec
         heapq.heappush(self._deadlines, (when, token))
@@ -147,11 +157,10 @@ class ProbeDispatcher:
         if probe is None:
             self.strays += 1
             return
-        inst = probe.inst
-        latency_ms = (self._clock.monotonic() - probe.started) * 1000
+        inst, subject, started, _ = probe
+        latency_ms = (self._clock.monotonic() - started) * 1000
         if data is None:
-            assert self._inbox is not None
-            result = failed(self._inbox.no_responders(probe.subject), latency_ms)
+            result = failed(ReplyInbox.no_responders(subject), latency_ms)
         else:
             agent_id = inst.agent_id
             known = self._known.get(agent_id)
@@ -173,9 +182,9 @@ class ProbeDispatcher:
             probe = pending.pop(token, None)
             if probe is None or inbox is None:
                 continue
-            latency_ms = (self._clock.monotonic() - probe.started) * 1000
-            error = inbox.timeout_error(probe.subject, probe.sent_at)
-            self._tell(probe.inst, failed(error, latency_ms))
+            inst, subject, started, sent_at = probe
+            latency_ms = (self._clock.monotonic() - started) * 1000
+            self._tell(inst, failed(inbox.timeout_error(subject, sent_at), latency_ms))
             self._next()
         if deadlines:
             self._timer_at = deadlines[0][0]
