@@ -196,7 +196,7 @@ class HealthPolicy:
             return None
         status = inst.status
         if inst.consecutive_failures < inst.manifest.health.failures_before_unhealthy:
-            status = self.status_from(hb.readiness, "heartbeat")[0]
+            status = "healthy" if hb.readiness.ready else "degraded"  # as status_from says
         changed = material_change(
             inst,
             status=status,
@@ -277,11 +277,13 @@ class HealthPolicy:
         if cur.instance_id != instance_id:
             return None
         if result.reply is not None:
-            status, reason = self.status_from(result.reply.readiness, "probe")
-            unchanged = cur.status == status and cur.consecutive_failures == 0
+            unchanged = cur.consecutive_failures == 0 and cur.status == (
+                "healthy" if result.reply.readiness.ready else "degraded"
+            )
             if unchanged and cur.last_probe_ms is not None:
                 self._probed[cur.agent_id] = (now, result.latency_ms)
                 return None
+            status, reason = self.status_from(result.reply.readiness, "probe")
             updated = cur.model_copy(
                 update={
                     "consecutive_failures": 0,

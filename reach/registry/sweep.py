@@ -66,9 +66,10 @@ class Sweeper:
         self._judged_since = judged_since
         #: changes whenever ``judged_since`` may answer differently
         self._version = ownership_version
-        #: agent id → (the record, the ownership version, the time before which nothing
-        #: is due about it, a quarter of its health interval)
-        self._quiet: dict[str, tuple[Instance, int, float, float]] = {}
+        #: agent id → (the record and its revision as the view held them, the ownership
+        #: version, the time before which nothing is due about it, a quarter of its
+        #: health interval)
+        self._quiet: dict[str, tuple[tuple[Instance, int], int, float, float]] = {}
         #: agent ids with a probe in flight
         self._probing: set[str] = set()
         #: writes of probe outcomes that changed a record
@@ -96,20 +97,24 @@ class Sweeper:
         policy.check_backlog(self._backlog(), now)
         version = self._version()
         quiet = self._quiet
-        for agent_id, (inst, _) in list(self._view.by_agent.items()):
+        due: list[tuple[str, tuple[Instance, int]]] = []
+        for agent_id, held in self._view.by_agent.items():  # nothing awaited in this loop
             entry = quiet.get(agent_id)
-            if entry is not None and entry[0] is inst and entry[1] == version:
+            if entry is not None and entry[0] is held and entry[1] == version:
                 if entry[3] < tick:
                     tick = entry[3]
                 if entry[2] > now:
                     continue
+            due.append((agent_id, held))
+        for agent_id, held in due:
+            inst = held[0]
             quarter = inst.manifest.health.interval_sec / 4
             tick = min(tick, quarter)
             until = await self._review(agent_id, inst, now)
-            if until is None:
+            if until is None or agent_id not in self._view.by_agent:
                 quiet.pop(agent_id, None)
             else:
-                quiet[agent_id] = (inst, version, until, quarter)
+                quiet[agent_id] = (held, version, until, quarter)
         return max(MIN_TICK_SEC, tick)
 
     async def _review(self, agent_id: str, inst: Instance, now: float) -> float | None:
