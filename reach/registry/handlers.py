@@ -79,37 +79,41 @@ class ControlHandlers:
         self._heartbeat_ok = envelope.pack_ok(encode_model(HeartbeatReply(ok=True)), registrar_id)
         self._reply = conn.replier()
 
-    def spawning(self, handler: MessageHandler, *, counted: bool = False) -> MessageHandler:
+    def spawning(self, handler: MessageHandler) -> MessageHandler:
         """``handler`` run in a task of its own per message, so one slow announce (which
         may probe) never holds up heartbeats; errors are logged, never raised into the
-        client library. ``counted``: the tasks in flight make the backlog."""
+        client library."""
 
-        async def run(msg: Message) -> None:
+        async def dispatch(msg: Message) -> None:
+            if not self.stopping:
+                self._spawn(handler(msg), msg.subject, counted=False)
+
+        return dispatch
+
+    def _spawn(self, work: Awaitable[None], subject: str, *, counted: bool) -> None:
+        """Run ``work`` in a task; ``counted``: while it runs, it is part of the backlog."""
+
+        async def run() -> None:
             try:
-                await handler(msg)
+                await work
             except ReachError as exc:
                 # NATS busy or away (a KV write timed out): one line, the sender retries;
                 # a traceback per message would only add load when load is the problem
-                log.warning("registrar could not handle %s: %s", msg.subject, exc)
+                log.warning("registrar could not handle %s: %s", subject, exc)
             except Exception:
-                log.exception("registrar failed on %s", msg.subject)
+                log.exception("registrar failed on %s", subject)
 
-        def handled(task: asyncio.Task[None]) -> None:
-            self.tasks.discard(task)
-            self.handling -= 1
+        task = asyncio.create_task(run())
+        self.tasks.add(task)
+        if counted:
+            self.handling += 1
+            task.add_done_callback(self._handled)
+        else:
+            task.add_done_callback(self.tasks.discard)
 
-        async def dispatch(msg: Message) -> None:
-            if self.stopping:
-                return
-            task = asyncio.create_task(run(msg))
-            self.tasks.add(task)
-            if counted:
-                self.handling += 1
-                task.add_done_callback(handled)
-            else:
-                task.add_done_callback(self.tasks.discard)
-
-        return dispatch
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.handling -= 1
 
     async def _respond_ok(self, msg: Message, reply: AnnounceReply | HeartbeatReply) -> None:
         await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
@@ -246,38 +250,20 @@ class ControlHandlers:
     def heartbeat(self, msg: Message) -> None:
         """Handle a heartbeat: at once when it writes nothing (most do: see
         :mod:`reach.registry.material`), in a task of its own (counted in ``handling``)
-        when it must write or be refused. The checks are those of :meth:`on_heartbeat`."""
+        when it must write or be refused."""
         if self.stopping:
             return
         try:
             hb = self._auth.decode(Heartbeat, msg)
         except (CodecError, ContractError, Denied) as exc:
-            self._spawn_counted(self.reply_bad_message(msg, exc), msg)
+            self._spawn(self.reply_bad_message(msg, exc), msg.subject, counted=True)
             return
         write = self._heartbeat_now(hb, subjects.last_token(msg.subject))
         if write is None:
             if msg.reply:
                 self._reply(msg.reply, self._heartbeat_ok)
             return
-        self._spawn_counted(self._answer_heartbeat(msg, write), msg)
-
-    def _spawn_counted(self, work: Coroutine[Any, Any, None], msg: Message) -> None:
-        async def run() -> None:
-            try:
-                await work
-            except ReachError as exc:
-                log.warning("registrar could not handle %s: %s", msg.subject, exc)
-            except Exception:
-                log.exception("registrar failed on %s", msg.subject)
-
-        def handled(task: asyncio.Task[None]) -> None:
-            self.tasks.discard(task)
-            self.handling -= 1
-
-        task = asyncio.create_task(run())
-        self.tasks.add(task)
-        self.handling += 1
-        task.add_done_callback(handled)
+        self._spawn(self._answer_heartbeat(msg, write), msg.subject, counted=True)
 
     def _heartbeat_now(
         self, hb: Heartbeat, subject_id: str
@@ -325,15 +311,6 @@ class ControlHandlers:
             raise
         if msg.reply:
             await self._respond_ok(msg, reply)
-
-    async def on_heartbeat(self, msg: Message) -> None:
-        """:meth:`heartbeat`, always awaited to the end."""
-        try:
-            hb = self._auth.decode(Heartbeat, msg)
-        except (CodecError, ContractError, Denied) as exc:
-            await self.reply_bad_message(msg, exc)
-            return
-        await self._answer_heartbeat(msg, self._heartbeat(hb, subjects.last_token(msg.subject)))
 
     async def _heartbeat(self, hb: Heartbeat, subject_id: str) -> HeartbeatReply:
         if hb.agent_id != subject_id:
