@@ -77,7 +77,7 @@ class ControlHandlers:
         self.tasks: set[asyncio.Task[None]] = set()
         #: the answer to a heartbeat taken: the same bytes every time
         self._heartbeat_ok = envelope.pack_ok(encode_model(HeartbeatReply(ok=True)), registrar_id)
-        self._reply = conn.replier()
+        self._reply = conn.replier(with_turn=True)
 
     def spawning(self, handler: MessageHandler) -> MessageHandler:
         """``handler`` run in a task of its own per message, so one slow announce (which

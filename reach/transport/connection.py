@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -203,9 +204,13 @@ class Connection:
         """Reply to a request; never echoes the request's headers (unlike ``Msg.respond``)."""
         self._writer.respond(msg.reply, data)
 
-    def replier(self) -> Callable[[str, bytes], None]:
+    def replier(self, *, with_turn: bool = False) -> Callable[[str, bytes], None]:
         """The call path's ``respond``, from synchronous code: ``(reply subject, data)``;
-        a reply that cannot go out is logged and dropped (the caller retries elsewhere)."""
+        a reply that cannot go out is logged and dropped (the caller retries elsewhere).
+        ``with_turn``: each reply goes with the rest of this turn of the event loop's
+        messages in one write, never alone (for many small replies at once)."""
+        if with_turn:
+            return functools.partial(self._writer.respond, now=False)
         return self._writer.respond
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:

@@ -76,7 +76,8 @@ class ReplyInbox:
         """Send a request whose reply comes back with ``token``; a Disconnected (or another
         ReachError) if it cannot go out."""
         try:
-            self._writer.publish(subject, data, self._base + token)
+            # with the rest of this turn's messages: requests of this kind come by the many
+            self._writer.publish(subject, data, self._base + token, now=False)
         except Exception as exc:
             raise translate_error(exc, subject) from exc
 
