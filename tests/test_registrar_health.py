@@ -500,3 +500,35 @@ def test_silence_is_counted_from_a_takeover_never_from_before(
     assert policy.review(inst, clock.time(), since=taken).action == "keep"
     clock.advance(INTERVAL * FAILURES)
     assert policy.review(inst, clock.time(), since=taken).action == "unhealthy"
+
+
+# -- when the sweep needs to look again ------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["healthy", "degraded", "unhealthy"])
+def test_nothing_is_due_before_the_times_the_policy_gives_and_something_is_at_them(
+    policy: HealthPolicy, clock: ManualClock, status: HealthStatus
+) -> None:
+    """The sweep passes over a record until ``next_review_at`` / ``next_probe_at``: before
+    then ``review`` keeps it and ``probe_due`` is False, whatever the record's status;
+    heartbeats heard meanwhile only move both later."""
+    start = clock.time()
+    inst = _record(start, status=status)
+    policy.probe_started(inst.agent_id, start + 0.3)
+    now = start + 0.5
+    review_at = policy.next_review_at(inst, now)
+    probe_at = policy.next_probe_at(inst, now)
+    assert review_at > now
+    assert probe_at > now
+    steps = 400
+    for n in range(steps + 1):
+        t = now + (review_at + 1.0 - now) * n / steps
+        verdict = policy.review(inst, t)
+        if t < review_at:
+            assert verdict.action == "keep", (t - start, verdict)
+        if t < probe_at:
+            assert not policy.probe_due(inst, t), t - start
+    assert policy.review(inst, review_at).action != "keep" or status == "unhealthy"
+    assert policy.probe_due(inst, probe_at)
+    policy.heard(inst.agent_id, now + 1.0)
+    assert policy.next_review_at(inst, now + 1.0) > review_at

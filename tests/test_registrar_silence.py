@@ -20,7 +20,7 @@ from reach.models import Instance, Manifest, Readiness
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import RegistryStore
 from reach.testing import NatsServer
-from reach.transport import Connection, connect
+from reach.transport import Connection, KVConflict, connect
 
 from .conftest import manifest
 
@@ -228,3 +228,38 @@ async def test_reconnect_listeners_run_each_time_and_a_failing_one_harms_none(
         assert calls == ["broken", "ok", "broken", "ok"]
     finally:
         await conn.close()
+
+
+async def test_a_sweep_looks_again_at_a_record_that_changed_before_its_time_was_due(
+    clock_registrar: tuple[Registrar, ManualClock, Connection],
+) -> None:
+    """The sweep passes over a record until something may be due about it; a record
+    written meanwhile (a silent instance made healthy again by another writer) is looked
+    at again at the next sweep: still silent, it is marked unhealthy again at once."""
+    reg, clock, other = clock_registrar
+    store = await RegistryStore.open(other, create=False)
+    await store.create(_record("remarked-1", clock.time()))
+    await _until(lambda: "remarked-1" in reg._records, "the registrar sees the record")
+    await reg._sweep()
+    assert reg._records["remarked-1"][0].status == "healthy"
+    clock.advance(2.5 * INTERVAL)  # missed two heartbeats: marked
+    await reg._sweep()
+    assert reg._records["remarked-1"][0].status == "unhealthy"
+    for _ in range(5):  # its probes (nobody answers) write the record too
+        found = await store.get("remarked-1")
+        assert found is not None
+        healed = found[0].model_copy(update={"status": "healthy", "status_reason": "by hand"})
+        try:
+            await store.update(healed, found[1])
+            break
+        except KVConflict:
+            continue
+    await _until(lambda: reg._records["remarked-1"][0].status == "healthy", "the watch")
+    clock.advance(0.01)  # well before its eviction, the next thing due
+    await reg._sweep()
+    again = reg._records["remarked-1"][0]
+    assert again.status == "unhealthy"
+    assert again.status_reason.startswith("missed 2 heartbeats"), again.status_reason
+    clock.advance(1.0 * INTERVAL)  # three intervals silent: evicted
+    await reg._sweep()
+    assert "remarked-1" not in reg._records

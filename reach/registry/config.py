@@ -28,8 +28,8 @@ class RegistrarConfig:
     duplicate_grace_sec: float = 1.0
     max_message_bytes: int = 256 * 1024
     max_concurrent_probes: int = 512
-    #: announces, heartbeats and byes being handled at once above which this registrar is
-    #: behind: it then evicts nobody and marks nobody unhealthy for silence until it has
+    #: heartbeats waiting to be handled or being written at once above which this registrar
+    #: is behind: it then evicts nobody and marks nobody unhealthy for silence until it has
     #: caught up (their heartbeats may be among those waiting), rather than turning its own
     #: overload into evictions, re-announces and more load
     max_backlog: int = 1000

@@ -10,8 +10,10 @@ announce of another instance replaces the record only once its instance is dead.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from reach import envelope, subjects
 from reach.audit.events import REGISTRY_CAPABILITY, denial_event
@@ -29,7 +31,7 @@ from reach.models import (
     Instance,
     Transition,
 )
-from reach.registry.health import HealthPolicy
+from reach.registry.health import HealthPolicy, UnwrittenProbe
 from reach.registry.message_auth import Denied, MessageAuth
 from reach.registry.probe import probe
 from reach.registry.records import CAS_ATTEMPTS, RecordView
@@ -73,38 +75,45 @@ class ControlHandlers:
         #: set when the registrar stops: messages then arriving are dropped
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
+        #: the answer to a heartbeat taken: the same bytes every time
+        self._heartbeat_ok = envelope.pack_ok(encode_model(HeartbeatReply(ok=True)), registrar_id)
+        self._reply = conn.replier(with_turn=True)
 
-    def spawning(self, handler: MessageHandler, *, counted: bool = False) -> MessageHandler:
+    def spawning(self, handler: MessageHandler) -> MessageHandler:
         """``handler`` run in a task of its own per message, so one slow announce (which
         may probe) never holds up heartbeats; errors are logged, never raised into the
-        client library. ``counted``: the tasks in flight make the backlog."""
+        client library."""
 
-        async def run(msg: Message) -> None:
+        async def dispatch(msg: Message) -> None:
+            if not self.stopping:
+                self._spawn(handler(msg), msg.subject, counted=False)
+
+        return dispatch
+
+    def _spawn(self, work: Awaitable[None], subject: str, *, counted: bool) -> None:
+        """Run ``work`` in a task; ``counted``: while it runs, it is part of the backlog."""
+
+        async def run() -> None:
             try:
-                await handler(msg)
+                await work
             except ReachError as exc:
                 # NATS busy or away (a KV write timed out): one line, the sender retries;
                 # a traceback per message would only add load when load is the problem
-                log.warning("registrar could not handle %s: %s", msg.subject, exc)
+                log.warning("registrar could not handle %s: %s", subject, exc)
             except Exception:
-                log.exception("registrar failed on %s", msg.subject)
+                log.exception("registrar failed on %s", subject)
 
-        def handled(task: asyncio.Task[None]) -> None:
-            self.tasks.discard(task)
-            self.handling -= 1
+        task = asyncio.create_task(run())
+        self.tasks.add(task)
+        if counted:
+            self.handling += 1
+            task.add_done_callback(self._handled)
+        else:
+            task.add_done_callback(self.tasks.discard)
 
-        async def dispatch(msg: Message) -> None:
-            if self.stopping:
-                return
-            task = asyncio.create_task(run(msg))
-            self.tasks.add(task)
-            if counted:
-                self.handling += 1
-                task.add_done_callback(handled)
-            else:
-                task.add_done_callback(self.tasks.discard)
-
-        return dispatch
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.handling -= 1
 
     async def _respond_ok(self, msg: Message, reply: AnnounceReply | HeartbeatReply) -> None:
         await self._conn.respond(msg, envelope.pack_ok(encode_model(reply), self.registrar_id))
@@ -238,14 +247,59 @@ class ControlHandlers:
 
     # -- heartbeat and bye ---------------------------------------------------------------
 
-    async def on_heartbeat(self, msg: Message) -> None:
+    def heartbeat(self, msg: Message) -> None:
+        """Handle a heartbeat: at once when it writes nothing (most do: see
+        :mod:`reach.registry.material`), in a task of its own (counted in ``handling``)
+        when it must write or be refused."""
+        if self.stopping:
+            return
         try:
             hb = self._auth.decode(Heartbeat, msg)
         except (CodecError, ContractError, Denied) as exc:
-            await self.reply_bad_message(msg, exc)
+            self._spawn(self.reply_bad_message(msg, exc), msg.subject, counted=True)
             return
+        write = self._heartbeat_now(hb, subjects.last_token(msg.subject))
+        if write is None:
+            if msg.reply:
+                self._reply(msg.reply, self._heartbeat_ok)
+            return
+        self._spawn(self._answer_heartbeat(msg, write), msg.subject, counted=True)
+
+    def _heartbeat_now(
+        self, hb: Heartbeat, subject_id: str
+    ) -> Coroutine[Any, Any, HeartbeatReply] | None:
+        """None if heartbeat ``hb`` of a registered instance was taken without a write
+        (answered ok); else what answers it (a write, a refusal, a lookup in the store)."""
+        current = self._view.get(hb.agent_id)
+        if hb.agent_id != subject_id or current is None or current[0].instance_id != hb.instance_id:
+            return self._heartbeat(hb, subject_id)
+        now = self._clock.time()
+        policy = self._policy
+        policy.heard(hb.agent_id, now)
+        probed = policy.unwritten_probe(hb.agent_id)
+        change = functools.partial(_after_heartbeat, policy, hb, now, probed)
+        write = self._view.change_now(hb.agent_id, change)
+        if write is None:
+            policy.probe_written(hb.agent_id, probed)
+            return None
+        return self._written(hb.agent_id, write, probed)
+
+    async def _written(
+        self,
+        agent_id: str,
+        write: Coroutine[Any, Any, Instance | None],
+        probed: UnwrittenProbe | None,
+    ) -> HeartbeatReply:
+        if await write is None:
+            return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
+        self._policy.probe_written(agent_id, probed)
+        return HeartbeatReply(ok=True)
+
+    async def _answer_heartbeat(
+        self, msg: Message, answer: Coroutine[Any, Any, HeartbeatReply]
+    ) -> None:
         try:
-            reply = await self._heartbeat(hb, subjects.last_token(msg.subject))
+            reply = await answer
         except ReachError as exc:
             # it is alive (heard, see _heartbeat), the registry could not take a change
             # (a JetStream leader election): the next heartbeat brings it again
@@ -279,7 +333,7 @@ class ControlHandlers:
         policy.heard(hb.agent_id, now)
         probed = policy.unwritten_probe(hb.agent_id)
         result = await self._view.mutate(
-            hb.agent_id, lambda inst: policy.after_heartbeat(inst, hb, now, probed)
+            hb.agent_id, functools.partial(_after_heartbeat, policy, hb, now, probed)
         )
         if result is None:
             return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
@@ -301,3 +355,13 @@ class ControlHandlers:
             await self._respond_ok(
                 msg, HeartbeatReply(ok=ok, reason="" if ok else "no such instance")
             )
+
+
+def _after_heartbeat(
+    policy: HealthPolicy,
+    hb: Heartbeat,
+    now: float,
+    probed: UnwrittenProbe | None,
+    inst: Instance,
+) -> Instance | None:
+    return policy.after_heartbeat(inst, hb, now, probed)

@@ -75,6 +75,12 @@ class Verdict:
     limit: float = 0.0
 
 
+#: what a sweep does about most instances most of the time
+_KEEP = Verdict()
+#: the reasons of the answers that make an instance healthy
+_OK_REASONS = {"heartbeat": "heartbeat ok", "probe": "probe ok"}
+
+
 class HealthPolicy:
     """Health transitions of the instances one registrar keeps, on an injected clock."""
 
@@ -139,7 +145,7 @@ class HealthPolicy:
     def status_from(readiness: Readiness, source: str) -> tuple[HealthStatus, str]:
         """The status an answer (``source``: heartbeat, probe) with ``readiness`` gives."""
         if readiness.ready:
-            return "healthy", f"{source} ok"
+            return "healthy", _OK_REASONS.get(source) or f"{source} ok"
         return "degraded", f"not ready: {readiness.reason or 'readiness check failed'}"
 
     @staticmethod
@@ -190,7 +196,7 @@ class HealthPolicy:
             return None
         status = inst.status
         if inst.consecutive_failures < inst.manifest.health.failures_before_unhealthy:
-            status = self.status_from(hb.readiness, "heartbeat")[0]
+            status = "healthy" if hb.readiness.ready else "degraded"  # as status_from says
         changed = material_change(
             inst,
             status=status,
@@ -246,6 +252,16 @@ class HealthPolicy:
         last = self._last_probe.get(inst.agent_id, inst.registered_at)
         return now - last >= probe_every
 
+    def next_probe_at(self, inst: Instance, now: float) -> float:
+        """When ``inst`` is next due a probe, as things stand at ``now`` (:meth:`probe_due`
+        is False before then; a probe started or the instance growing older only moves
+        it later)."""
+        health = inst.manifest.health
+        probe_every = health.interval_sec
+        if inst.age(now) < self.new_agent_window_sec:
+            probe_every /= 2
+        return self._last_probe.get(inst.agent_id, inst.registered_at) + probe_every
+
     def probe_started(self, agent_id: str, now: float) -> None:
         self._last_probe[agent_id] = now
 
@@ -261,11 +277,13 @@ class HealthPolicy:
         if cur.instance_id != instance_id:
             return None
         if result.reply is not None:
-            status, reason = self.status_from(result.reply.readiness, "probe")
-            unchanged = cur.status == status and cur.consecutive_failures == 0
+            unchanged = cur.consecutive_failures == 0 and cur.status == (
+                "healthy" if result.reply.readiness.ready else "degraded"
+            )
             if unchanged and cur.last_probe_ms is not None:
                 self._probed[cur.agent_id] = (now, result.latency_ms)
                 return None
+            status, reason = self.status_from(result.reply.readiness, "probe")
             updated = cur.model_copy(
                 update={
                     "consecutive_failures": 0,
@@ -318,7 +336,20 @@ class HealthPolicy:
         missed = int(silence / health.interval_sec)
         if missed >= health.failures_before_unhealthy and inst.status != "unhealthy":
             return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
-        return Verdict()
+        return _KEEP
+
+    def next_review_at(self, inst: Instance, now: float, since: float = 0.0) -> float:
+        """The earliest time :meth:`review` of this record may say anything but keep, as
+        things stand at ``now``: a heartbeat heard, this registrar's trouble or a later
+        ``since`` only move it later; a change of the record may not (ask again then)."""
+        health = inst.manifest.health
+        base = now - self.silence(inst, now, since)
+        unhealthy_at = base + health.interval_sec * health.failures_before_unhealthy
+        evict_at = base + self.evict_after_intervals * health.interval_sec
+        if unhealthy_at > now:
+            return min(unhealthy_at, evict_at)
+        # missed enough heartbeats: marked already, or to be marked at every review
+        return evict_at if inst.status == "unhealthy" else now
 
     def still_silent(self, cur: Instance, now: float, limit: float, since: float = 0.0) -> bool:
         """Whether the record as it is now (a heartbeat written or heard since the review)

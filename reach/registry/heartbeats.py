@@ -10,6 +10,9 @@ On a NATS without the mapping (a server configured by hand), heartbeats stay on
 heartbeat of its own partitions and forwards any other to its partition's subject, where
 its owner hears it. The heartbeat protocol of agents is the same either way.
 
+Heartbeats are handed to the registrar's handler as the connection reads them (no queue
+and no task between): most are answered there and then (:mod:`reach.registry.handlers`).
+
 When a registrar takes a partition over (one joined or one died) it notes when: silence
 is counted from then, never from before, so no instance is marked for a handover. A
 partition given away is unsubscribed and no longer judged here.
@@ -23,15 +26,18 @@ from collections.abc import Awaitable, Callable
 
 from reach import subjects
 from reach.clock import Clock
+from reach.errors import ReachError
 from reach.registry.ownership import Ownership
 from reach.registry.partitions import partition_token
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
 
 __all__ = ["HeartbeatFeed"]
 
 log = logging.getLogger("reach.registrar")
 
-MessageHandler = Callable[[Message], Awaitable[None]]
+#: takes a heartbeat as it is read off the connection: must not block
+MessageHandler = Callable[[Message], None]
 
 
 class HeartbeatFeed:
@@ -48,15 +54,24 @@ class HeartbeatFeed:
         self._subs: dict[int, Subscription] = {}
         #: partition → when this registrar began hearing it
         self.since: dict[int, float] = {}
+        #: counts the changes of ``since`` (partitions taken or given away)
+        self.version = 0
         self._plain: Subscription | None = None
         self._changed = asyncio.Event()
         #: heartbeats that came on the subject without a partition and were forwarded
         self.forwarded = 0
+        #: forwards being published
+        self._forwarding: set[asyncio.Task[None]] = set()
         self._stopped = False
 
     def poke(self) -> None:
         """The live registrars may have changed: follow the partitions owned now."""
         self._changed.set()
+
+    def pending(self) -> int:
+        """Heartbeats received and not yet handled (queued behind others)."""
+        waiting = sum(sub.pending for sub in self._subs.values())
+        return waiting + (self._plain.pending if self._plain is not None else 0)
 
     def judged_since(self, agent_id: str) -> float | None:
         """When this registrar began hearing the partition of ``agent_id``; None if it
@@ -66,7 +81,7 @@ class HeartbeatFeed:
     async def start(self) -> None:
         """Subscribe to the owned partitions, and to heartbeats not mapped onto one."""
         await self.follow()
-        self._plain = await self._conn.subscribe(
+        self._plain = await self._conn.subscribe_inline(
             subjects.HEARTBEAT_ALL, self._on_plain, queue=subjects.REGISTRAR_QUEUE
         )
 
@@ -85,7 +100,7 @@ class HeartbeatFeed:
             await sub.unsubscribe()
         taken = sorted(owned - set(self._subs))
         for partition in taken:
-            self._subs[partition] = await self._conn.subscribe(
+            self._subs[partition] = await self._conn.subscribe_inline(
                 subjects.heartbeat_partition(partition), self._on_partition
             )
         if taken:
@@ -95,6 +110,7 @@ class HeartbeatFeed:
             for partition in taken:
                 self.since[partition] = at
         if taken or given:
+            self.version += 1
             log.info(
                 "registrar %s hears %d heartbeat partitions (%d taken, %d given away)",
                 self._ownership.registrar_id,
@@ -114,26 +130,38 @@ class HeartbeatFeed:
         subs = [*self._subs.values(), *([self._plain] if self._plain else [])]
         self._subs.clear()
         self.since.clear()
+        self.version += 1
         self._plain = None
         for sub in subs:
             await sub.unsubscribe()
+        await cancel_and_wait(list(self._forwarding))
 
-    async def _on_partition(self, msg: Message) -> None:
+    def _on_partition(self, msg: Message) -> None:
         agent_id = subjects.last_token(msg.subject)
         if partition_token(msg.subject) == self._ownership.partition(agent_id):
-            await self._handler(msg)
+            self._handler(msg)
         else:  # published there by hand: to the partition the agent id belongs to
-            await self._forward(msg, agent_id)
+            self._forward(msg, agent_id)
 
-    async def _on_plain(self, msg: Message) -> None:
-        await self._forward(msg, subjects.last_token(msg.subject))
+    def _on_plain(self, msg: Message) -> None:
+        self._forward(msg, subjects.last_token(msg.subject))
 
-    async def _forward(self, msg: Message, agent_id: str) -> None:
+    def _forward(self, msg: Message, agent_id: str) -> None:
         partition = self._ownership.partition(agent_id)
         if partition in self._subs:
-            await self._handler(msg)
+            self._handler(msg)
             return
         self.forwarded += 1
-        await self._conn.publish(
+        forward = self._conn.publish(
             subjects.heartbeat_partition(partition, agent_id), msg.data, reply=msg.reply or ""
         )
+        task = asyncio.create_task(_published(forward, agent_id))
+        self._forwarding.add(task)
+        task.add_done_callback(self._forwarding.discard)
+
+
+async def _published(forward: Awaitable[None], agent_id: str) -> None:
+    try:
+        await forward
+    except ReachError as exc:  # NATS away: the instance's next heartbeat goes again
+        log.warning("could not forward the heartbeat of %s: %s", agent_id, exc)

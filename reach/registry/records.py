@@ -9,7 +9,8 @@ re-reads the record and asks the change again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from reach.models import Instance
 from reach.registry.store import RegistryStore
@@ -96,6 +97,35 @@ class RecordView:
                 await self.reload(agent_id)
         log.warning("gave up updating %s after %d conflicts", agent_id, CAS_ATTEMPTS)
         return None
+
+    def change_now(
+        self, agent_id: str, change: Callable[[Instance], Instance | None]
+    ) -> Coroutine[Any, Any, Instance | None] | None:
+        """:meth:`mutate` without a coroutine when there is nothing to write: ``change``
+        is asked on the view's record now, and None returned if it writes nothing (or
+        there is no record); else the write, to be awaited, starting with the record
+        ``change`` just gave (not asked twice unless a conflict makes it)."""
+        current = self.by_agent.get(agent_id)
+        if current is None:
+            return None
+        updated = change(current[0])
+        if updated is None or updated is current[0]:
+            return None
+        return self._write_then_mutate(agent_id, updated, current[1], change)
+
+    async def _write_then_mutate(
+        self,
+        agent_id: str,
+        updated: Instance,
+        revision: int,
+        change: Callable[[Instance], Instance | None],
+    ) -> Instance | None:
+        try:
+            self.remember(updated, await self.store.update(updated, revision))
+            return updated
+        except KVConflict:
+            await self.reload(agent_id)
+        return await self.mutate(agent_id, change)
 
     async def remove(
         self,

@@ -91,7 +91,7 @@ class Registrar:
             conn,
             self._ownership,
             self._clock,
-            self._handlers.spawning(self._handlers.on_heartbeat, counted=True),
+            self._handlers.heartbeat,
         )
         self._sweeper = Sweeper(
             conn,
@@ -99,8 +99,10 @@ class Registrar:
             policy=self._policy,
             limits=self._limits,
             max_concurrent_probes=cfg.max_concurrent_probes,
-            backlog=lambda: self._handlers.handling,
+            # heartbeats queued unheard, and those being written
+            backlog=lambda: self._handlers.handling + self._heartbeats.pending(),
             judged_since=self._heartbeats.judged_since,
+            ownership_version=lambda: self._heartbeats.version,
         )
         self._subs: list[Subscription] = []
         #: the watch first, then the sweep and liveness loops
@@ -143,6 +145,8 @@ class Registrar:
 
     def _gone(self, agent_id: str) -> None:
         self._policy.forget(agent_id)
+        self._sweeper.probes.forget(agent_id)
+        self._sweeper.forget(agent_id)
 
     def _partitions_changed(self) -> None:
         self._heartbeats.poke()
@@ -180,6 +184,7 @@ class Registrar:
         # its partitions heard before its record tells the others to give them up
         await self._subscribe()
         await self._refresh_liveness()
+        await self._sweeper.start()
         self._loops.append(asyncio.create_task(self._heartbeats.run(), name="registrar-partitions"))
         self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
         self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
@@ -222,6 +227,7 @@ class Registrar:
         await self._heartbeats.stop()
         await cancel_and_wait([*self._loops, *self._handlers.tasks, *self._sweeper.tasks])
         self._loops.clear()
+        await self._sweeper.stop()
         if self._alerts is not None:
             await self._alerts.stop()
         if self._audit is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from reach.transport.kv import KVBucket, open_bucket
 from reach.transport.link import Link, PublicClient, open_client
 from reach.transport.mux import ReplyBatch, ReplyMux, batch_bytes
 from reach.transport.natsio import Writer, barrier, subscribe_inline
+from reach.transport.replies import ReplyInbox
 from reach.transport.streams import Stream, open_stream
 
 __all__ = [
@@ -65,6 +67,11 @@ class Subscription:
     @property
     def subject(self) -> str:
         return str(self._sub.subject)
+
+    @property
+    def pending(self) -> int:
+        """Messages received and not yet given to the handler."""
+        return int(self._sub.pending_msgs)
 
     async def unsubscribe(self) -> None:
         with contextlib.suppress(nats.errors.Error):
@@ -103,6 +110,7 @@ class Connection:
         self._js = nc.jetstream()
         self._writer = Writer(nc, self.uses_internals)
         self._mux = ReplyMux(nc, self._writer, inbox_prefix)
+        self._inbox_prefix = inbox_prefix
         self._reconnect_listeners: list[Callable[[], None]] = []
         #: times the connection came back after a disconnect (a request that spans one
         #: may have been lost with the old socket: not its target's fault)
@@ -163,6 +171,11 @@ class Connection:
         """Where the replies to the batch of requests in ``msg`` are collected."""
         return ReplyBatch(self._writer, msg.reply, batch_bytes(self._nc))
 
+    def reply_inbox(self) -> ReplyInbox:
+        """A reply subscription of its own for many requests matched by their sender
+        (``reach.transport.replies``); ``await inbox.open(deliver)`` before use."""
+        return ReplyInbox(self._nc, self._writer, self.denials, self._inbox_prefix)
+
     def new_inbox(self) -> str:
         return str(self._nc.new_inbox())
 
@@ -191,9 +204,13 @@ class Connection:
         """Reply to a request; never echoes the request's headers (unlike ``Msg.respond``)."""
         self._writer.respond(msg.reply, data)
 
-    def replier(self) -> Callable[[str, bytes], None]:
+    def replier(self, *, with_turn: bool = False) -> Callable[[str, bytes], None]:
         """The call path's ``respond``, from synchronous code: ``(reply subject, data)``;
-        a reply that cannot go out is logged and dropped (the caller retries elsewhere)."""
+        a reply that cannot go out is logged and dropped (the caller retries elsewhere).
+        ``with_turn``: each reply goes with the rest of this turn of the event loop's
+        messages in one write, never alone (for many small replies at once)."""
+        if with_turn:
+            return functools.partial(self._writer.respond, now=False)
         return self._writer.respond
 
     async def subscribe(self, subject: str, handler: Handler, queue: str = "") -> Subscription:

@@ -1,0 +1,201 @@
+"""The registrar's probes in flight: sent by the thousand, none with a coroutine of its own.
+
+Every instance a registrar owns is probed every health interval, so probes are most of
+its messages. Each goes out with a reply subject carrying an unguessable token on a reply
+subscription of the registrar's own (:class:`~reach.transport.replies.ReplyInbox`); a
+table maps the tokens of the probes in flight to the instance probed, the reply is
+matched in the subscription's callback, and one timer ends the probes whose timeout
+passed, in deadline order. What a reply means is read by
+:func:`~reach.registry.probe.read_reply`, as for ``reach doctor``'s single probe.
+
+A reply to a token not in the table (unknown, already answered, expired, or forged by
+someone who saw a reply subject) is counted in ``strays`` and dropped; a reply that does
+not decode, or one from another instance, is that probe's failure. At most
+``max_in_flight`` probes are out at once; the rest wait their turn in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from reach import subjects
+from reach.clock import Clock
+from reach.codec import Limits
+from reach.errors import ReachError
+from reach.models import Instance, ProbeReply
+from reach.registry.probe import ProbeResult, failed, probe_request, read_reply
+from reach.transport import Connection
+from reach.transport.replies import ReplyInbox
+
+__all__ = ["ProbeDispatcher", "Recorder"]
+
+log = logging.getLogger("reach.registrar")
+
+#: told each probe's outcome (the instance as it was when probed)
+Recorder = Callable[[Instance, ProbeResult], None]
+
+
+#: a probe in flight: the instance, the subject, ``clock.monotonic()`` at sending (for
+#: its latency) and ``ReplyInbox.now()`` at sending (what a timeout is explained against)
+_InFlight = tuple[Instance, str, float, float]
+
+#: a probe's request with a token of 16 characters for its call id, in two parts
+_HEAD, _, _TAIL = probe_request("T" * 16).partition(b"T" * 16)
+
+
+def _request(token: str) -> bytes:
+    """:func:`~reach.registry.probe.probe_request` for ``token``, without a map packed."""
+    if len(token) == 16 and token.isascii():
+        return _HEAD + token.encode() + _TAIL
+    return probe_request(token)
+
+
+class ProbeDispatcher:
+    """Sends probes and hands each outcome to ``record`` (in the event loop's thread)."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        limits: Limits,
+        clock: Clock,
+        record: Recorder,
+        max_in_flight: int,
+    ) -> None:
+        self._conn = conn
+        self._limits = limits
+        self._clock = clock
+        self._record = record
+        self._max_in_flight = max(1, max_in_flight)
+        self._inbox: ReplyInbox | None = None
+        #: token → the probe it was sent with
+        self._pending: dict[str, _InFlight] = {}
+        #: (loop time of its deadline, token) of every probe sent; answered ones are
+        #: dropped when they reach the top
+        self._deadlines: list[tuple[float, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        #: probes waiting for one in flight to end
+        self._waiting: deque[Instance] = deque()
+        #: agent id → its latest good reply (bytes and decoded): the same bytes again are
+        #: not decoded again
+        self._known: dict[str, tuple[bytes, ProbeReply]] = {}
+        #: agent id → its probe subject
+        self._subjects: dict[str, str] = {}
+        #: replies to no probe in flight (unknown, answered, expired or forged tokens)
+        self.strays = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Probes sent and not yet ended, and those waiting to be sent."""
+        return len(self._pending) + len(self._waiting)
+
+    async def start(self) -> None:
+        inbox = self._conn.reply_inbox()
+        await inbox.open(self._on_reply)
+        self._inbox = inbox
+
+    async def stop(self) -> None:
+        """Stop: probes in flight are dropped, not recorded."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = float("inf")
+        self._pending.clear()
+        self._deadlines.clear()
+        self._waiting.clear()
+        inbox, self._inbox = self._inbox, None
+        if inbox is not None:
+            try:
+                await inbox.close()
+            except ReachError as exc:
+                log.debug("closing the probe inbox: %s", exc)
+
+    def forget(self, agent_id: str) -> None:
+        """The record is gone: drop the reply kept for it."""
+        self._known.pop(agent_id, None)
+        self._subjects.pop(agent_id, None)
+
+    def send(self, inst: Instance) -> None:
+        """Probe ``inst`` now, or once fewer than ``max_in_flight`` probes are out."""
+        if len(self._pending) >= self._max_in_flight:
+            self._waiting.append(inst)
+            return
+        self._send(inst)
+
+    def _send(self, inst: Instance) -> None:
+        inbox = self._inbox
+        if inbox is None:  # stopped
+            return
+        agent_id = inst.agent_id
+        subject = self._subjects.get(agent_id)
+        if subject is None:
+            subject = self._subjects[agent_id] = subjects.probe(agent_id)
+        started = self._clock.monotonic()
+        token = inbox.token()
+        try:
+            inbox.publish(subject, _request(token), token)
+        except ReachError as exc:  # NATS away: a failure, as a request would have ended
+            self._tell(inst, failed(exc, (self._clock.monotonic() - started) * 1000))
+            return
+        self._pending[token] = (inst, subject, started, inbox.now())
+        loop = asyncio.get_running_loop()
+        when = loop.time() + inst.manifest.health.timeout_sec
+        heapq.heappush(self._deadlines, (when, token))
+        if when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = loop.call_at(when, self._expire)
+
+    def _on_reply(self, token: str, data: bytes | None) -> None:
+        probe = self._pending.pop(token, None)
+        if probe is None:
+            self.strays += 1
+            return
+        inst, subject, started, _ = probe
+        latency_ms = (self._clock.monotonic() - started) * 1000
+        if data is None:
+            result = failed(ReplyInbox.no_responders(subject), latency_ms)
+        else:
+            agent_id = inst.agent_id
+            known = self._known.get(agent_id)
+            result = read_reply(data, inst.instance_id, latency_ms, self._limits, known)
+            if result.reply is not None and (known is None or known[0] != data):
+                self._known[agent_id] = (data, result.reply)
+        self._tell(inst, result)
+        self._next()
+
+    def _expire(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines, pending = self._deadlines, self._pending
+        inbox = self._inbox
+        while deadlines and (deadlines[0][0] <= now or deadlines[0][1] not in pending):
+            _, token = heapq.heappop(deadlines)
+            probe = pending.pop(token, None)
+            if probe is None or inbox is None:
+                continue
+            inst, subject, started, sent_at = probe
+            latency_ms = (self._clock.monotonic() - started) * 1000
+            self._tell(inst, failed(inbox.timeout_error(subject, sent_at), latency_ms))
+            self._next()
+        if deadlines:
+            self._timer_at = deadlines[0][0]
+            self._timer = loop.call_at(self._timer_at, self._expire)
+
+    def _next(self) -> None:
+        while self._waiting and len(self._pending) < self._max_in_flight:
+            self._send(self._waiting.popleft())
+
+    def _tell(self, inst: Instance, result: ProbeResult) -> None:
+        try:
+            self._record(inst, result)
+        except Exception:  # one bad record must not stop the others' probes
+            log.exception("recording the probe of %s failed", inst.agent_id)
