@@ -126,13 +126,17 @@ QUICK = Settings(
 async def _server(
     servers: str | None, logs: Path, name: str
 ) -> AsyncIterator[tuple[str, int | None]]:
-    """A fresh nats-server for one part (its URL and pid), or the given one (pid None)."""
+    """A fresh nats-server for one part (its URL and pid), or the given one (pid None).
+    Its config maps heartbeats onto partitions, as every config reach writes does (what
+    a fabric started by `reach up` runs: registrars hear only their partitions)."""
     if servers is not None:
         yield servers, None
         return
+    from reach.security import natsconf
     from reach.testing import NatsServer
 
-    server = NatsServer(store_dir=logs / f"nats-{name}")
+    config = natsconf.write_open_config(logs / f"nats-{name}.conf")
+    server = NatsServer(store_dir=logs / f"nats-{name}", config_file=config)
     await server.start()
     try:
         yield server.url, server.pid

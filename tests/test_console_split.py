@@ -17,7 +17,7 @@ from reach.audit.events import CallEvent
 from reach.audit.split import split_batch
 from reach.console.rollup import Rollup
 from reach.console.state import _forged, _plain_calls
-from tests.test_audit_batch import events
+from tests.audit_batch_helpers import events
 
 WRITERS = st.sampled_from(["anonymous", "", "echo-1", "report-7", "mallory"])
 
