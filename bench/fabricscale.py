@@ -51,8 +51,11 @@ MODES = ("used", "all")
 
 @asynccontextmanager
 async def cluster(logs: Path, name: str, size: int) -> AsyncIterator[tuple[list[str], list[int]]]:
-    """``size`` nats-servers on loopback as one JetStream cluster: their URLs and pids."""
+    """``size`` nats-servers on loopback as one JetStream cluster: their URLs and pids.
+    Each one's config maps heartbeats onto partitions, as the configs of
+    ``reach up --cluster`` do."""
     from reach.embedded import free_port
+    from reach.security import natsconf
     from reach.testing import NatsServer
 
     routes = [free_port() for _ in range(size)]
@@ -60,6 +63,7 @@ async def cluster(logs: Path, name: str, size: int) -> AsyncIterator[tuple[list[
     servers = [
         NatsServer(
             store_dir=logs / f"nats-{name}-{n}",
+            config_file=natsconf.write_open_config(logs / f"nats-{name}-{n}.conf"),
             name=f"{name}-{n}",
             extra_args=[
                 *("--cluster_name", "bench", "--cluster", f"nats://127.0.0.1:{routes[n]}"),
@@ -104,9 +108,11 @@ async def _servers(
         yield [given] * 3, []
         return
     if size <= 1:
+        from reach.security import natsconf
         from reach.testing import NatsServer
 
-        server = NatsServer(store_dir=logs / f"nats-{name}")
+        config = natsconf.write_open_config(logs / f"nats-{name}.conf")
+        server = NatsServer(store_dir=logs / f"nats-{name}", config_file=config)
         await server.start()
         try:
             yield [server.url] * 3, [server.pid or 0]
