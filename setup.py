@@ -14,7 +14,8 @@ from typing import Any
 from setuptools import setup
 
 #: what every call passes through on the caller and the callee, and what they import for
-#: it. Not here: modules with async generators (mypyc does not compile them yet), the
+#: it; and what the console does with every audit batch. Not here: modules with async
+#: generators (mypyc does not compile them yet) or an await inside an except block, the
 #: CLI, the demo and the test helpers, where speed does not matter.
 COMPILED = [
     "reach/admission.py",
@@ -23,6 +24,7 @@ COMPILED = [
     "reach/audit/columns.py",
     "reach/audit/events.py",
     "reach/audit/recording.py",
+    "reach/audit/split.py",
     "reach/audit/writer.py",
     "reach/calling/attempt.py",
     "reach/calling/fallbacks.py",
@@ -32,6 +34,7 @@ COMPILED = [
     "reach/calling/state.py",
     "reach/client.py",
     "reach/codec.py",
+    "reach/console/rollup.py",
     "reach/context.py",
     "reach/contract.py",
     "reach/endpoint.py",
