@@ -29,6 +29,7 @@ from reach.audit.events import CallEvent, attempt
 __all__ = [
     "PLAIN_ROW_BYTES",
     "Columns",
+    "PlainPart",
     "expand_plain",
 ]
 
@@ -333,37 +334,55 @@ def _sets(value: Any) -> list[tuple[list[str], int]]:
     return out
 
 
+class PlainPart:
+    """A batch's ``plain`` map, checked, its columns decoded: every event ok at its first
+    attempt, names as indexes into ``values``, candidate lists into ``sets``."""
+
+    __slots__ = (
+        "attempt_latency", "call_id", "callee", "caller", "caller_agent", "candidates",
+        "capability", "latency", "score", "sets", "side", "trace_id", "ts", "values",
+    )  # fmt: skip
+
+    def __init__(self, plain: Any) -> None:
+        """ValueError names what does not fit the format."""
+        if type(plain) is not dict:
+            raise ValueError("the plain part is not a map")
+        n = plain.get("n")
+        capability = plain.get("capability")
+        if type(n) is not int or n < 0:
+            raise ValueError("the plain part has no count")
+        if type(capability) is not str:
+            raise ValueError("the plain part has no capability")
+        side = plain.get("side", "caller")
+        if side not in ("caller", "callee"):
+            raise ValueError("the plain part's side is neither caller nor callee")
+        values = plain.get("values")
+        if type(values) is not list or not all(v is None or type(v) is str for v in values):
+            raise ValueError("the plain part's values are not names")
+        sets = _sets(plain.get("candidate_sets"))
+        self.side: str = side
+        self.capability: str = capability
+        self.values: list[str | None] = values
+        self.sets = sets
+        self.ts = _doubles(plain.get("ts"), n)
+        self.latency = _doubles(plain.get("latency_ms"), n)
+        self.score = _doubles(plain.get("score"), n)
+        self.attempt_latency = _doubles(plain.get("attempt_latency_ms"), n)
+        self.call_id = _strings(plain.get("call_id"), n)
+        self.trace_id = _traces(plain.get("trace_id"), n)
+        self.caller = _indexes(plain.get("caller"), n, values)
+        self.caller_agent = _indexes(plain.get("caller_agent"), n, values)
+        self.callee = _indexes(plain.get("callee"), n, values)
+        self.candidates = _indexes(plain.get("candidates"), n, sets)
+
+
 def expand_plain(plain: Any) -> list[dict[str, Any]]:
     """The events of a batch's ``plain`` map as event maps (``AuditEvent``'s fields), in
     the order they were recorded; ValueError names what does not fit the format."""
-    if type(plain) is not dict:
-        raise ValueError("the plain part is not a map")
-    n = plain.get("n")
-    capability = plain.get("capability")
-    if type(n) is not int or n < 0:
-        raise ValueError("the plain part has no count")
-    if type(capability) is not str:
-        raise ValueError("the plain part has no capability")
-    side = plain.get("side", "caller")
-    if side not in ("caller", "callee"):
-        raise ValueError("the plain part's side is neither caller nor callee")
-    values = plain.get("values")
-    if type(values) is not list or not all(v is None or type(v) is str for v in values):
-        raise ValueError("the plain part's values are not names")
-    sets = _sets(plain.get("candidate_sets"))
-    ts = _doubles(plain.get("ts"), n)
-    latency = _doubles(plain.get("latency_ms"), n)
-    score = _doubles(plain.get("score"), n)
-    attempt_latency = _doubles(plain.get("attempt_latency_ms"), n)
-    call_id = _strings(plain.get("call_id"), n)
-    trace_id = _traces(plain.get("trace_id"), n)
-    caller = _indexes(plain.get("caller"), n, values)
-    caller_agent = _indexes(plain.get("caller_agent"), n, values)
-    callee = _indexes(plain.get("callee"), n, values)
-    candidates = _indexes(plain.get("candidates"), n, sets)
+    p = PlainPart(plain)
     return _event_maps(
-        side, capability, ts, call_id, trace_id, caller, caller_agent, callee, latency, candidates,
-        score, attempt_latency, values, sets,
+        p.side, p.capability, p.ts, p.call_id, p.trace_id, p.caller, p.caller_agent, p.callee,
+        p.latency, p.candidates, p.score, p.attempt_latency, p.values, p.sets,
     )  # fmt: skip
 
 

@@ -14,43 +14,14 @@ from typing import Any
 import msgpack
 
 from reach.audit.batch import _names, _row_to_map
-from reach.audit.columns import _doubles, _indexes, _sets, _strings, _traces
+from reach.audit.columns import PlainPart
 
 __all__ = ["ColumnPart", "SplitBatch", "split_batch"]
 
 
-class ColumnPart:
-    """A set of plain calls' columns, checked as ``expand_plain`` checks them but not
-    made into maps: every event ok, at its first attempt; names as indexes into
-    ``values``. For readers that count calls rather than show them."""
-
-    __slots__ = ("attempt_latency", "callee", "caller", "capability", "latency", "side", "ts",
-                 "values")  # fmt: skip
-
-    def __init__(self, part: dict[str, Any]) -> None:
-        """ValueError names what does not fit the format."""
-        n, capability, side = part.get("n"), part.get("capability"), part.get("side", "caller")
-        if type(n) is not int or n < 0 or type(capability) is not str:
-            raise ValueError("the plain part has no count or no capability")
-        if side not in ("caller", "callee"):
-            raise ValueError("the plain part's side is neither caller nor callee")
-        values = part.get("values")
-        if type(values) is not list or not all(v is None or type(v) is str for v in values):
-            raise ValueError("the plain part's values are not names")
-        sets = _sets(part.get("candidate_sets"))
-        self.side: str = side
-        self.capability: str = capability
-        self.values: list[str | None] = values
-        self.ts = _doubles(part.get("ts"), n)
-        self.latency = _doubles(part.get("latency_ms"), n)
-        _doubles(part.get("score"), n)
-        self.attempt_latency = _doubles(part.get("attempt_latency_ms"), n)
-        _strings(part.get("call_id"), n)
-        _traces(part.get("trace_id"), n)
-        self.caller = _indexes(part.get("caller"), n, values)
-        _indexes(part.get("caller_agent"), n, values)
-        self.callee = _indexes(part.get("callee"), n, values)
-        _indexes(part.get("candidates"), n, sets)
+#: a set of plain calls' columns, checked as ``expand_plain`` checks them but not made
+#: into maps; for readers that count calls rather than show them
+ColumnPart = PlainPart
 
 
 class SplitBatch:
@@ -90,9 +61,7 @@ def split_batch(data: bytes) -> SplitBatch:
         if part is None:
             continue
         try:
-            if type(part) is not dict:
-                raise ValueError("the plain part is not a map")
-            columns.append(ColumnPart(part))
+            columns.append(PlainPart(part))
         except ValueError:
             n = part.get("n") if isinstance(part, dict) else None
             bad += n if type(n) is int and n > 0 else 1
