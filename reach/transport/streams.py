@@ -118,11 +118,7 @@ class Stream:
                     # of the cluster, holds no consumer of ours and would send nothing
                     # (and say nothing); a new one goes on after the last message read
                     seen_reconnects = self._reconnects()
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-                    sub = await self._subscribe(
-                        subject, since, new_only, headers_only, after=last or None
-                    )
+                    sub = await self._again(sub, subject, since, new_only, headers_only, last)
                     continue
                 meta = msg.metadata
                 seq = int(meta.sequence.stream)
@@ -187,14 +183,30 @@ class Stream:
                     continue
                 # as in ``read``: a new consumer goes on after the last message handled
                 seen_reconnects = self._reconnects()
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-                sub = await self._subscribe(
-                    subject, since, False, False, after=last or None, cb=deliver
-                )
+                sub = await self._again(sub, subject, since, False, False, last, deliver)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _again(
+        self,
+        sub: Any,
+        subject: str,
+        since: float | None,
+        new_only: bool,
+        headers_only: bool,
+        last: int,
+        cb: Callable[[Any], Coroutine[Any, Any, None]] | None = None,
+    ) -> Any:
+        """After the connection came back: a server that restarted, or another node of
+        the cluster, holds no consumer of ours and would send nothing (and say nothing),
+        so the old one goes and a new one starts after the last message read (``last``;
+        0: none yet, from where ``read`` starts)."""
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        return await self._subscribe(
+            subject, since, new_only, headers_only, after=last or None, cb=cb
+        )
 
     async def _subscribe(
         self,
