@@ -5,10 +5,13 @@ requests whose reply subject is no inbox."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import secrets
 import time
+import warnings
+from dataclasses import dataclass
 
 import msgpack
 import pytest
@@ -239,3 +242,30 @@ async def test_a_reply_subject_that_is_no_inbox_is_never_published_to(
         assert after is not None  # still there (no purge) and still an Instance
         assert after[0].instance_id == before[0].instance_id
         assert await client.call("work", {}) is not None
+
+
+@dataclass
+class _Msg:
+    subject: str
+    reply: str
+    data: bytes
+
+
+async def test_a_registrar_stopped_before_its_handlers_ran_leaves_no_coroutine_unawaited(
+    registrar: Registrar,
+) -> None:
+    """A heartbeat whose answer needs a task (here: an unknown instance, asked to announce)
+    and a registrar stopped before that task ran: nothing it made is left unawaited (a
+    coroutine made outside its task, never run, warns when it is collected)."""
+    hb = Heartbeat(
+        agent_id="ghost-2", instance_id="i", seq=1, sent_at=1.0, in_flight=0, max_concurrency=1
+    )
+    msg = _Msg(subjects.heartbeat("ghost-2"), "", _request(encode_model(hb)))
+    handlers = registrar._handlers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handlers.heartbeat(msg)
+        assert handlers.tasks  # its answer waits in a task that has not run yet
+        await registrar.stop()
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from reach import envelope, subjects
@@ -41,7 +41,7 @@ __all__ = ["ControlHandlers", "MessageHandler"]
 
 log = logging.getLogger("reach.registrar")
 
-MessageHandler = Callable[[Message], Awaitable[None]]
+MessageHandler = Callable[[Message], Coroutine[Any, Any, None]]
 
 
 class ControlHandlers:
@@ -90,8 +90,9 @@ class ControlHandlers:
 
         return dispatch
 
-    def _spawn(self, work: Awaitable[None], subject: str, *, counted: bool) -> None:
-        """Run ``work`` in a task; ``counted``: while it runs, it is part of the backlog."""
+    def _spawn(self, work: Coroutine[Any, Any, None], subject: str, *, counted: bool) -> None:
+        """Run ``work`` in a task; ``counted``: while it runs, it is part of the backlog.
+        A task cancelled before it ran (the registrar stopping) closes ``work`` unrun."""
 
         async def run() -> None:
             try:
@@ -104,6 +105,7 @@ class ControlHandlers:
                 log.exception("registrar failed on %s", subject)
 
         task = asyncio.create_task(run())
+        task.add_done_callback(lambda _task: work.close())  # (done or unrun: no-op or close)
         self.tasks.add(task)
         if counted:
             self.handling += 1
@@ -267,12 +269,13 @@ class ControlHandlers:
 
     def _heartbeat_now(
         self, hb: Heartbeat, subject_id: str
-    ) -> Coroutine[Any, Any, HeartbeatReply] | None:
+    ) -> Callable[[], Coroutine[Any, Any, HeartbeatReply]] | None:
         """None if heartbeat ``hb`` of a registered instance was taken without a write
-        (answered ok); else what answers it (a write, a refusal, a lookup in the store)."""
+        (answered ok); else what answers it (a write, a refusal, a lookup in the store),
+        to be called in the task that awaits it."""
         current = self._view.get(hb.agent_id)
         if hb.agent_id != subject_id or current is None or current[0].instance_id != hb.instance_id:
-            return self._heartbeat(hb, subject_id)
+            return functools.partial(self._heartbeat, hb, subject_id)
         now = self._clock.time()
         policy = self._policy
         policy.heard(hb.agent_id, now)
@@ -282,24 +285,24 @@ class ControlHandlers:
         if write is None:
             policy.probe_written(hb.agent_id, probed)
             return None
-        return self._written(hb.agent_id, write, probed)
+        return functools.partial(self._written, hb.agent_id, write, probed)
 
     async def _written(
         self,
         agent_id: str,
-        write: Coroutine[Any, Any, Instance | None],
+        write: Callable[[], Coroutine[Any, Any, Instance | None]],
         probed: UnwrittenProbe | None,
     ) -> HeartbeatReply:
-        if await write is None:
+        if await write() is None:
             return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
         self._policy.probe_written(agent_id, probed)
         return HeartbeatReply(ok=True)
 
     async def _answer_heartbeat(
-        self, msg: Message, answer: Coroutine[Any, Any, HeartbeatReply]
+        self, msg: Message, answer: Callable[[], Coroutine[Any, Any, HeartbeatReply]]
     ) -> None:
         try:
-            reply = await answer
+            reply = await answer()
         except ReachError as exc:
             # it is alive (heard, see _heartbeat), the registry could not take a change
             # (a JetStream leader election): the next heartbeat brings it again

@@ -8,6 +8,7 @@ re-reads the record and asks the change again.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -100,18 +101,20 @@ class RecordView:
 
     def change_now(
         self, agent_id: str, change: Callable[[Instance], Instance | None]
-    ) -> Coroutine[Any, Any, Instance | None] | None:
+    ) -> Callable[[], Coroutine[Any, Any, Instance | None]] | None:
         """:meth:`mutate` without a coroutine when there is nothing to write: ``change``
         is asked on the view's record now, and None returned if it writes nothing (or
-        there is no record); else the write, to be awaited, starting with the record
-        ``change`` just gave (not asked twice unless a conflict makes it)."""
+        there is no record); else the write, to be called and awaited in the task that
+        makes it (a coroutine made outside a task that is cancelled before it starts
+        would never be awaited), starting with the record ``change`` just gave (not
+        asked twice unless a conflict makes it)."""
         current = self.by_agent.get(agent_id)
         if current is None:
             return None
         updated = change(current[0])
         if updated is None or updated is current[0]:
             return None
-        return self._write_then_mutate(agent_id, updated, current[1], change)
+        return functools.partial(self._write_then_mutate, agent_id, updated, current[1], change)
 
     async def _write_then_mutate(
         self,

@@ -169,9 +169,9 @@ class Sweeper:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _write(self, agent_id: str, write: Awaitable[Instance | None]) -> None:
+    async def _write(self, agent_id: str, write: Callable[[], Awaitable[Instance | None]]) -> None:
         try:
-            await write
+            await write()
         except ReachError as exc:  # NATS busy or away: the next probe tries again
             log.warning("could not record the probe of %s: %s", agent_id, exc)
         except Exception:
