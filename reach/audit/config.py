@@ -21,8 +21,11 @@ class WriterConfig:
     #: bytes per stream message at most (and never over half the server's max_payload:
     #: with nats-server's default of 1 MiB, this is what ends a batch at full load)
     batch_max_bytes: int = 512 * 1024
-    #: how long an event may wait for company before its batch is written
-    flush_interval: float = 0.25
+    #: how long an event may wait for company before its batch is written: every reader
+    #: pays per message, and a caller spreading its calls over many capabilities writes a
+    #: message per capability per interval, so half a second rather than less; events
+    #: then reach `reach audit tail -f` and the console within about a second
+    flush_interval: float = 0.5
     #: wait for a stream ack
     ack_timeout: float = 2.0
     #: back-off between failed writes: doubles from ``retry_min`` up to ``retry_max``

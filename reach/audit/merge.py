@@ -19,7 +19,8 @@ from reach.audit.reader import AuditRecord
 
 __all__ = ["MERGE_WINDOW_SEC", "MergedCall", "merge_calls", "merged"]
 
-#: how long a call's first event waits for the others (writers flush every 0.25 s)
+#: how long a call's first event waits for the others: twice the writers' flush interval
+#: (``WriterConfig.flush_interval``), the most two writers' batches of one call lie apart
 MERGE_WINDOW_SEC = 1.0
 #: records read ahead of the merge at most (the reader waits beyond it)
 _READ_AHEAD = 10_000
