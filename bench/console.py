@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 
 from bench.callpath import server_version
 from bench.procs import cpu_seconds
 from bench.report import machine_info, write_json
+from reach import subjects
 from reach.audit.events import attempt
 from reach.audit.recording import CallRecorder, CallTrail
 from reach.audit.streams import ensure_streams
@@ -137,17 +139,24 @@ async def _follow(base: str, path: str) -> None:
             pass
 
 
-async def _phase(pid: int, seconds: float, load: AsyncIterator[int]) -> dict[str, float]:
-    cpu0, wall0 = cpu_seconds(pid), time.monotonic()
+async def _stored(js: Any) -> int:
+    """Messages in the audit stream so far: batches written, one per message."""
+    return int((await js.stream_info(subjects.AUDIT_STREAM)).state.messages)
+
+
+async def _phase(pid: int, seconds: float, load: AsyncIterator[int], js: Any) -> dict[str, float]:
+    cpu0, wall0, stored0 = cpu_seconds(pid), time.monotonic(), await _stored(js)
     first = last = await anext(load)
     while time.monotonic() - wall0 < seconds:
         last = await anext(load)
-    cpu1, wall = cpu_seconds(pid), time.monotonic() - wall0
+    cpu1, wall, stored1 = cpu_seconds(pid), time.monotonic() - wall0, await _stored(js)
     if cpu0 is None or cpu1 is None:
         raise SystemExit("the console process is gone")
     return {
         "cpu_share": round((cpu1 - cpu0) / wall, 4),
         "calls_per_sec": round((last - first) / wall, 1),
+        # what a reader pays for: a price per message, whatever the calls it holds
+        "batches_per_sec": round((stored1 - stored0) / wall, 1),
     }
 
 
@@ -155,6 +164,7 @@ async def run(instances: int, rate: float, seconds: float) -> dict[str, Any]:
     async with NatsServer() as server:
         version = server_version(server.url)
         conn = await connect([server.url], name="bench-console")
+        nc = await nats.connect(server.url, name="bench-console-stream-info")
         await ensure_streams(conn)
         await _populate(conn, instances)
         port = free_port()
@@ -191,19 +201,21 @@ async def run(instances: int, rate: float, seconds: float) -> dict[str, Any]:
                             f"reach console did not show the fabric: {proc.communicate()[1]!r}"
                         )
                     await asyncio.sleep(0.5)
-            await _phase(proc.pid, 5, load)  # the console's window fills, the writer settles
-            idle = await _phase(proc.pid, seconds, load)
+            js = nc.jetstream()
+            await _phase(proc.pid, 5, load, js)  # the console's window fills, the writer settles
+            idle = await _phase(proc.pid, seconds, load, js)
             feeds = [
                 asyncio.create_task(_follow(base, "/live/agents")),
                 asyncio.create_task(_follow(base, "/live/capability?name=cap0")),
             ]
-            watched = await _phase(proc.pid, seconds, load)
+            watched = await _phase(proc.pid, seconds, load, js)
         finally:
             for task in feeds:
                 task.cancel()
             await load.aclose()
             proc.terminate()
             proc.communicate(timeout=20)
+            await nc.close()
             await conn.close()
     return {
         "server": version,
@@ -233,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{phase:>8}: console CPU {got['cpu_share']:.1%} of a core at"
             f" {args.instances} instances, {got['calls_per_sec']:.0f} calls/s"
+            f" in {got['batches_per_sec']:.0f} batches/s"
             f" (target < {TARGET:.0%})"
         )
     print(json.dumps(result))
