@@ -437,8 +437,9 @@ class Instance(_Model):
         default_factory=list, max_length=16, description=_FEATURES_HELP
     )
 
-    @property
+    @functools.cached_property
     def agent_id(self) -> str:
+        """The manifest's agent id (kept: the registrar asks for it on every message)."""
         return self.manifest.agent_id
 
     @functools.cached_property
