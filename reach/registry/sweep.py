@@ -177,14 +177,20 @@ class Sweeper:
         agent_id = inst.agent_id
         self._probing.discard(agent_id)
         policy = self._policy
+        current = self._view.by_agent.get(agent_id)
+        if current is None:
+            return
         now = policy.clock.time()
-        write = self._view.change_now(
-            agent_id, functools.partial(_probed, policy, inst.instance_id, result, now)
-        )
-        if write is not None:
-            task = asyncio.create_task(self._write(agent_id, write))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        # asked here first; the write (rare: most probes change nothing) asks again on
+        # the record as it is then if it meets a conflict
+        updated = policy.after_probe(current[0], inst.instance_id, result, now)
+        if updated is None or updated is current[0]:
+            return
+        change = functools.partial(_probed, policy, inst.instance_id, result, now)
+        write = self._view.write_of(agent_id, current, updated, change)
+        task = asyncio.create_task(self._write(agent_id, write))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _write(self, agent_id: str, write: Callable[[], Awaitable[Instance | None]]) -> None:
         try:
