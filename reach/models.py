@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -311,6 +312,11 @@ class Manifest(_Model):
         return "-" not in self.version.split("+", 1)[0]
 
 
+#: readinesses without gauges already validated, by (ready, reason)
+_READINESS_SEEN: dict[tuple[bool, str], Readiness] = {}
+_READINESS_SEEN_MAX = 1024
+
+
 class Readiness(_Model):
     """An agent's own view of whether it can do useful work (pools, queues, dependencies)."""
 
@@ -319,6 +325,29 @@ class Readiness(_Model):
     details: dict[Reason, float | int | Reason | bool] = Field(
         default_factory=dict, max_length=32, description="gauges behind the answer (32 at most)"
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _without_gauges(
+        cls, value: Any, handler: ModelWrapValidatorHandler[Readiness]
+    ) -> Readiness:
+        # most heartbeats and probe replies carry a readiness without gauges: validated
+        # once per (ready, reason), then the same frozen answer (every field checked by
+        # type here is what validation would give back unchanged)
+        if type(value) is not dict or len(value) != 3:
+            return handler(value)
+        ready, reason, details = value.get("ready"), value.get("reason"), value.get("details")
+        if type(ready) is not bool or type(reason) is not str or type(details) is not dict:
+            return handler(value)
+        if details:
+            return handler(value)
+        key = (ready, reason)
+        known = _READINESS_SEEN.get(key)
+        if known is None:
+            if len(_READINESS_SEEN) >= _READINESS_SEEN_MAX:
+                _READINESS_SEEN.clear()
+            known = _READINESS_SEEN[key] = handler(value)
+        return known
 
     @field_validator("details", mode="before")
     @classmethod
@@ -437,8 +466,9 @@ class Instance(_Model):
         default_factory=list, max_length=16, description=_FEATURES_HELP
     )
 
-    @property
+    @functools.cached_property
     def agent_id(self) -> str:
+        """The manifest's agent id (kept: the registrar asks for it on every message)."""
         return self.manifest.agent_id
 
     @functools.cached_property

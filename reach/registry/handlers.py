@@ -280,11 +280,14 @@ class ControlHandlers:
         policy = self._policy
         policy.heard(hb.agent_id, now)
         probed = policy.unwritten_probe(hb.agent_id)
-        change = functools.partial(_after_heartbeat, policy, hb, now, probed)
-        write = self._view.change_now(hb.agent_id, change)
-        if write is None:
+        # asked here first (most heartbeats change nothing routing reads); the write asks
+        # again on the record as it is then if it meets a conflict
+        updated = policy.after_heartbeat(current[0], hb, now, probed)
+        if updated is None or updated is current[0]:
             policy.probe_written(hb.agent_id, probed)
             return None
+        change = functools.partial(_after_heartbeat, policy, hb, now, probed)
+        write = self._view.write_of(hb.agent_id, current, updated, change)
         return functools.partial(self._written, hb.agent_id, write, probed)
 
     async def _written(

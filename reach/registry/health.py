@@ -262,6 +262,18 @@ class HealthPolicy:
             probe_every /= 2
         return self._last_probe.get(inst.agent_id, inst.registered_at) + probe_every
 
+    def probe_plan(self, inst: Instance, agent_id: str, now: float) -> tuple[bool, float]:
+        """:meth:`probe_due` and :meth:`next_probe_at` in one reading, for the sweep:
+        whether ``inst`` (of ``agent_id``) is due a probe, and when the next one is due
+        once that probe is started at ``now``."""
+        probe_every = inst.manifest.health.interval_sec
+        if now - inst.registered_at < self.new_agent_window_sec:
+            probe_every /= 2
+        last = self._last_probe.get(agent_id, inst.registered_at)
+        if now - last >= probe_every:
+            return True, now + probe_every
+        return False, last + probe_every
+
     def probe_started(self, agent_id: str, now: float) -> None:
         self._last_probe[agent_id] = now
 
@@ -349,6 +361,26 @@ class HealthPolicy:
         if unhealthy_at > now:
             return min(unhealthy_at, evict_at)
         # missed enough heartbeats: marked already, or to be marked at every review
+        return evict_at if inst.status == "unhealthy" else now
+
+    def keep_until(self, inst: Instance, agent_id: str, now: float, since: float) -> float | None:
+        """:meth:`review` and :meth:`next_review_at` in one reading of the silence, for
+        the sweep: None unless ``review`` says keep, else ``next_review_at``."""
+        health = inst.manifest.health
+        interval = health.interval_sec
+        heard = max(inst.last_heartbeat_at, self._heard.get(agent_id, 0.0))
+        silence = now - max(heard, self.started_at, self.trouble_at, since)
+        evict_after = self.evict_after_intervals * interval
+        if silence >= evict_after:
+            return None
+        failures = health.failures_before_unhealthy
+        if int(silence / interval) >= failures and inst.status != "unhealthy":
+            return None
+        base = now - silence
+        unhealthy_at = base + interval * failures
+        evict_at = base + evict_after
+        if unhealthy_at > now:
+            return min(unhealthy_at, evict_at)
         return evict_at if inst.status == "unhealthy" else now
 
     def still_silent(self, cur: Instance, now: float, limit: float, since: float = 0.0) -> bool:

@@ -36,6 +36,9 @@ __all__ = ["HeartbeatFeed"]
 
 log = logging.getLogger("reach.registrar")
 
+#: partition subjects whose check is kept (one per instance heard)
+_MAPPED_KEPT = 1 << 18
+
 #: takes a heartbeat as it is read off the connection: must not block
 MessageHandler = Callable[[Message], None]
 
@@ -62,6 +65,9 @@ class HeartbeatFeed:
         self.forwarded = 0
         #: forwards being published
         self._forwarding: set[asyncio.Task[None]] = set()
+        #: partition subject → its agent id if it is that agent id's partition, else ""
+        #: (a heartbeat published there by hand, forwarded): asked on every heartbeat
+        self._mapped: dict[str, str] = {}
         self._stopped = False
 
     def poke(self) -> None:
@@ -137,11 +143,18 @@ class HeartbeatFeed:
         await cancel_and_wait(list(self._forwarding))
 
     def _on_partition(self, msg: Message) -> None:
-        agent_id = subjects.last_token(msg.subject)
-        if partition_token(msg.subject) == self._ownership.partition(agent_id):
+        subject = msg.subject
+        mapped = self._mapped.get(subject)
+        if mapped is None:
+            agent_id = subjects.last_token(subject)
+            ok = partition_token(subject) == self._ownership.partition(agent_id)
+            if len(self._mapped) >= _MAPPED_KEPT:
+                self._mapped.clear()
+            mapped = self._mapped[subject] = agent_id if ok else ""
+        if mapped:
             self._handler(msg)
         else:  # published there by hand: to the partition the agent id belongs to
-            self._forward(msg, agent_id)
+            self._forward(msg, subjects.last_token(subject))
 
     def _on_plain(self, msg: Message) -> None:
         self._forward(msg, subjects.last_token(msg.subject))

@@ -22,6 +22,8 @@ __all__ = ["LIVE_INTERVALS", "Ownership"]
 
 #: a registrar whose record was not refreshed for this many of its intervals is not live
 LIVE_INTERVALS = 3
+#: agent ids whose partition is kept
+_PARTITIONS_KEPT = 1 << 18
 
 
 def _weight(registrar_id: str, partition: int) -> bytes:
@@ -46,6 +48,7 @@ class Ownership:
         self._owned: frozenset[int] | None = None
         #: the live registrars ``_owned`` was computed with
         self._computed_with: frozenset[str] = frozenset()
+        self._partition_of: dict[str, int] = {}
 
     def _changed(self) -> None:
         self._owned = None
@@ -89,8 +92,14 @@ class Ownership:
         return self._owned
 
     def partition(self, agent_id: str) -> int:
-        """The heartbeat partition of ``agent_id``."""
-        return partition_of(agent_id, self.partitions)
+        """The heartbeat partition of ``agent_id`` (kept for the most recent agent ids:
+        every heartbeat and every sweep asks)."""
+        known = self._partition_of.get(agent_id)
+        if known is None:
+            if len(self._partition_of) >= _PARTITIONS_KEPT:
+                self._partition_of.clear()
+            known = self._partition_of[agent_id] = partition_of(agent_id, self.partitions)
+        return known
 
     def owns(self, agent_id: str, now: float) -> bool:
         """Whether the partition of ``agent_id`` is this registrar's."""

@@ -114,6 +114,18 @@ class RecordView:
         updated = change(current[0])
         if updated is None or updated is current[0]:
             return None
+        return self.write_of(agent_id, current, updated, change)
+
+    def write_of(
+        self,
+        agent_id: str,
+        current: tuple[Instance, int],
+        updated: Instance,
+        change: Callable[[Instance], Instance | None],
+    ) -> Callable[[], Coroutine[Any, Any, Instance | None]]:
+        """The write :meth:`change_now` gives when the caller asked ``change`` itself on
+        ``current`` (the view's entry now) and got ``updated``, a change: the caller
+        makes and binds ``change`` only for a write."""
         return functools.partial(self._write_then_mutate, agent_id, updated, current[1], change)
 
     async def _write_then_mutate(

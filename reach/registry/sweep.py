@@ -34,6 +34,9 @@ MIN_TICK_SEC = 0.02
 #: a record's next due time is taken this much early (float rounding)
 _MARGIN_SEC = 1e-6
 _NEVER = float("inf")
+#: what a review returns when it must await a write (an eviction or a mark): told
+#: apart by identity, never by value
+_LATER = float("-inf")
 
 
 class Sweeper:
@@ -110,20 +113,41 @@ class Sweeper:
             inst = held[0]
             quarter = inst.manifest.health.interval_sec / 4
             tick = min(tick, quarter)
-            until = await self._review(agent_id, inst, now)
+            until = self._review(agent_id, inst, now)
+            if until is _LATER:  # looked at again at the next sweep
+                await self._act(agent_id, inst, now)
+                until = None
             if until is None or agent_id not in self._view.by_agent:
                 quiet.pop(agent_id, None)
             else:
                 quiet[agent_id] = (held, version, until, quarter)
         return max(MIN_TICK_SEC, tick)
 
-    async def _review(self, agent_id: str, inst: Instance, now: float) -> float | None:
-        """Evict, mark or probe ``inst`` if due; returns the time before which nothing is
-        due about it (None: ask again at the next sweep)."""
+    def _review(self, agent_id: str, inst: Instance, now: float) -> float | None:
+        """Probe ``inst`` if due; returns the time before which nothing is due about it
+        (None: ask again at the next sweep), or ``_LATER`` when it is to be evicted or
+        marked (:meth:`_act`, which awaits the write)."""
         policy = self._policy
         since = self._judged_since(agent_id)
         if since is None:  # not this registrar's: until the partitions it hears change
             return _NEVER
+        review_at = policy.keep_until(inst, agent_id, now, since)
+        if review_at is None:
+            return _LATER
+        if agent_id in self._probing:
+            return None  # its probe ends soon: due again then
+        due, probe_at = policy.probe_plan(inst, agent_id, now)
+        if due:
+            self._start_probe(inst, now)
+        # computed in floats as the checks are: a hair early rather than late
+        return min(review_at, probe_at) - _MARGIN_SEC
+
+    async def _act(self, agent_id: str, inst: Instance, now: float) -> None:
+        """Evict or mark ``inst`` (as :meth:`HealthPolicy.review` says), and probe it if
+        due; the next sweep looks at it again."""
+        policy = self._policy
+        since = self._judged_since(agent_id)
+        assert since is not None
         verdict = policy.review(inst, now, since)
         if verdict.action == "evict":
             # checked again on the record as it is now if it changed meanwhile (a
@@ -132,19 +156,12 @@ class Sweeper:
                 _still_silent, policy, now=now, limit=verdict.limit, since=since
             )
             await self._view.remove(agent_id, inst.instance_id, verdict.reason, still)
-            return None
+            return
         if verdict.action == "unhealthy":
             mark = functools.partial(_missed, policy, reason=verdict.reason, now=now, since=since)
             await self._view.mutate(agent_id, mark)
-        if agent_id in self._probing:
-            return None  # its probe ends soon: due again then
-        if policy.probe_due(inst, now):
+        if agent_id not in self._probing and policy.probe_due(inst, now):
             self._start_probe(inst, now)
-        if verdict.action != "keep":
-            return None
-        until = min(policy.next_review_at(inst, now, since), policy.next_probe_at(inst, now))
-        # computed in floats as the checks are: a hair early rather than late
-        return until - _MARGIN_SEC
 
     def forget(self, agent_id: str) -> None:
         """The record is gone."""
@@ -160,14 +177,20 @@ class Sweeper:
         agent_id = inst.agent_id
         self._probing.discard(agent_id)
         policy = self._policy
+        current = self._view.by_agent.get(agent_id)
+        if current is None:
+            return
         now = policy.clock.time()
-        write = self._view.change_now(
-            agent_id, functools.partial(_probed, policy, inst.instance_id, result, now)
-        )
-        if write is not None:
-            task = asyncio.create_task(self._write(agent_id, write))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        # asked here first; the write (rare: most probes change nothing) asks again on
+        # the record as it is then if it meets a conflict
+        updated = policy.after_probe(current[0], inst.instance_id, result, now)
+        if updated is None or updated is current[0]:
+            return
+        change = functools.partial(_probed, policy, inst.instance_id, result, now)
+        write = self._view.write_of(agent_id, current, updated, change)
+        task = asyncio.create_task(self._write(agent_id, write))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _write(self, agent_id: str, write: Callable[[], Awaitable[Instance | None]]) -> None:
         try:
