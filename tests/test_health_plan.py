@@ -4,6 +4,7 @@ policy's separate questions say, on records and states drawn at random."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 
 from reach.clock import ManualClock
 from reach.models import Instance, Manifest
@@ -30,13 +31,24 @@ def _instance(rnd: random.Random, now: float) -> Instance:
     )
 
 
-def test_keep_until_is_review_then_next_review_at() -> None:
-    rnd = random.Random(7)
+def _draws(
+    seed: int, policy_of: Callable[[random.Random, ManualClock], HealthPolicy]
+) -> Iterator[tuple[random.Random, HealthPolicy, float, Instance]]:
+    """3,000 policies and records at random, the clock moving on between them."""
+    rnd = random.Random(seed)
     clock = ManualClock()
     for _ in range(3000):
-        policy = HealthPolicy(clock, evict_after_intervals=rnd.choice([2.0, 3.0, 4.5]))
+        policy = policy_of(rnd, clock)
         now = clock.time()
-        inst = _instance(rnd, now)
+        yield rnd, policy, now, _instance(rnd, now)
+        clock.advance(rnd.uniform(0, 3))
+
+
+def test_keep_until_is_review_then_next_review_at() -> None:
+    draws = _draws(
+        7, lambda rnd, clock: HealthPolicy(clock, evict_after_intervals=rnd.choice([2.0, 3.0, 4.5]))
+    )
+    for rnd, policy, now, inst in draws:
         policy.started_at = now - rnd.uniform(0, 20)
         policy.trouble_at = rnd.choice([0.0, now - rnd.uniform(0, 20)])
         if rnd.random() < 0.5:
@@ -48,17 +60,17 @@ def test_keep_until_is_review_then_next_review_at() -> None:
             else None
         )
         assert policy.keep_until(inst, inst.agent_id, now, since) == expected
-        clock.advance(rnd.uniform(0, 3))
 
 
 def test_probe_plan_is_probe_due_then_next_probe_at() -> None:
     """As the sweep asked before: due?, started if so, then when the next is due."""
-    rnd = random.Random(11)
-    clock = ManualClock()
-    for _ in range(3000):
-        policy = HealthPolicy(clock, new_agent_window_sec=rnd.choice([0.0, 5.0, 86400.0]))
-        now = clock.time()
-        inst = _instance(rnd, now)
+    draws = _draws(
+        11,
+        lambda rnd, clock: HealthPolicy(
+            clock, new_agent_window_sec=rnd.choice([0.0, 5.0, 86400.0])
+        ),
+    )
+    for rnd, policy, now, inst in draws:
         if rnd.random() < 0.7:
             policy.probe_started(inst.agent_id, now - rnd.uniform(0, 10))
         plan = policy.probe_plan(inst, inst.agent_id, now)
@@ -66,4 +78,3 @@ def test_probe_plan_is_probe_due_then_next_probe_at() -> None:
         if due:
             policy.probe_started(inst.agent_id, now)
         assert plan == (due, policy.next_probe_at(inst, now))
-        clock.advance(rnd.uniform(0, 3))
