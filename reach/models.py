@@ -7,15 +7,12 @@ The same models validate a YAML file, an announce message and a KV record, and
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import secrets
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, NamedTuple, Self
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -35,6 +32,7 @@ from pydantic_core import PydanticCustomError
 from reach import subjects
 from reach.errors import ConfigurationError
 from reach.modelerrors import format_validation_error
+from reach.schemacheck import checked_json_schema
 
 __all__ = [
     "FEATURES",
@@ -96,70 +94,8 @@ def _semver(value: str) -> str:
     return value
 
 
-#: schemas already checked, by canonical JSON: every registry record carries its
-#: capabilities' schemas, and checking one against the meta-schema costs more than the
-#: rest of decoding the record — per record decoded, by every route cache, on every
-#: heartbeat, without this memo
-_CHECKED_SCHEMAS: dict[str, None] = {}
-_CHECKED_MAX = 4096
-
-
 #: a capability's latency SLA at most (a day): a call's deadline is computed from it
 MAX_SLA_MS = 24 * 3600 * 1000.0
-
-#: nesting of a capability's JSON Schema at most (objects and arrays): far more than any
-#: contract needs, and well below where checking it would exhaust Python's stack
-MAX_SCHEMA_DEPTH = 64
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests objects/arrays more than ``limit`` deep (no recursion)."""
-    level: list[Any] = [value]
-    for _ in range(limit + 1):
-        below: list[Any] = []
-        for item in level:
-            if isinstance(item, dict):
-                below.extend(item.values())
-            elif isinstance(item, list | tuple):
-                below.extend(item)
-        if not below:
-            return False
-        level = below
-    return True
-
-
-def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
-    if _depth_over(value, MAX_SCHEMA_DEPTH):
-        raise PydanticCustomError(
-            "json_schema",
-            "not a valid JSON Schema: nested more than {limit} levels deep",
-            {"limit": MAX_SCHEMA_DEPTH},
-        )
-    try:
-        key = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        # NaN or an infinity: JSON cannot say them, and a schema that holds one means
-        # something else to every reader (msgpack keeps it, JSON turns it into null)
-        raise PydanticCustomError(
-            "json_schema", "not a valid JSON Schema: it holds NaN or an infinity", {}
-        ) from None
-    except TypeError:
-        key = None  # not JSON: the check below says what is wrong
-    if key is not None and key in _CHECKED_SCHEMAS:
-        return value
-    try:
-        Draft202012Validator.check_schema(value)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.path)
-        at = f" at {where}" if where else ""
-        raise PydanticCustomError(
-            "json_schema", "not a valid JSON Schema{at}: {msg}", {"at": at, "msg": exc.message}
-        ) from None
-    if key is not None:
-        if len(_CHECKED_SCHEMAS) >= _CHECKED_MAX:
-            _CHECKED_SCHEMAS.clear()
-        _CHECKED_SCHEMAS[key] = None
-    return value
 
 
 #: characters of a reason (readiness, status, transition, bye) kept: the registrar copies
@@ -187,7 +123,7 @@ Tag = Annotated[
 SemVer = Annotated[
     str, AfterValidator(_semver), WithJsonSchema({"type": "string", "pattern": _SEMVER_RE.pattern})
 ]
-JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
+JsonSchema = Annotated[dict[str, Any], AfterValidator(checked_json_schema)]
 HealthStatus = Literal["healthy", "degraded", "unhealthy"]
 
 #: Wire features beyond the base protocol, announced by the instances that speak them.

@@ -1,0 +1,78 @@
+"""A capability's JSON Schema checked before a manifest or a registry record takes it:
+nested no deeper than a contract needs, JSON (no NaN, no infinity), valid against the
+Draft 2020-12 meta-schema; each distinct schema checked once per process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic_core import PydanticCustomError
+
+__all__ = ["MAX_SCHEMA_DEPTH", "checked_json_schema"]
+
+#: schemas already checked, by canonical JSON: every registry record carries its
+#: capabilities' schemas, and checking one against the meta-schema costs more than the
+#: rest of decoding the record — per record decoded, by every route cache, on every
+#: heartbeat, without this memo
+_CHECKED_SCHEMAS: dict[str, None] = {}
+_CHECKED_MAX = 4096
+
+
+#: nesting of a capability's JSON Schema at most (objects and arrays): far more than any
+#: contract needs, and well below where checking it would exhaust Python's stack
+MAX_SCHEMA_DEPTH = 64
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects/arrays more than ``limit`` deep (no recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list | tuple):
+                below.extend(item)
+        if not below:
+            return False
+        level = below
+    return True
+
+
+def checked_json_schema(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` if it is a JSON Schema a contract may carry (Draft 2020-12, JSON only, at
+    most ``MAX_SCHEMA_DEPTH`` deep); a PydanticCustomError saying what is wrong otherwise."""
+    if _depth_over(value, MAX_SCHEMA_DEPTH):
+        raise PydanticCustomError(
+            "json_schema",
+            "not a valid JSON Schema: nested more than {limit} levels deep",
+            {"limit": MAX_SCHEMA_DEPTH},
+        )
+    try:
+        key = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        # NaN or an infinity: JSON cannot say them, and a schema that holds one means
+        # something else to every reader (msgpack keeps it, JSON turns it into null)
+        raise PydanticCustomError(
+            "json_schema", "not a valid JSON Schema: it holds NaN or an infinity", {}
+        ) from None
+    except TypeError:
+        key = None  # not JSON: the check below says what is wrong
+    if key is not None and key in _CHECKED_SCHEMAS:
+        return value
+    try:
+        Draft202012Validator.check_schema(value)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        at = f" at {where}" if where else ""
+        raise PydanticCustomError(
+            "json_schema", "not a valid JSON Schema{at}: {msg}", {"at": at, "msg": exc.message}
+        ) from None
+    if key is not None:
+        if len(_CHECKED_SCHEMAS) >= _CHECKED_MAX:
+            _CHECKED_SCHEMAS.clear()
+        _CHECKED_SCHEMAS[key] = None
+    return value
