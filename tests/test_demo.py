@@ -24,14 +24,16 @@ REACH = str(Path(sys.executable).parent / "reach")
 
 
 def _leftovers() -> list[str]:
-    """Processes the demo starts: data-query agents and the nats-server on its temp store."""
+    """Processes the demo starts: data-query agents and the nats-server on its temp store,
+    run from this checkout's environment (another checkout's demo is not this one's)."""
+    ours = str(Path(sys.executable).parent)
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "reach.demo.data_query" in text or "reach-demo-" in text:
+        if ours in text and ("reach.demo.data_query" in text or "reach-demo-" in text):
             found.append(text)
     return found
 
