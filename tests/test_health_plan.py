@@ -59,7 +59,7 @@ def test_keep_until_is_review_then_next_review_at() -> None:
             if policy.review(inst, now, since).action == "keep"
             else None
         )
-        assert policy.keep_until(inst, inst.agent_id, now, since) == expected
+        assert policy.keep_until(inst, now, since) == expected
 
 
 def test_probe_plan_is_probe_due_then_next_probe_at() -> None:
@@ -73,7 +73,7 @@ def test_probe_plan_is_probe_due_then_next_probe_at() -> None:
     for rnd, policy, now, inst in draws:
         if rnd.random() < 0.7:
             policy.probe_started(inst.agent_id, now - rnd.uniform(0, 10))
-        plan = policy.probe_plan(inst, inst.agent_id, now)
+        plan = policy.probe_plan(inst, now)
         due = policy.probe_due(inst, now)
         if due:
             policy.probe_started(inst.agent_id, now)

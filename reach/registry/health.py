@@ -242,34 +242,34 @@ class HealthPolicy:
 
     # -- probes --------------------------------------------------------------------------
 
+    def _probe_every(self, inst: Instance, now: float) -> float:
+        """Seconds between probes of ``inst``: its health interval, half of it while it is
+        younger than ``new_agent_window_sec``."""
+        probe_every = inst.manifest.health.interval_sec
+        if inst.age(now) < self.new_agent_window_sec:
+            probe_every /= 2
+        return probe_every
+
     def probe_due(self, inst: Instance, now: float) -> bool:
         """Whether ``inst`` is due a probe: every health interval, twice as often while it
         is younger than ``new_agent_window_sec``."""
-        health = inst.manifest.health
-        probe_every = health.interval_sec
-        if inst.age(now) < self.new_agent_window_sec:
-            probe_every /= 2
         last = self._last_probe.get(inst.agent_id, inst.registered_at)
-        return now - last >= probe_every
+        return now - last >= self._probe_every(inst, now)
 
     def next_probe_at(self, inst: Instance, now: float) -> float:
         """When ``inst`` is next due a probe, as things stand at ``now`` (:meth:`probe_due`
         is False before then; a probe started or the instance growing older only moves
         it later)."""
-        health = inst.manifest.health
-        probe_every = health.interval_sec
-        if inst.age(now) < self.new_agent_window_sec:
-            probe_every /= 2
-        return self._last_probe.get(inst.agent_id, inst.registered_at) + probe_every
+        return self._last_probe.get(inst.agent_id, inst.registered_at) + self._probe_every(
+            inst, now
+        )
 
-    def probe_plan(self, inst: Instance, agent_id: str, now: float) -> tuple[bool, float]:
+    def probe_plan(self, inst: Instance, now: float) -> tuple[bool, float]:
         """:meth:`probe_due` and :meth:`next_probe_at` in one reading, for the sweep:
-        whether ``inst`` (of ``agent_id``) is due a probe, and when the next one is due
-        once that probe is started at ``now``."""
-        probe_every = inst.manifest.health.interval_sec
-        if now - inst.registered_at < self.new_agent_window_sec:
-            probe_every /= 2
-        last = self._last_probe.get(agent_id, inst.registered_at)
+        whether ``inst`` is due a probe, and when the next one is due once that probe is
+        started at ``now``."""
+        probe_every = self._probe_every(inst, now)
+        last = self._last_probe.get(inst.agent_id, inst.registered_at)
         if now - last >= probe_every:
             return True, now + probe_every
         return False, last + probe_every
@@ -340,22 +340,35 @@ class HealthPolicy:
         """What a sweep does about ``inst`` for its silence: evicted once silent for
         ``evict_after_intervals`` intervals, unhealthy once it missed
         ``failures_before_unhealthy`` heartbeats (``since``: see :meth:`silence`)."""
-        health = inst.manifest.health
         silence = self.silence(inst, now, since)
-        evict_after = self.evict_after_intervals * health.interval_sec
-        if silence >= evict_after:
+        action = self._action_for(inst, silence)
+        if action == "keep":
+            return _KEEP
+        interval = inst.manifest.health.interval_sec
+        if action == "evict":
+            evict_after = self.evict_after_intervals * interval
             return Verdict("evict", f"silent for {silence:.1f}s: evicted", evict_after)
+        missed = int(silence / interval)
+        return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
+
+    def _action_for(self, inst: Instance, silence: float) -> Literal["evict", "unhealthy", "keep"]:
+        health = inst.manifest.health
+        if silence >= self.evict_after_intervals * health.interval_sec:
+            return "evict"
         missed = int(silence / health.interval_sec)
         if missed >= health.failures_before_unhealthy and inst.status != "unhealthy":
-            return Verdict("unhealthy", f"missed {missed} heartbeats ({silence:.1f}s silent)")
-        return _KEEP
+            return "unhealthy"
+        return "keep"
 
     def next_review_at(self, inst: Instance, now: float, since: float = 0.0) -> float:
         """The earliest time :meth:`review` of this record may say anything but keep, as
         things stand at ``now``: a heartbeat heard, this registrar's trouble or a later
         ``since`` only move it later; a change of the record may not (ask again then)."""
+        return self._review_at(inst, now, self.silence(inst, now, since))
+
+    def _review_at(self, inst: Instance, now: float, silence: float) -> float:
         health = inst.manifest.health
-        base = now - self.silence(inst, now, since)
+        base = now - silence
         unhealthy_at = base + health.interval_sec * health.failures_before_unhealthy
         evict_at = base + self.evict_after_intervals * health.interval_sec
         if unhealthy_at > now:
@@ -363,25 +376,13 @@ class HealthPolicy:
         # missed enough heartbeats: marked already, or to be marked at every review
         return evict_at if inst.status == "unhealthy" else now
 
-    def keep_until(self, inst: Instance, agent_id: str, now: float, since: float) -> float | None:
+    def keep_until(self, inst: Instance, now: float, since: float) -> float | None:
         """:meth:`review` and :meth:`next_review_at` in one reading of the silence, for
         the sweep: None unless ``review`` says keep, else ``next_review_at``."""
-        health = inst.manifest.health
-        interval = health.interval_sec
-        heard = max(inst.last_heartbeat_at, self._heard.get(agent_id, 0.0))
-        silence = now - max(heard, self.started_at, self.trouble_at, since)
-        evict_after = self.evict_after_intervals * interval
-        if silence >= evict_after:
+        silence = self.silence(inst, now, since)
+        if self._action_for(inst, silence) != "keep":
             return None
-        failures = health.failures_before_unhealthy
-        if int(silence / interval) >= failures and inst.status != "unhealthy":
-            return None
-        base = now - silence
-        unhealthy_at = base + interval * failures
-        evict_at = base + evict_after
-        if unhealthy_at > now:
-            return min(unhealthy_at, evict_at)
-        return evict_at if inst.status == "unhealthy" else now
+        return self._review_at(inst, now, silence)
 
     def still_silent(self, cur: Instance, now: float, limit: float, since: float = 0.0) -> bool:
         """Whether the record as it is now (a heartbeat written or heard since the review)

@@ -131,12 +131,12 @@ class Sweeper:
         since = self._judged_since(agent_id)
         if since is None:  # not this registrar's: until the partitions it hears change
             return _NEVER
-        review_at = policy.keep_until(inst, agent_id, now, since)
+        review_at = policy.keep_until(inst, now, since)
         if review_at is None:
             return _LATER
         if agent_id in self._probing:
             return None  # its probe ends soon: due again then
-        due, probe_at = policy.probe_plan(inst, agent_id, now)
+        due, probe_at = policy.probe_plan(inst, now)
         if due:
             self._start_probe(inst, now)
         # computed in floats as the checks are: a hair early rather than late
