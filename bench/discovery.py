@@ -16,6 +16,9 @@ one given by ``--servers``):
    enveloped heartbeats, each instance with a token of its own, and answers the registrar's
    probes): registrar CPU
    from /proc and KV writes/s from the REACH_REGISTRY stream's sequence, over a window.
+   Then, on the same instances, the floor: :mod:`bench.rawregistrar` moves the same
+   heartbeats and probes at the rates the registrar had with plain nats-py and nothing
+   else; its CPU, and the registrar's as a multiple of it.
 
 Child roles (started by the bench, not by hand)::
 
@@ -876,6 +879,10 @@ async def _load_case(
         cpu1 = (registrar.cpu_seconds(), cpu_seconds(server_pid), sim.cpu_seconds())
         seconds = time.perf_counter() - t0
         stats = await _ask_stats(sim)
+        # the floor: the same simulated instances, their heartbeats answered and their
+        # probes sent at the rates the registrar had, by plain nats-py doing nothing else
+        await registrar.stop()
+        floor = await _raw_floor(url, prefix, count, stats["probes"] / seconds, sim, logs, settings)
     finally:
         # the registrar first: probes of a stopped simulator would fail and be logged
         await registrar.stop()
@@ -921,6 +928,9 @@ async def _load_case(
     used = _delta(cpu0[0], cpu1[0])
     if used is not None and stats["hb_sent"]:
         row["registrar_cpu_ms_per_heartbeat"] = round(1000 * used / stats["hb_sent"], 3)
+    row["raw_floor"] = floor
+    if row["registrar_cpu_pct"] is not None and floor["cpu_pct"]:
+        row["registrar_over_raw_floor"] = round(row["registrar_cpu_pct"] / floor["cpu_pct"], 2)
     progress(
         f"registrar load {count:>6}: registrar {row['registrar_cpu_pct']}% CPU,"
         f" {row['kv_writes_per_sec']} KV writes/s, {row['heartbeats_per_sec']} heartbeats/s,"
@@ -928,6 +938,46 @@ async def _load_case(
         f" {row['heartbeat_reply_ms']['p99']} ms"
     )
     return row
+
+
+async def _raw_floor(
+    url: str,
+    prefix: str,
+    count: int,
+    probes_per_sec: float,
+    sim: Child,
+    logs: Path,
+    settings: Settings,
+) -> dict[str, Any]:
+    """CPU of :mod:`bench.rawregistrar` answering ``sim``'s heartbeats and probing its
+    instances at ``probes_per_sec``, over the same window as the registrar's."""
+    raw = await Child.launch(
+        f"rawregistrar-{count}",
+        "bench.rawregistrar",
+        [url, prefix, str(count), f"{probes_per_sec:.1f}"],
+        logs,
+    )
+    try:
+        await asyncio.sleep(settings.settle_sec)
+        await _ask_stats(sim)  # the window starts now
+        await _ask_stats(raw)
+        cpu0 = raw.cpu_seconds()
+        t0 = time.perf_counter()
+        await asyncio.sleep(settings.window_sec)
+        cpu1 = raw.cpu_seconds()
+        seconds = time.perf_counter() - t0
+        counts = await _ask_stats(raw)
+        seen = await _ask_stats(sim)
+    finally:
+        await raw.stop()
+    used = _delta(cpu0, cpu1)
+    return {
+        "cpu_pct": None if used is None else round(100 * used / seconds, 1),
+        "heartbeats_per_sec": round(counts["heartbeats"] / seconds, 1),
+        "probes_per_sec": round(counts["probes"] / seconds, 1),
+        "probe_replies_per_sec": round(counts["probe_replies"] / seconds, 1),
+        "heartbeat_replies_ok": seen["hb_ok"],
+    }
 
 
 def _count_lines(path: Path, needle: str) -> int:
@@ -1371,6 +1421,8 @@ def _registrar_table(rows: list[dict[str, Any]]) -> str:
         [
             "instances",
             "registrar %",
+            "raw nats-py %",
+            "× raw",
             "server %",
             "sim %",
             "KV writes/s",
@@ -1382,11 +1434,13 @@ def _registrar_table(rows: list[dict[str, Any]]) -> str:
             "kept up",
         ],
         [
-            [f"{r['instances']:,}", f"failed: {r['error']}", *[""] * 9]
+            [f"{r['instances']:,}", f"failed: {r['error']}", *[""] * 11]
             if "error" in r
             else [
                 f"{r['instances']:,}",
                 _n(r["registrar_cpu_pct"]),
+                _n(r["raw_floor"]["cpu_pct"]),
+                _n(r.get("registrar_over_raw_floor")),
                 _n(r["server_cpu_pct"]),
                 _n(r["simulator_cpu_pct"]),
                 _n(r["kv_writes_per_sec"]),

@@ -63,6 +63,14 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
         # every simulated instance, the route key of its capability, and the registrar's
         # own liveness record
         assert row["registry_keys"] == 2 * row["instances"] + 1
+        # the floor beside it: plain nats-py moved the same heartbeats and probes
+        floor = row["raw_floor"]
+        assert floor["cpu_pct"] > 0
+        assert floor["heartbeats_per_sec"] > 0
+        assert floor["heartbeat_replies_ok"] > 0
+        assert floor["probes_per_sec"] > 0
+        assert floor["probe_replies_per_sec"] > 0
+        assert row["registrar_over_raw_floor"] > 0
 
     fabric = doc["callers_at_scale"]
     assert [r["instances"] for r in fabric] == doc["settings"]["fabric_scales"]
