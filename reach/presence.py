@@ -112,6 +112,8 @@ class Presence:
         while True:
             # no await inside the except block: compiled by mypyc, an await there loses
             # track of which exception is being handled (nats-py's own escaped)
+            # while away, wait for the connection rather than leave announces in its buffer
+            await self.connection.wait_connected(max(0.0, deadline - time.monotonic()))
             try:
                 raw = await self.connection.request(
                     subjects.announce(self.agent_id), data, timeout=2.0
@@ -145,6 +147,11 @@ class Presence:
                     self.wake.wait(), health.interval_sec * random.uniform(0.9, 1.0)
                 )
             self.wake.clear()
+            if not self.connection.is_connected:
+                # sent now it would wait in the client's buffer and reach the registrar
+                # with every other one sent while away, stale and over the agent's budget
+                # (reach.registry.budget); the reconnect wakes this loop
+                continue
             try:
                 await self.send_heartbeat()
             except asyncio.CancelledError:

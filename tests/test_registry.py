@@ -327,7 +327,8 @@ async def test_flips_with_a_huge_readiness_reason_keep_the_record_small_and_curr
             return Readiness(ready=True)
         return Readiness(ready=False, reason="pool exhausted: " + "x" * 250_000)
 
-    # heartbeats are sent by the test (a long interval: none of the agent's own)
+    # heartbeats are sent by the test (a long interval: none of the agent's own), no more
+    # than the registrar takes at once from one agent id (reach.registry.budget.BURST)
     agent, _ = make_agent(
         nats_server.url,
         "bloat-1",
@@ -338,8 +339,8 @@ async def test_flips_with_a_huge_readiness_reason_keep_the_record_small_and_curr
     bucket = await conn.key_value(subjects.REGISTRY_BUCKET)
     async with agent:
         await wait_routable(client, "work", 1)
-        for flip in range(8):
-            state["ready"] = flip % 2 == 1  # not ready, ready, ..., ready
+        for flip in range(2):
+            state["ready"] = flip % 2 == 1  # not ready, ready
             await agent._presence.send_heartbeat()  # answered (it raises on no answer)
         state["ready"] = False
         await agent._presence.send_heartbeat()

@@ -60,6 +60,10 @@ class FabricServices:
         self.registrar_config = registrar
         #: the registrar's (and issuer's) connection; None before ``start``
         self.conn: Connection | None = None
+        #: the registrar's intake: what agents send to it is read here
+        self.intake: Connection | None = None
+        #: the token issuer's connection
+        self.issuer_conn: Connection | None = None
         self.issuer: TokenService | None = None
         self.gates: list[LoginGate] = []
         self.registrar: Registrar | None = None
@@ -87,8 +91,16 @@ class FabricServices:
         if len(self.servers) > 1 or replicas > 1:
             await cluster_ready(self.conn, replicas)
         if self.secure:
+            # token requests come from every client: read on a connection of their own,
+            # a flood of them never queues in front of the registrar's work
+            self.issuer_conn = await connect(
+                self.servers,
+                name="reach-up-issuer",
+                user=service.name if service else None,
+                password=service.password if service else None,
+            )
             self.issuer = TokenService(
-                self.conn, key_file=self.store / "signing.key", replicas=replicas
+                self.issuer_conn, key_file=self.store / "signing.key", replicas=replicas
             )
             await self.issuer.start()
             self.created = await ensure_first_credentials(
@@ -97,7 +109,15 @@ class FabricServices:
             if setup is not None:
                 assert self.issuer.credentials is not None
                 self.gates = await _start_gates(setup, self.issuer.credentials, self.servers)
-        self.registrar = Registrar(self.conn, self.registrar_config)
+        # what agents send (heartbeats, announces) is read on a connection of its own, so a
+        # flood of it never queues in front of probe answers, registry acks and tokens
+        self.intake = await connect(
+            self.servers,
+            name="reach-up-intake",
+            user=service.name if service else None,
+            password=service.password if service else None,
+        )
+        self.registrar = Registrar(self.conn, self.registrar_config, intake=self.intake)
         await self.registrar.start()
 
     def _setup(self) -> natsconf.SecureSetup:
@@ -112,7 +132,12 @@ class FabricServices:
     @property
     def closed_for_good(self) -> bool:
         """True once one of our connections no longer reconnects: the part cannot go on."""
-        connections = [self.conn, *(gate.connection for gate in self.gates)]
+        connections = [
+            self.conn,
+            self.intake,
+            self.issuer_conn,
+            *(gate.connection for gate in self.gates),
+        ]
         return any(c is not None and c.is_closed for c in connections)
 
     async def stop(self) -> None:
@@ -124,9 +149,11 @@ class FabricServices:
             await quietly(gate.stop(), "stop the login gate")
         if self.issuer is not None:
             await quietly(self.issuer.stop(), "stop the token issuer")
-        if self.conn is not None:
-            await quietly(self.conn.close(), "close the connection")
+        for conn in (self.intake, self.issuer_conn, self.conn):
+            if conn is not None:
+                await quietly(conn.close(), "close the connection")
         self.registrar, self.gates, self.issuer, self.conn = None, [], None, None
+        self.intake = self.issuer_conn = None
 
 
 async def _start_gates(

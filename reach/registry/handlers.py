@@ -31,10 +31,12 @@ from reach.models import (
     Instance,
     Transition,
 )
+from reach.registry.budget import ControlBudget
 from reach.registry.health import HealthPolicy, UnwrittenProbe
 from reach.registry.message_auth import Denied, MessageAuth
 from reach.registry.probe import probe
 from reach.registry.records import CAS_ATTEMPTS, RecordView
+from reach.security.refusals import RefusalLog
 from reach.transport import Connection, KVConflict, Message
 
 __all__ = ["ControlHandlers", "MessageHandler"]
@@ -75,8 +77,20 @@ class ControlHandlers:
         #: set when the registrar stops: messages then arriving are dropped
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
+        #: how many control messages each agent id may send (see :mod:`~.budget`)
+        self.budget = ControlBudget(self._clock)
+        #: messages dropped or refused: a few lines, then a summary per interval
+        self.refusals = RefusalLog(log, "control messages", who="agent ids", clock=self._clock)
         #: the answer to a heartbeat taken: the same bytes every time
         self._heartbeat_ok = envelope.pack_ok(encode_model(HeartbeatReply(ok=True)), registrar_id)
+        #: the answer to a control message over its sender's budget
+        self._too_many = envelope.pack_error(
+            "unavailable",
+            "too_many",
+            "more control messages from this agent_id than its health interval needs;"
+            " dropped unread",
+            registrar_id,
+        )
         self._reply = conn.replier(with_turn=True)
 
     def spawning(self, handler: MessageHandler) -> MessageHandler:
@@ -85,7 +99,10 @@ class ControlHandlers:
         client library."""
 
         async def dispatch(msg: Message) -> None:
-            if not self.stopping:
+            if self.stopping:
+                return
+            agent_id = subjects.last_token(msg.subject)
+            if self._admitted(agent_id, self._view.get(agent_id), msg):
                 self._spawn(handler(msg), msg.subject, counted=False)
 
         return dispatch
@@ -113,6 +130,17 @@ class ControlHandlers:
         else:
             task.add_done_callback(self.tasks.discard)
 
+    def _admitted(self, agent_id: str, current: tuple[Instance, int] | None, msg: Message) -> bool:
+        """Whether ``msg`` of ``agent_id`` (its record ``current``) is within the agent
+        id's budget; if not it is dropped, answered ``too_many`` if it asks for an answer."""
+        interval = current[0].manifest.health.interval_sec if current is not None else None
+        if self.budget.take(agent_id, interval):
+            return True
+        self.refusals.refused(agent_id, "over its budget of control messages")
+        if msg.reply:
+            self._reply(msg.reply, self._too_many)
+        return False
+
     def _handled(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         self.handling -= 1
@@ -124,7 +152,9 @@ class ControlHandlers:
         """Answer a message that was refused (:class:`Denied`, audited) or malformed."""
         if isinstance(exc, Denied):
             self.denials += 1
-            log.warning("denied %s: %s (%s)", msg.subject, exc, exc.code)
+            self.refusals.refused(
+                subjects.last_token(msg.subject), f"denied ({exc.code}) on {msg.subject}: {exc}"
+            )
             if self.audit is not None:
                 self.audit.record(
                     denial_event(
@@ -143,7 +173,9 @@ class ControlHandlers:
                     msg, envelope.pack_error("denied", exc.code, str(exc), self.registrar_id)
                 )
             return
-        log.warning("dropped malformed message on %s: %s", msg.subject, exc)
+        self.refusals.refused(
+            subjects.last_token(msg.subject), f"malformed on {msg.subject}: {exc}"
+        )
         if msg.reply:
             await self._conn.respond(
                 msg, envelope.pack_error("contract", "invalid_message", str(exc), self.registrar_id)
@@ -255,12 +287,16 @@ class ControlHandlers:
         when it must write or be refused."""
         if self.stopping:
             return
+        subject_id = subjects.last_token(msg.subject)
+        current = self._view.get(subject_id)
+        if not self._admitted(subject_id, current, msg):
+            return
         try:
             hb = self._auth.decode(Heartbeat, msg)
         except (CodecError, ContractError, Denied) as exc:
             self._spawn(self.reply_bad_message(msg, exc), msg.subject, counted=True)
             return
-        write = self._heartbeat_now(hb, subjects.last_token(msg.subject))
+        write = self._heartbeat_now(hb, subject_id, current)
         if write is None:
             if msg.reply:
                 self._reply(msg.reply, self._heartbeat_ok)
@@ -268,12 +304,12 @@ class ControlHandlers:
         self._spawn(self._answer_heartbeat(msg, write), msg.subject, counted=True)
 
     def _heartbeat_now(
-        self, hb: Heartbeat, subject_id: str
+        self, hb: Heartbeat, subject_id: str, current: tuple[Instance, int] | None
     ) -> Callable[[], Coroutine[Any, Any, HeartbeatReply]] | None:
-        """None if heartbeat ``hb`` of a registered instance was taken without a write
-        (answered ok); else what answers it (a write, a refusal, a lookup in the store),
-        to be called in the task that awaits it."""
-        current = self._view.get(hb.agent_id)
+        """None if heartbeat ``hb`` of a registered instance (its record ``current``, the
+        one of ``subject_id``) was taken without a write (answered ok); else what answers
+        it (a write, a refusal, a lookup in the store), to be called in the task that
+        awaits it."""
         if hb.agent_id != subject_id or current is None or current[0].instance_id != hb.instance_id:
             return functools.partial(self._heartbeat, hb, subject_id)
         now = self._clock.time()

@@ -12,7 +12,9 @@ one joins or dies.
 This module puts the parts together and runs their loops:
 
 - :mod:`~reach.registry.handlers` answers announces, heartbeats and byes, checked by
-  :mod:`~reach.registry.message_auth`;
+  :mod:`~reach.registry.message_auth` and held to a budget per agent id by
+  :mod:`~reach.registry.budget`; they are read on an intake connection whose lag
+  :mod:`~reach.registry.intake` watches;
 - :mod:`~reach.registry.health` decides every status (a state machine without I/O);
 - :mod:`~reach.registry.records` holds the view and writes with compare-and-set, kept
   current by :mod:`~reach.registry.watch`;
@@ -41,6 +43,7 @@ from reach.registry.config import RegistrarConfig
 from reach.registry.handlers import ControlHandlers
 from reach.registry.health import HealthPolicy
 from reach.registry.heartbeats import HeartbeatFeed
+from reach.registry.intake import IntakeLag
 from reach.registry.message_auth import MessageAuth
 from reach.registry.ownership import Ownership
 from reach.registry.records import RecordView
@@ -62,8 +65,18 @@ _SYNC_TIMEOUT_SEC = 30.0
 class Registrar:
     """Keeps REACH_REGISTRY true to what runs. ``await start()``, ``await stop()``."""
 
-    def __init__(self, conn: Connection, config: RegistrarConfig | None = None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        config: RegistrarConfig | None = None,
+        *,
+        intake: Connection | None = None,
+    ) -> None:
+        """``intake``: the connection announces, heartbeats, byes and pings are read on
+        (None: ``conn``); one of its own keeps a flood of them from queueing in front of
+        probe answers and registry acks (see :mod:`~reach.registry.intake`)."""
         self._conn = conn
+        self._intake = intake or conn
         self.config = config or RegistrarConfig()
         self._clock = self.config.clock
         cfg = self.config
@@ -88,7 +101,7 @@ class Registrar:
             duplicate_grace_sec=cfg.duplicate_grace_sec,
         )
         self._heartbeats = HeartbeatFeed(
-            conn,
+            self._intake,
             self._ownership,
             self._clock,
             self._handlers.heartbeat,
@@ -104,6 +117,7 @@ class Registrar:
             judged_since=self._heartbeats.judged_since,
             ownership_version=lambda: self._heartbeats.version,
         )
+        self._lag = IntakeLag(self._intake, self._clock, self._policy.trouble)
         self._subs: list[Subscription] = []
         #: the watch first, then the sweep and liveness loops
         self._loops: list[asyncio.Task[None]] = []
@@ -172,6 +186,8 @@ class Registrar:
         self._policy.start()
         # disconnected, it heard no heartbeats: silence counts from when it is back
         self._conn.on_reconnect(self._policy.trouble)
+        if self._intake is not self._conn:
+            self._intake.on_reconnect(self._policy.trouble)
         watch = RegistryWatch(
             self._view,
             self._ownership,
@@ -188,6 +204,10 @@ class Registrar:
         self._loops.append(asyncio.create_task(self._heartbeats.run(), name="registrar-partitions"))
         self._loops.append(asyncio.create_task(self._sweep_loop(), name="registrar-sweep"))
         self._loops.append(asyncio.create_task(self._liveness_loop(), name="registrar-liveness"))
+        self._loops.append(
+            asyncio.create_task(self._handlers.refusals.run(), name="registrar-refusals")
+        )
+        self._loops.append(asyncio.create_task(self._lag.run(), name="registrar-intake-lag"))
         log.info("registrar %s started with %d records", self.registrar_id, len(self._records))
 
     async def _open_buckets_and_streams(self) -> None:
@@ -211,12 +231,12 @@ class Registrar:
             (subjects.BYE_ALL, handlers.on_bye),
         ):
             self._subs.append(
-                await self._conn.subscribe(
+                await self._intake.subscribe(
                     subject, handlers.spawning(handler), queue=subjects.REGISTRAR_QUEUE
                 )
             )
-        self._subs.append(await self._conn.subscribe(subjects.REGISTRAR_PING, self._on_ping))
-        await self._conn.flush()
+        self._subs.append(await self._intake.subscribe(subjects.REGISTRAR_PING, self._on_ping))
+        await self._intake.flush()
 
     async def stop(self) -> None:
         self._stopping = True

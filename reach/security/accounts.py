@@ -26,18 +26,26 @@ The other way, the fabric account imports the agents' probe subjects (the regist
 ``nats micro ls`` lists the agents too, every one of them answering), and the republished
 changes of the public buckets reach
 the clients' account as stream imports.
+
+The clients' import of the token subject shares the requester (``share: true``): the
+server stamps each token request with a ``Nats-Request-Info`` header naming the NATS user
+that sent it, which is the client id (:func:`requester`), whatever the client wrote; the
+issuer holds each client to a rate by it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from reach import subjects
 from reach.transport.kvfollow import republish_prefix
 
 __all__ = [
     "JS_ACCOUNT_INFO",
+    "REQUEST_INFO_HEADER",
     "RESPONSE_THRESHOLD",
+    "SHARED_IMPORTS",
     "client_links",
     "client_service_imports",
     "client_stream_imports",
@@ -47,6 +55,7 @@ __all__ = [
     "jobs_read",
     "jobs_write",
     "js_read",
+    "requester",
 ]
 
 #: the JetStream account info (read-only: the account's usage and limits), asked by
@@ -84,6 +93,30 @@ def jobs_read() -> list[str]:
 def jobs_write() -> str:
     """Where job records are put (an agent's permissions narrow it to its own jobs)."""
     return f"$KV.{subjects.JOBS_BUCKET}.job.>"
+
+
+#: the header nats-server stamps on a request crossing a service import
+REQUEST_INFO_HEADER = "Nats-Request-Info"
+#: the imports of the clients' account whose requests name their sender's user
+SHARED_IMPORTS = (subjects.TOKEN,)
+
+
+def requester(headers: Mapping[str, str] | None) -> str | None:
+    """The NATS user that sent a request through a sharing import, as the server stamped
+    it in ``Nats-Request-Info`` (a client sets that header in vain: the server writes it
+    over); None if there is none (a request from the fabric account, or through an import
+    that does not share)."""
+    if not headers:
+        return None
+    stamped = headers.get(REQUEST_INFO_HEADER)
+    if not stamped:
+        return None
+    try:
+        info = json.loads(stamped)
+    except ValueError:
+        return None
+    user = info.get("user") if isinstance(info, dict) else None
+    return user if isinstance(user, str) and user else None
 
 
 def client_service_imports() -> list[str]:
@@ -174,7 +207,9 @@ def client_links(fabric: str, clients: str) -> str:
         for s in fabric_service_imports()
     ]
     imports = [
-        f"{{ service: {{ account: {fabric}, subject: {_q(s)} }} }}"
+        f"{{ service: {{ account: {fabric}, subject: {_q(s)} }}"
+        + (", share: true" if s in SHARED_IMPORTS else "")
+        + " }"
         for s in client_service_imports()
     ]
     imports += [

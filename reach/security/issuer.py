@@ -1,8 +1,14 @@
 """The token issuer: client id + secret on ``reach.v1.auth.token`` → a short-lived JWT.
 
-Run by ``reach up`` next to the registrar. The signing key stays in a 0600 file under
-the store directory; its public part is published to REACH_KEYS so every agent can
-verify tokens without it.
+Run by ``reach up`` next to the registrar, on a connection of its own. The signing key
+stays in a 0600 file under the store directory; its public part is published to
+REACH_KEYS so every agent can verify tokens without it.
+
+Each client may ask ``TOKEN_RATE`` times a second (``TOKEN_BURST`` at once, enough for a
+client that calls many instances at its start): the client is the NATS user the server
+names in the request's ``Nats-Request-Info`` header (``reach.security.accounts``), not
+anything the request says, so one credential flooding the subject is answered
+``rate_limited`` before its requests are decoded, and cannot spend another's budget.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.modelcodec import decode_model, encode_model
 from reach.models import SubjectToken
+from reach.security.accounts import requester
 from reach.security.credcache import CredentialCache
 from reach.security.credentials import (
     ROLE_ADMIN,
@@ -26,6 +33,7 @@ from reach.security.credentials import (
     CredentialStore,
     TooManyAttempts,
 )
+from reach.security.ratelimit import RateByKey
 from reach.security.refusals import RefusalLog
 from reach.security.tokens import (
     DEFAULT_TTL_SEC,
@@ -47,6 +55,9 @@ log = logging.getLogger("reach.issuer")
 
 #: at most this many secret checks at once (a legacy scrypt record's check is slow)
 _CONCURRENT_CHECKS = 4
+#: token requests a second one client may make, and at once
+TOKEN_RATE = 50.0
+TOKEN_BURST = 500.0
 
 
 class TokenRequest(BaseModel):
@@ -110,6 +121,13 @@ class TokenService:
         #: sharing ``credentials``; ``cache.on_change`` tells of revocations
         self.cache: CredentialCache | None = None
         self.refusals = RefusalLog(log, "tokens", clock=clock)
+        #: token requests per client (see the module's docstring)
+        self.rate = RateByKey(TOKEN_BURST, clock=clock)
+        self._too_many = envelope.pack_error(
+            "denied",
+            "rate_limited",
+            f"more than {TOKEN_RATE:g} token requests a second from this client; dropped unread",
+        )
         self._roll: asyncio.Task[None] | None = None
         self.keys: KeyStore | None = None
         self.ring: KeyRing | None = None
@@ -182,6 +200,11 @@ class TokenService:
         await self._conn.respond(msg, envelope.pack_ok(key.kid.encode()))
 
     async def _on_request(self, msg: Message) -> None:
+        client = requester(getattr(msg, "headers", None))
+        if client is not None and not self.rate.take(client, TOKEN_RATE):
+            self.refusals.refused(client, "over its rate of token requests")
+            await self._conn.respond(msg, self._too_many)
+            return
         asyncio.get_running_loop().create_task(self._answer(msg))
 
     async def _answer(self, msg: Message) -> None:

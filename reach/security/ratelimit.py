@@ -1,14 +1,19 @@
-"""Slowing down wrong secrets: a per-key failure counter with doubling back-off.
+"""Limits by key (a client id, an agent id): wrong secrets, and requests per second.
 
-A pure state machine on an injected clock, so "a wrong secret tried many times is slowed
-down" is tested without sleeping. After ``max_failures`` failures in a row (failures
-separated by less than ``window_sec`` of quiet), every further attempt is refused
-without checking the secret until a back-off passes; the back-off doubles from
-``base_delay_sec`` up to ``max_delay_sec`` with each failure after that. A success
-forgets the key; so does ``window_sec`` without a failure.
+``FailureLimiter`` slows down wrong secrets. A pure state machine on an injected clock,
+so "a wrong secret tried many times is slowed down" is tested without sleeping.
+After ``max_failures`` failures in a row (failures separated by less than
+``window_sec`` of quiet), every further attempt is refused without checking the secret
+until a back-off passes; the back-off doubles from ``base_delay_sec`` up to
+``max_delay_sec`` with each failure after that. A success forgets the key; so does
+``window_sec`` without a failure. Memory is bounded: at most ``max_tracked`` keys are
+kept, the one that failed least recently is forgotten first. Every operation is O(1).
 
-Memory is bounded: at most ``max_tracked`` keys are kept, the one that failed least
-recently is forgotten first. Every operation is O(1).
+``RateByKey`` holds each key to a rate: a token bucket per key, refilled at the rate the
+caller gives with each take (so the rate may depend on the key: an agent's health
+interval), up to a burst. It keeps at most ``max_tracked`` keys and forgets them all when
+full: the keys are identities NATS vouches for (a client's user, the agent id on a
+subject its permissions hold it to), so filling it takes that many credentials.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 
 from reach.clock import Clock, system_clock
 
-__all__ = ["FailureLimiter"]
+__all__ = ["FailureLimiter", "RateByKey"]
 
 
 @dataclass(slots=True)
@@ -93,3 +98,37 @@ class FailureLimiter:
     def success(self, key: str) -> None:
         """The right secret: forget every failure of ``key``."""
         self._streaks.pop(key, None)
+
+
+class RateByKey:
+    """Per key: may it do one more thing now, at ``rate`` per second, ``burst`` at once?"""
+
+    def __init__(self, burst: float, *, max_tracked: int = 1 << 18, clock: Clock = system_clock):
+        if burst < 1 or max_tracked < 1:
+            raise ValueError("burst and max_tracked must be at least 1")
+        self.burst = burst
+        self.max_tracked = max_tracked
+        self._clock = clock
+        #: key → [what it may still do, when that was computed]
+        self._left: dict[str, list[float]] = {}
+        #: takes refused since the start
+        self.refused = 0
+
+    def take(self, key: str, rate: float) -> bool:
+        """True if ``key`` may do one more thing at ``rate`` per second (it then has);
+        False if it is over its rate (counted in ``refused``)."""
+        now = self._clock.monotonic()
+        state = self._left.get(key)
+        if state is None:
+            if len(self._left) >= self.max_tracked:
+                self._left.clear()
+            self._left[key] = [self.burst - 1.0, now]
+            return True
+        left = state[0] + (now - state[1]) * rate
+        state[1] = now
+        if left < 1.0:
+            state[0] = left
+            self.refused += 1
+            return False
+        state[0] = (left if left < self.burst else self.burst) - 1.0
+        return True

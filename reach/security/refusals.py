@@ -27,6 +27,7 @@ class RefusalLog:
         logger: logging.Logger,
         what: str = "logins",
         *,
+        who: str = "client ids",
         interval_sec: float = 10.0,
         first: int = 5,
         top: int = 3,
@@ -37,6 +38,8 @@ class RefusalLog:
             raise ValueError("need interval_sec > 0, first >= 0, top >= 0, max_ids >= 1")
         self._log = logger
         self.what = what
+        #: what the ids counted are ("client ids", "agent ids")
+        self.who = who
         self.interval_sec = interval_sec
         self.first = first
         self.top = top
@@ -83,7 +86,7 @@ class RefusalLog:
         top = ", ".join(f"{cid!r} x{n}" for cid, n in self._ids.most_common(self.top))
         reasons = ", ".join(f"{r} x{n}" for r, n in self._reasons.most_common())
         return (
-            f"refused {self._count} {self.what} for {ids} client ids in the last"
+            f"refused {self._count} {self.what} for {ids} {self.who} in the last"
             f" {elapsed:.0f} s (top: {top}; {reasons})"
         )
 
