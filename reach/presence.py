@@ -110,10 +110,10 @@ class Presence:
         deadline = time.monotonic() + self._announce_timeout
         delay = 0.05
         while True:
-            # no await inside the except block: compiled by mypyc, an await there loses
-            # track of which exception is being handled (nats-py's own escaped)
             # while away, wait for the connection rather than leave announces in its buffer
             await self.connection.wait_connected(max(0.0, deadline - time.monotonic()))
+            # no await inside the except block: compiled by mypyc, an await there loses
+            # track of which exception is being handled (nats-py's own escaped)
             try:
                 raw = await self.connection.request(
                     subjects.announce(self.agent_id), data, timeout=2.0

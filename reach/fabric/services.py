@@ -81,24 +81,24 @@ class FabricServices:
     async def _start(self) -> None:
         setup = self._setup() if self.logins else None
         service = setup.registrar_user if setup is not None else None
-        self.conn = await connect(
-            self.servers,
-            name="reach-up",
-            user=service.name if service else None,
-            password=service.password if service else None,
-        )
+
+        async def connect_as(name: str) -> Connection:
+            """A connection of the fabric's services (their service user, if secured)."""
+            return await connect(
+                self.servers,
+                name=name,
+                user=service.name if service else None,
+                password=service.password if service else None,
+            )
+
+        self.conn = await connect_as("reach-up")
         replicas = self.registrar_config.replicas
         if len(self.servers) > 1 or replicas > 1:
             await cluster_ready(self.conn, replicas)
         if self.secure:
             # token requests come from every client: read on a connection of their own,
             # a flood of them never queues in front of the registrar's work
-            self.issuer_conn = await connect(
-                self.servers,
-                name="reach-up-issuer",
-                user=service.name if service else None,
-                password=service.password if service else None,
-            )
+            self.issuer_conn = await connect_as("reach-up-issuer")
             self.issuer = TokenService(
                 self.issuer_conn, key_file=self.store / "signing.key", replicas=replicas
             )
@@ -111,12 +111,7 @@ class FabricServices:
                 self.gates = await _start_gates(setup, self.issuer.credentials, self.servers)
         # what agents send (heartbeats, announces) is read on a connection of its own, so a
         # flood of it never queues in front of probe answers, registry acks and tokens
-        self.intake = await connect(
-            self.servers,
-            name="reach-up-intake",
-            user=service.name if service else None,
-            password=service.password if service else None,
-        )
+        self.intake = await connect_as("reach-up-intake")
         self.registrar = Registrar(self.conn, self.registrar_config, intake=self.intake)
         await self.registrar.start()
 
