@@ -13,6 +13,7 @@ import pytest
 
 from reach.clock import ManualClock
 from reach.codec import Limits
+from reach.errors import ReachError
 from reach.models import Instance, Manifest
 from reach.registry.health import HealthPolicy
 from reach.registry.records import RecordView
@@ -157,3 +158,30 @@ async def test_a_record_with_a_probe_in_flight_is_looked_at_every_sweep(rig: _Ri
     assert (await rig.sweep())[0] == ["a-1", "b-1"]
     rig.clock.advance(0.5)
     assert (await rig.sweep())[0] == ["a-1"]
+
+
+async def test_the_records_a_failed_sweep_did_not_get_to_are_looked_at_in_the_next(
+    rig: _Rig,
+) -> None:
+    for agent_id in ("a-1", "b-1", "c-1"):
+        rig.put(agent_id)
+    await rig.sweep()
+    rig.clock.advance(40.0)  # silent past eviction: each needs a write
+    tried: list[str] = []
+
+    async def away(agent_id: str, inst: Instance, now: float) -> None:
+        tried.append(agent_id)
+        raise ReachError("NATS away")
+
+    rig.sweeper._act = away  # type: ignore[method-assign]
+    with pytest.raises(ReachError):
+        await rig.sweep()
+    assert len(tried) == 1  # the sweep ended at its first write
+
+    async def written(agent_id: str, inst: Instance, now: float) -> None:
+        tried.append(agent_id)
+
+    rig.sweeper._act = written  # type: ignore[method-assign]
+    tried.clear()
+    assert (await rig.sweep())[0] == ["a-1", "b-1", "c-1"]
+    assert sorted(tried) == ["a-1", "b-1", "c-1"]
