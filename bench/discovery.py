@@ -83,10 +83,16 @@ class Settings:
     announces: int = 200
     #: simulated heartbeating instances (part 3)
     load_scales: tuple[int, ...] = (1_000, 10_000)
+    #: each measured twice (part 3): every instance in its first day ("young": probed
+    #: twice per health interval, as after a fabric-wide deploy) and every instance past
+    #: it ("settled": probed once per interval, a fabric's steady state)
+    load_ages: tuple[str, ...] = ("young", "settled")
+    #: runs of each scale and age (part 3), the ages in turn; the median one is reported
+    load_repeats: int = 1
     hb_interval_sec: float = 5.0
     #: after the last announce, before the window: probes and heartbeats reach steady state
-    #: (at least one interval: an instance's first heartbeat comes one interval after it
-    #: announced)
+    #: (at least two intervals: an instance's first heartbeat comes one interval after it
+    #: announced, and past its first day so does its first probe)
     settle_sec: float = 5.0
     window_sec: float = 25.0
     #: announcing stops counting here: a registrar that cannot keep up is measured as it is
@@ -152,11 +158,13 @@ async def _spawn(name: str, args: Sequence[str], logs: Path) -> Child:
     return await Child.launch(name, "bench.discovery", ["child", *args], logs)
 
 
-async def _registrar(url: str, logs: Path) -> Child:
-    """The registrar and token issuer in their own process (``bench.procs registrar``)."""
+async def _registrar(url: str, logs: Path, *, settled: bool = False) -> Child:
+    """The registrar and token issuer in their own process (``bench.procs registrar``);
+    ``settled``: every instance is taken as past its first day (probed once per interval)."""
     workdir = logs / f"registrar-{secrets.token_hex(2)}"
     workdir.mkdir()
-    return await Child.start(workdir.name, ["registrar", url, str(workdir)], logs)
+    args = ["registrar", url, str(workdir), *(["--settled"] if settled else [])]
+    return await Child.start(workdir.name, args, logs)
 
 
 def _creds_of(registrar_workdir: Path) -> Path | None:
@@ -816,22 +824,55 @@ async def _stream_state(js: Any) -> tuple[int, int]:
 async def registrar_load(
     servers: str | None, logs: Path, settings: Settings, progress: Progress
 ) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+    """Each scale at each age, ``load_repeats`` times in turn (young, settled, young, …:
+    a slow minute of the machine falls on both); a row per scale and age, the run whose
+    multiple of its floor is the median, with every run's figures under ``runs``."""
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for count in settings.load_scales:
-        async with _server(servers, logs, f"load-{count}") as (url, server_pid):
-            try:
-                row = await _load_case(url, server_pid, count, servers, logs, settings, progress)
-            except Exception as exc:  # one broken case must not lose the others' numbers
-                progress(f"registrar load {count}: failed: {type(exc).__name__}: {exc}")
-                row = {"instances": count, "error": f"{type(exc).__name__}: {exc}"}
-        rows.append(row)
-    return rows
+        for repeat in range(settings.load_repeats):
+            for age in settings.load_ages:
+                name = f"load-{count}-{age}-{repeat}"
+                async with _server(servers, logs, name) as (url, server_pid):
+                    try:
+                        row = await _load_case(
+                            url, server_pid, count, age, servers, logs, settings, progress
+                        )
+                    except Exception as exc:  # one broken case must not lose the others'
+                        progress(
+                            f"registrar load {count} {age}: failed: {type(exc).__name__}: {exc}"
+                        )
+                        row = {
+                            "instances": count,
+                            "age": age,
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
+                runs.setdefault((count, age), []).append(row)
+    return [_median_run(rows) for rows in runs.values()]
+
+
+def _median_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    measured = [r for r in rows if r.get("registrar_over_raw_floor") is not None]
+    if not measured:
+        return rows[0]
+    measured.sort(key=lambda r: r["registrar_over_raw_floor"])
+    median = dict(measured[(len(measured) - 1) // 2])
+    median["runs"] = [
+        {
+            "registrar_cpu_pct": r.get("registrar_cpu_pct"),
+            "raw_floor_cpu_pct": r["raw_floor"]["cpu_pct"] if "raw_floor" in r else None,
+            "registrar_over_raw_floor": r.get("registrar_over_raw_floor"),
+            "error": r.get("error"),
+        }
+        for r in rows
+    ]
+    return median
 
 
 async def _load_case(
     url: str,
     server_pid: int | None,
     count: int,
+    age: str,
     servers: str | None,
     logs: Path,
     settings: Settings,
@@ -840,7 +881,7 @@ async def _load_case(
     import nats
 
     prefix = f"sim{secrets.token_hex(2)}"
-    registrar = await _registrar(url, logs)
+    registrar = await _registrar(url, logs, settled=age == "settled")
     nc = await nats.connect(url, name="bench-stream-info")
     sim: Child | None = None
     try:
@@ -859,15 +900,18 @@ async def _load_case(
             await _line(sim, "ANNOUNCED", settings.announce_deadline_sec)
         except TimeoutError:
             progress(
-                f"registrar load {count:>6}: announces not done after"
+                f"registrar load {count:>6} {age}: announces not done after"
                 f" {settings.announce_deadline_sec:.0f}s: measuring anyway"
             )
         announce_sec = round(time.perf_counter() - started, 1)
-        await asyncio.sleep(max(settings.settle_sec, settings.hb_interval_sec))
+        # an instance's first probe is written (its first latency), and the heartbeat
+        # after it may be; past its first day that probe comes one interval after the
+        # announce: two intervals, so the window sees the steady state at either age
+        await asyncio.sleep(max(settings.settle_sec, 2 * settings.hb_interval_sec))
         js = nc.jetstream()
         announce = await _ask_stats(sim)  # also resets the window counters
         progress(
-            f"registrar load {count:>6}: {announce['announced']} announced in {announce_sec}s"
+            f"registrar load {count:>6} {age}: {announce['announced']} announced in {announce_sec}s"
             f" ({announce['announce_failed']} refused or failed); measuring"
             f" {settings.window_sec:.0f}s"
         )
@@ -897,6 +941,7 @@ async def _load_case(
 
     row = {
         "instances": count,
+        "age": age,
         "interval_sec": settings.hb_interval_sec,
         "window_sec": round(seconds, 2),
         "announce_sec": announce_sec,
@@ -932,7 +977,7 @@ async def _load_case(
     if row["registrar_cpu_pct"] is not None and floor["cpu_pct"]:
         row["registrar_over_raw_floor"] = round(row["registrar_cpu_pct"] / floor["cpu_pct"], 2)
     progress(
-        f"registrar load {count:>6}: registrar {row['registrar_cpu_pct']}% CPU,"
+        f"registrar load {count:>6} {age}: registrar {row['registrar_cpu_pct']}% CPU,"
         f" {row['kv_writes_per_sec']} KV writes/s, {row['heartbeats_per_sec']} heartbeats/s,"
         f" {row['probes_per_sec']} probes/s, heartbeat reply p99"
         f" {row['heartbeat_reply_ms']['p99']} ms"
@@ -1420,6 +1465,7 @@ def _registrar_table(rows: list[dict[str, Any]]) -> str:
         "Registrar under heartbeats (CPU % of one core)",
         [
             "instances",
+            "age",
             "registrar %",
             "raw nats-py %",
             "× raw",
@@ -1434,13 +1480,14 @@ def _registrar_table(rows: list[dict[str, Any]]) -> str:
             "kept up",
         ],
         [
-            [f"{r['instances']:,}", f"failed: {r['error']}", *[""] * 11]
+            [f"{r['instances']:,}", r.get("age", ""), f"failed: {r['error']}", *[""] * 11]
             if "error" in r
             else [
                 f"{r['instances']:,}",
+                r.get("age", "young"),
                 _n(r["registrar_cpu_pct"]),
                 _n(r["raw_floor"]["cpu_pct"]),
-                _n(r.get("registrar_over_raw_floor")),
+                _times_floor(r),
                 _n(r["server_cpu_pct"]),
                 _n(r["simulator_cpu_pct"]),
                 _n(r["kv_writes_per_sec"]),
@@ -1454,6 +1501,16 @@ def _registrar_table(rows: list[dict[str, Any]]) -> str:
             for r in rows
         ],
     )
+
+
+def _times_floor(row: dict[str, Any]) -> str:
+    """The row's multiple of its floor, and the range over its runs if there were several."""
+    ratios = [r["registrar_over_raw_floor"] for r in row.get("runs", ())]
+    ratios = [x for x in ratios if x is not None]
+    text = _n(row.get("registrar_over_raw_floor"))
+    if len(ratios) > 1:
+        text += f" ({_n(min(ratios))}–{_n(max(ratios))})"
+    return text
 
 
 def write_chart(doc: dict[str, Any], path: Path) -> str:
@@ -1497,6 +1554,14 @@ def _counts(text: str) -> tuple[int, ...]:
     return values
 
 
+def _ages(text: str) -> tuple[str, ...]:
+    ages = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = sorted(set(ages) - {"young", "settled"})
+    if not ages or unknown:
+        raise argparse.ArgumentTypeError(f"ages are young and settled, not {', '.join(unknown)}")
+    return ages
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
     parser = argparse.ArgumentParser(
         prog="python -m bench.discovery",
@@ -1520,6 +1585,19 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
         "--fabric-changes", type=int, default=None, help="announces and byes timed (part 4)"
     )
     parser.add_argument("--parts", type=_counts, default=None, help="parts to run: 1,2,3,4")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of each scale and age of part 3, in turn; the median is reported",
+    )
+    parser.add_argument(
+        "--ages",
+        type=_ages,
+        default=None,
+        help="instance ages of part 3: young (first day: probed twice per interval),"
+        " settled (past it: once); default both",
+    )
     args = parser.parse_args(argv)
     base = QUICK if args.quick else DEFAULT
     overrides = {
@@ -1527,14 +1605,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Settings]:
         "fabric_changes": args.fabric_changes,
         "registrars": args.registrars,
         "parts": args.parts,
+        "load_ages": args.ages,
+        "load_repeats": args.repeats,
         "scales": args.scales,
         "load_scales": args.load_scales,
         "announces": args.announces,
         "window_sec": args.window,
     }
     settings = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
-    if settings.announces < 1 or settings.window_sec <= 0:
-        parser.error("--announces must be >= 1 and --window > 0")
+    if settings.announces < 1 or settings.window_sec <= 0 or settings.load_repeats < 1:
+        parser.error("--announces and --repeats must be >= 1 and --window > 0")
     return args, settings
 
 

@@ -3,7 +3,7 @@
 Child side (run by the bench, not by hand)::
 
     python -m bench.procs responder STACK URL RUN_ID [--profile FILE]
-    python -m bench.procs registrar URL
+    python -m bench.procs registrar URL WORKDIR [--settled]
 
 A child prints ``READY`` once it serves and runs until its standard input closes (the
 bench closed it, or died) or it gets SIGTERM. With ``--profile FILE``, SIGUSR1 starts
@@ -209,17 +209,21 @@ def log_dir() -> Path:
 
 
 @asynccontextmanager
-async def _registrar(url: str, workdir: Path) -> AsyncIterator[None]:
+async def _registrar(url: str, workdir: Path, *, settled: bool) -> AsyncIterator[None]:
     """The registrar part of a fabric on ``url`` (``reach.Fabric``: token issuer and
     registrar, as ``reach up --servers URL`` runs them, its store in ``workdir``); the
     credentials the benchmark's agents and callers use are written to
-    ``workdir/bench.creds``. NATS itself takes anonymous clients: raw nats-py runs on it."""
+    ``workdir/bench.creds``. NATS itself takes anonymous clients: raw nats-py runs on it.
+    ``settled``: every instance is taken as past its first day (probed once per health
+    interval instead of twice)."""
     from reach.fabric import Fabric
+    from reach.registry import RegistrarConfig
     from reach.runtime import tune_gc
     from reach.security import ROLE_ADMIN
 
     tune_gc()  # as reach up does
-    async with Fabric(workdir, servers=[url], supervise=False) as fabric:
+    config = RegistrarConfig(new_agent_window_sec=0.0) if settled else None
+    async with Fabric(workdir, servers=[url], supervise=False, registrar=config) as fabric:
         issuer = fabric.services.issuer if fabric.services is not None else None
         assert issuer is not None
         assert issuer.credentials is not None
@@ -270,12 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     registrar = roles.add_parser("registrar")
     registrar.add_argument("url")
     registrar.add_argument("workdir", type=Path)
+    registrar.add_argument("--settled", action="store_true", help="instances past their first day")
     args = parser.parse_args(argv)
 
     service: AbstractAsyncContextManager[None]
     profile: Profile | None = None
     if args.role == "registrar":
-        service = _registrar(args.url, args.workdir)
+        service = _registrar(args.url, args.workdir, settled=args.settled)
     else:
         from bench.stacks import STACKS, Context
 

@@ -51,7 +51,14 @@ def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path)
     assert vis["announce_reply_ms"]["median"] > 0
 
     load = doc["registrar_load"]
-    assert [r["instances"] for r in load] == doc["settings"]["load_scales"]
+    ages = doc["settings"]["load_ages"]
+    assert ages == ["young", "settled"]
+    assert [(r["instances"], r["age"]) for r in load] == [
+        (n, age) for n in doc["settings"]["load_scales"] for age in ages
+    ]
+    for young, settled in zip(load[::2], load[1::2], strict=True):
+        # past their first day, instances are probed once per interval instead of twice
+        assert settled["probes_per_sec"] < 0.8 * young["probes_per_sec"]
     for row in load:
         assert "error" not in row, row.get("error")
         assert row["announced"] == row["instances"]
