@@ -107,7 +107,7 @@ pytest: $(NATIVE)
 PURE := build/pure
 PURE_TESTS := tests/test_calls.py tests/test_call_inputs.py tests/test_retries.py \
 	tests/test_fallbacks.py tests/test_batching.py tests/test_codec.py \
-	tests/test_contract.py tests/test_route_choice.py tests/test_route_cache.py \
+	tests/test_contract.py tests/test_route_choice.py tests/test_route_cache.py tests/test_aperture.py \
 	tests/test_breaker.py tests/test_budget.py tests/test_backoff.py tests/test_writer.py \
 	tests/test_public_nats_api.py tests/test_agent_fuzz.py $(wildcard tests/test_audit_*.py)
 pytest-pure: $(STAMP)

@@ -39,6 +39,7 @@ COMPILED = [
     "reach/contract.py",
     "reach/endpoint.py",
     "reach/envelope.py",
+    "reach/peers.py",
     "reach/plain.py",
     "reach/registry/routecache.py",
     "reach/registry/routeindex.py",

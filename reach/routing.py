@@ -15,16 +15,20 @@ import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar, final
 
-from reach.clock import Clock, system_clock
-from reach.errors import CircuitOpen, ConfigurationError, NoHealthyInstance
+from reach.errors import CircuitOpen, NoHealthyInstance
 from reach.models import Capability, HealthStatus, Instance
+from reach.peers import LATENCY_STALE_SEC, Peer, Peers
 from reach.resilience import BreakerBoard
 
 __all__ = [
+    "APERTURE",
+    "APERTURE_ABOVE",
+    "APERTURE_TURN",
     "HEALTH_SCORES",
     "LATENCY_STALE_SEC",
     "RANK_ALL",
     "RANK_SAMPLE",
+    "Aperture",
     "Peer",
     "Peers",
     "RouteEntry",
@@ -66,15 +70,6 @@ PRERELEASE: Final = 0.7
 #: A new instance then ranks below proven fast ones but above proven slow ones, so it gets
 #: some traffic and a measurement instead of being starved or flooded.
 UNKNOWN_LATENCY_TERM: Final = 0.5
-#: a latency average this caller has not refreshed for this long is old news. An average
-#: moves only when the instance serves, so one spike (a pause, a slow burst) could put an
-#: instance below the tie band for good: no calls, no new measurement. While other
-#: candidates are measured more recently, a stale instance without a call of this caller
-#: in flight is scored like an unmeasured one (with the best latency observed among the
-#: candidates): it gets one call, and that call's latency replaces the old average. A slow
-#: instance so costs one call per this many seconds; a recovered one is back in the band
-#: after it.
-LATENCY_STALE_SEC: Final = 1.0
 
 
 def score_instance(
@@ -108,90 +103,6 @@ def _latency_term(share_of_sla: float) -> float:
     """1 − avg_latency/latency_sla, clamped to [0, 1]."""
     term = 1.0 - share_of_sla
     return 0.0 if term < 0.0 else 1.0 if term > 1.0 else term
-
-
-@final
-class Peer:
-    """This caller's view of one instance: the average latency it observed (an
-    exponentially weighted moving average) and its own calls in flight to it.
-
-    One object per agent id, held by every route to the instance (routes are rebuilt with
-    each heartbeat; this is not), so a choice reads it directly: no dictionary lookup per
-    candidate, and its numbers sit in the object itself."""
-
-    __slots__ = ("agent_id", "latency_ms", "measured", "outstanding", "seen")
-
-    def __init__(self, agent_id: str) -> None:
-        self.agent_id = agent_id
-        #: the average (ms); meaningless until ``measured``
-        self.latency_ms = 0.0
-        self.measured = False
-        #: monotonic time of the newest observation
-        self.seen = 0.0
-        #: this caller's calls in flight to the instance
-        self.outstanding = 0
-
-    def observe(self, ms: float, alpha: float, now: float = 0.0) -> None:
-        """Fold one observed latency in with weight ``alpha``, at monotonic time ``now``;
-        the first is taken as is, and so is one that follows an average older than
-        ``LATENCY_STALE_SEC`` (old news)."""
-        if ms < 0.0:
-            ms = 0.0
-        if self.measured and now - self.seen < LATENCY_STALE_SEC:
-            self.latency_ms += alpha * (ms - self.latency_ms)
-        else:
-            self.latency_ms = ms
-            self.measured = True
-        self.seen = now
-
-
-class Peers:
-    """The caller's :class:`Peer` of every instance it routes to, by agent id.
-
-    ``alpha`` is the weight of the newest latency observation: 0.2 follows a change within
-    ~10 calls while one slow call moves the average by a fifth of the difference only.
-    ``clock`` times the observations (see ``LATENCY_STALE_SEC``).
-    """
-
-    __slots__ = ("_peers", "alpha", "clock")
-
-    def __init__(self, alpha: float = 0.2, clock: Clock = system_clock) -> None:
-        if isinstance(alpha, bool) or not 0 < alpha <= 1:
-            raise ConfigurationError(f"alpha must be in (0, 1], got {alpha!r}")
-        self.alpha = alpha
-        self.clock = clock
-        self._peers: dict[str, Peer] = {}
-
-    def peer(self, agent_id: str) -> Peer:
-        """The instance's peer, created on first use."""
-        found = self._peers.get(agent_id)
-        if found is None:
-            found = self._peers[agent_id] = Peer(agent_id)
-        return found
-
-    def observe(self, agent_id: str, ms: float) -> None:
-        """Fold one observed latency (ms) of ``agent_id`` in."""
-        self.peer(agent_id).observe(ms, self.alpha, self.clock.monotonic())
-
-    def fold(self, peer: Peer, ms: float) -> None:
-        """Fold one observed latency (ms) into ``peer`` (the call path's way: it holds it)."""
-        peer.observe(ms, self.alpha, self.clock.monotonic())
-
-    def latency(self, agent_id: str) -> float | None:
-        """The average latency (ms) observed of ``agent_id``, None if never observed."""
-        found = self._peers.get(agent_id)
-        return found.latency_ms if found is not None and found.measured else None
-
-    def forget(self, agent_id: str) -> None:
-        """Drop an agent's peer (it left the registry). A call still in flight to it
-        holds the old object: what it reports lands there, and goes with it."""
-        self._peers.pop(agent_id, None)
-
-    def __contains__(self, agent_id: object) -> bool:
-        return agent_id in self._peers
-
-    def __len__(self) -> int:
-        return len(self._peers)
 
 
 @final
@@ -291,6 +202,93 @@ def sample(items: Sequence[_T], k: int) -> list[_T]:
     while len(picked) < k:
         picked.add(int(draw() * n))
     return [items[i] for i in picked]
+
+
+#: above this many candidates a caller routes among a working set of them, its aperture
+APERTURE_ABOVE: Final = 1024
+#: the aperture's members while the instances it picks have room (it widens past this
+#: while they are full)
+APERTURE: Final = 256
+#: one member of an aperture is swapped for a random instance every this many choices
+APERTURE_TURN: Final = 8
+
+
+@final
+class Aperture:
+    """A caller's working set among a capability's many instances: client-side subsetting,
+    as load balancers for very large services do it (Finagle's aperture, Google's
+    subsetting).
+
+    Above ``APERTURE_ABOVE`` candidates a choice samples ``RANK_SAMPLE`` of this caller's
+    members instead of any of the candidates. A few hundred routes and the caller's views
+    of them stay in the processor's caches, where a sample among a hundred thousand
+    records would read eight of them from main memory on every call; and each member is
+    called often enough for this caller's latency average of it to stay fresh. Every
+    caller draws its own members at random, so across callers each instance gets its
+    share.
+
+    The set turns over: one member is swapped for a random instance every
+    ``APERTURE_TURN`` choices, and at once when it is sampled unhealthy or gone. It widens
+    by one member whenever the instance chosen is already at its ``max_concurrency`` (this
+    caller needs more instances than it has) and narrows back by one per turn while the
+    chosen one is below half of it. Members are positions in the capability's list of
+    routes: a route keeps its place while its record changes, and one moved into the hole
+    another left is as random a member as the one that left.
+    """
+
+    __slots__ = ("_idle", "_slots", "_turn", "base")
+
+    def __init__(self, base: int = APERTURE) -> None:
+        self.base = base
+        self._slots: list[int] = []
+        self._turn = 0
+        self._idle = False
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def pool(self, entries: Sequence[RouteEntry], k: int = RANK_SAMPLE) -> list[RouteEntry]:
+        """``k`` members, as routes (fewer if the aperture has fewer); the first call
+        draws the members."""
+        n = len(entries)
+        slots = self._slots
+        if not n:
+            return []
+        if not slots:
+            slots.extend(random.sample(range(n), min(self.base, n)))
+        draw = random.random
+        m = len(slots)
+        want = k if k < m else m
+        taken: set[int] = set()
+        out: list[RouteEntry] = []
+        while len(out) < want:
+            s = int(draw() * m)
+            if s in taken:
+                continue
+            taken.add(s)
+            at = slots[s]
+            if at >= n or entries[at].unhealthy:
+                at = slots[s] = int(draw() * n)
+            out.append(entries[at])
+        self._turn += 1
+        if self._turn >= APERTURE_TURN:
+            self._turn = 0
+            s = int(draw() * len(slots))
+            if self._idle and len(slots) > self.base:
+                slots[s] = slots[-1]
+                slots.pop()
+            else:
+                slots[s] = int(draw() * n)
+        return out
+
+    def chose(self, entry: RouteEntry, n: int) -> None:
+        """The choice among ``n`` candidates went to ``entry``: widen if it is full."""
+        in_flight = entry.in_flight
+        mine = entry.peer.outstanding
+        load = (in_flight if in_flight > mine else mine) * entry.per_slot
+        self._idle = load < 0.5
+        if load >= 1.0 and len(self._slots) < n:
+            self._slots.append(int(random.random() * n))
 
 
 def _score_into(
@@ -406,6 +404,17 @@ def rank(
     return [(score, entry.instance) for score, entry in _ranked(routes, scores, rng)]
 
 
+def _pool(
+    entries: Sequence[RouteEntry], aperture: Aperture | None
+) -> tuple[Sequence[RouteEntry], Aperture | None]:
+    """The candidates a choice scores first, and the aperture they came from (None if
+    they did not)."""
+    count = len(entries)
+    if aperture is not None and count > APERTURE_ABOVE:
+        return aperture.pool(entries), aperture
+    return (sample(entries, RANK_SAMPLE) if count > RANK_ALL else entries), None
+
+
 def choose(
     entries: Sequence[RouteEntry],
     capability: str,
@@ -413,14 +422,16 @@ def choose(
     breakers: BreakerBoard,
     failed: Collection[str] = (),
     skipped: list[str] | None = None,
+    aperture: Aperture | None = None,
 ) -> tuple[RouteEntry | None, float | None]:
     """The route a call takes, and its score (None: the only candidate, not ranked).
 
     ``entries`` are the capability's instances as routes to it (``RouteCache.entries``, or
     ``route_entries`` of a list of records); ``(None, None)`` when there are none (the
     capability's queue subject decides). Beyond ``RANK_ALL`` candidates a random
-    ``RANK_SAMPLE`` are scored (the power of k choices); all of them if the sample has
-    nobody to offer. The best one goes, or one picked at random among those within
+    ``RANK_SAMPLE`` are scored (the power of k choices), beyond ``APERTURE_ABOVE`` sampled
+    among the members of this caller's ``aperture`` if it is given; all of them if the
+    sample has nobody to offer. The best one goes, or one picked at random among those within
     ``TIE_BAND`` of the best (see ``rank``). Instances in ``failed`` are tried only when
     nothing else is left. Instances passed over because their breaker is open are appended
     to ``skipped``. NoHealthyInstance if every known instance is unhealthy; CircuitOpen
@@ -430,7 +441,7 @@ def choose(
         only = entries[0]
         if not only.unhealthy and breakers.get(only.agent_id).allow():
             return only, None
-    pool = sample(entries, RANK_SAMPLE) if len(entries) > RANK_ALL else entries
+    pool, aperture = _pool(entries, aperture)
     routes: list[RouteEntry] = []
     scores: list[float] = []
     fresh_after = breakers.clock.monotonic() - LATENCY_STALE_SEC
@@ -458,6 +469,8 @@ def choose(
         band = [i for i in range(n) if scores[i] >= floor]
         pick = band[int(random.random() * len(band))] if len(band) > 1 else band[0]
     entry = routes[pick]
+    if aperture is not None:
+        aperture.chose(entry, len(entries))
     if breakers.get(entry.agent_id).allow():
         return entry, scores[pick]
     refused = entry

@@ -181,6 +181,7 @@ class AttemptRunner:
             breakers=self.breakers,
             failed=state.failed,
             skipped=state.skipped,
+            aperture=state.aperture,
         )
         return route
 

@@ -22,7 +22,7 @@ from reach.envelope import RequestMeta
 from reach.errors import ConfigurationError, ContractError
 from reach.models import Capability
 from reach.registry.routecache import RouteCache
-from reach.routing import RouteEntry
+from reach.routing import APERTURE_ABOVE, RouteEntry
 from reach.security.replay import MAX_AHEAD_SEC
 from reach.telemetry import Telemetry, new_traceparent, traceparent_of
 
@@ -84,6 +84,9 @@ class CallPlanner:
         spec = candidates[0].spec if candidates else None
         parent = current_call()
         state = self._state(capability, spec, timeout, parent, candidates, tags)
+        if len(candidates) > APERTURE_ABOVE:
+            index = routes.index_of(capability, tags, candidates)
+            state.aperture = index.aperture if index is not None else None
         body = self._body(capability, spec, payload)
         state.retry_timeouts = idempotency_key is not None or (spec is not None and spec.idempotent)
         return state, self._meta(state, parent, idempotency_key), body

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reach.audit.recording import CallTrail
-from reach.routing import RouteEntry
+from reach.routing import Aperture, RouteEntry
 
 __all__ = ["CallState", "has_other"]
 
@@ -14,6 +14,7 @@ class CallState(CallTrail):
     """State of one call across its attempts (the audit's part in ``CallTrail``)."""
 
     __slots__ = (
+        "aperture",
         "attempt_timeout",
         "attempts",
         "deadline",
@@ -46,6 +47,8 @@ class CallState(CallTrail):
         self.issuer_silent = False
         #: routing score of the instance chosen last (None: the only candidate, not ranked)
         self.score: float | None = None
+        #: this client's working set among the candidates, if they are its index's own
+        self.aperture: Aperture | None = None
 
 
 def has_other(state: CallState) -> bool:

@@ -425,11 +425,18 @@ class RouteCache:
     ) -> tuple[str, ...]:
         """The agent ids of the first ``NAMED_CANDIDATES`` of ``candidates``, which
         ``entries(capability, tags)`` returned (kept with the index: no walk per call)."""
-        if len(tags) <= 1:
-            members = self._members(capability, tags)
-            if members.entries is candidates:
-                return members.names()
-        return tuple(e.agent_id for e in candidates[:NAMED_CANDIDATES])
+        members = self.index_of(capability, tags, candidates)
+        if members is None:
+            return tuple(e.agent_id for e in candidates[:NAMED_CANDIDATES])
+        return members.names()
+
+    def index_of(
+        self, capability: str, tags: tuple[str, ...], candidates: Sequence[RouteEntry]
+    ) -> Members | None:
+        """The index's members whose own list ``entries`` gave as ``candidates`` (None: a
+        list made for one call, for several tags), with this caller's ``aperture``."""
+        members = self._members(capability, tags) if len(tags) <= 1 else NOBODY
+        return members if members.entries is candidates and members is not NOBODY else None
 
     def _members(self, capability: str, tags: tuple[str, ...]) -> Members:
         if tags:

@@ -4,7 +4,7 @@ tag), ready for a choice; and how a wanted version matches."""
 from __future__ import annotations
 
 from reach.models import Instance
-from reach.routing import RouteEntry
+from reach.routing import Aperture, RouteEntry
 
 __all__ = ["NAMED_CANDIDATES", "NOBODY", "Members", "version_matches"]
 
@@ -23,15 +23,17 @@ def version_matches(version: str, wanted: str | None) -> bool:
 class Members:
     """The instances under one index key: a dict by agent id for lookups, and the same as
     a list of routes with each one's position, so a random sample is O(k) and a choice
-    reads routes ready-made."""
+    reads routes ready-made; and the caller's aperture among them (used when they are
+    many: ``reach.routing.Aperture``)."""
 
-    __slots__ = ("_names", "by_id", "entries", "pos")
+    __slots__ = ("_names", "aperture", "by_id", "entries", "pos")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Instance] = {}
         self.entries: list[RouteEntry] = []
         self.pos: dict[str, int] = {}
         self._names: tuple[str, ...] | None = None
+        self.aperture = Aperture()
 
     def names(self) -> tuple[str, ...]:
         """The first ``NAMED_CANDIDATES`` agent ids of ``entries``, kept until they change."""
