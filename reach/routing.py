@@ -36,6 +36,7 @@ __all__ = [
     "rank",
     "route_entries",
     "route_entry",
+    "route_load",
     "sample",
     "score_instance",
 ]
@@ -188,6 +189,15 @@ def route_entries(instances: Iterable[Instance], capability: str, peers: Peers) 
     return out
 
 
+def route_load(entry: RouteEntry) -> float:
+    """The share of the instance's ``max_concurrency`` in use: the larger of its in-flight
+    count at its last heartbeat (possibly stale) and this caller's own calls in flight to
+    it (always current). Not clamped: above 1 it is full."""
+    in_flight = entry.in_flight
+    mine = entry.peer.outstanding
+    return (in_flight if in_flight > mine else mine) * entry.per_slot
+
+
 def sample(items: Sequence[_T], k: int) -> list[_T]:
     """``k`` distinct items picked at random (all of them if there are no more than ``k``),
     in O(k) when picking few from many."""
@@ -283,9 +293,7 @@ class Aperture:
 
     def chose(self, entry: RouteEntry, n: int) -> None:
         """The choice among ``n`` candidates went to ``entry``: widen if it is full."""
-        in_flight = entry.in_flight
-        mine = entry.peer.outstanding
-        load = (in_flight if in_flight > mine else mine) * entry.per_slot
+        load = route_load(entry)
         self._idle = load < 0.5
         if load >= 1.0 and len(self._slots) < n:
             self._slots.append(int(random.random() * n))
@@ -318,9 +326,8 @@ def _score_into(
         if entry.unhealthy or (excluding and entry.agent_id in exclude):
             continue
         peer = entry.peer
-        in_flight = entry.in_flight
         mine = peer.outstanding
-        load = (in_flight if in_flight > mine else mine) * entry.per_slot
+        load = route_load(entry)
         score = entry.base + W_LOAD * (1.0 - (0.0 if load < 0.0 else 1.0 if load > 1.0 else load))
         if not peer.measured:
             unmeasured.append(len(routes))
