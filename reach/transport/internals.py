@@ -83,6 +83,7 @@ _WRITER = "natsio.Writer (direct socket writes)"
 _INLINE = "natsio.subscribe_inline (delivery without a task hop)"
 _LINK = "link.Client (logging in again after a refused login)"
 _CONNECT = "link.open_client (jittered reconnects, a reply inbox of its own)"
+_PONG = "link.Client (a late PONG after a flush that timed out)"
 _ADOPT = "adopt (a connected nats-py client given to an Agent or a ReachClient)"
 
 USED: tuple[Internal, ...] = (
@@ -104,6 +105,10 @@ USED: tuple[Internal, ...] = (
     Internal("TcpTransport", "connect", _LINK, ("uri", "buffer_size", "connect_timeout")),
     Internal("Client", "connect", _CONNECT, ("reconnect_to_server_handler",), public=True),
     Internal("Client", "connect", _CONNECT, ("inbox_prefix",), public=True),
+    Internal("Client", "_pongs", _PONG, kind=list),
+    Internal("Client", "_pongs_received", _PONG, kind=int),
+    Internal("Client", "_pings_outstanding", _PONG, kind=int),
+    Internal("Client", "_process_pong", _PONG),
     Internal("Srv", "reconnects", _LINK, kind=int),
     Internal("Srv", "last_attempt", _LINK),
 )

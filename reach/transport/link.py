@@ -171,6 +171,18 @@ class Client(PublicClient):
             self._transport = _LoginTransport()
         await self._transport.connect(s.uri, _BUFFER_SIZE, self.options["connect_timeout"])
 
+    async def _process_pong(self) -> None:
+        # PONGs answer PINGs in order. A flush that timed out leaves its PING's future,
+        # cancelled, in the queue; nats-py would then set the late PONG's result on it,
+        # and the error would end the connection's read loop for good.
+        pongs = self._pongs
+        if pongs:
+            future = pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
     async def _process_err(self, err_msg: str) -> None:
         text = err_msg.lower()
         if not self.keep_trying or _STALE_CONNECTION in text or _PERMISSIONS_VIOLATION in text:
