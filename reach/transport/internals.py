@@ -28,6 +28,7 @@ from nats.aio.client import Client as _NatsClient
 from nats.aio.client import Srv as _NatsServer
 from nats.aio.subscription import Subscription as _NatsSubscription
 from nats.aio.transport import TcpTransport
+from nats.protocol.parser import Parser as _NatsParser
 
 from reach.errors import ConfigurationError
 
@@ -60,7 +61,8 @@ class UnsupportedNatsPy(ConfigurationError):
 class Internal:
     """One attribute of a nats-py object the transport relies on."""
 
-    #: the object: ``Client``, ``TcpTransport``, ``Subscription`` or ``Srv`` (see ``samples``)
+    #: the object: ``Client``, ``TcpTransport``, ``Subscription``, ``Parser`` or ``Srv``
+    #: (see ``samples``)
     owner: str
     name: str
     #: what uses it, for the error message
@@ -83,6 +85,7 @@ _WRITER = "natsio.Writer (direct socket writes)"
 _INLINE = "natsio.subscribe_inline (delivery without a task hop)"
 _LINK = "link.Client (logging in again after a refused login)"
 _CONNECT = "link.open_client (jittered reconnects, a reply inbox of its own)"
+_READER = "reader.ProtocolReader (messages handed to inline subscriptions as read)"
 _PONG = "link.Client (a late PONG after a flush that timed out)"
 _ADOPT = "adopt (a connected nats-py client given to an Agent or a ReachClient)"
 
@@ -105,6 +108,20 @@ USED: tuple[Internal, ...] = (
     Internal("TcpTransport", "connect", _LINK, ("uri", "buffer_size", "connect_timeout")),
     Internal("Client", "connect", _CONNECT, ("reconnect_to_server_handler",), public=True),
     Internal("Client", "connect", _CONNECT, ("inbox_prefix",), public=True),
+    Internal("Client", "_ps", _READER, kind=_NatsParser),
+    Internal("Client", "_subs", _READER, kind=dict),
+    Internal("Client", "stats", _READER, kind=dict),
+    Internal("Client", "msg_class", _READER),
+    Internal("Client", "_process_msg", _READER, ("sid", "subject", "reply", "data", "headers")),
+    Internal("Subscription", "_received", _READER, kind=int),
+    Internal("Subscription", "_max_msgs", _READER, kind=int),
+    Internal("Subscription", "_jsi", _READER),
+    Internal("Subscription", "_future", _READER),
+    Internal("Parser", "buf", _READER, kind=bytearray),
+    Internal("Parser", "state", _READER, kind=int),
+    Internal("Parser", "needed", _READER, kind=int),
+    Internal("Parser", "parse", _READER, ("data",)),
+    Internal("Parser", "reset", _READER),
     Internal("Client", "_pongs", _PONG, kind=list),
     Internal("Client", "_pongs_received", _PONG, kind=int),
     Internal("Client", "_pings_outstanding", _PONG, kind=int),
@@ -118,6 +135,7 @@ def samples() -> dict[str, object]:
     """Fresh, unconnected instances of the nats-py classes ``USED`` names."""
     return {
         "Client": _NatsClient(),
+        "Parser": _NatsParser(),
         "TcpTransport": TcpTransport(),  # type: ignore[no-untyped-call]
         "Subscription": _NatsSubscription(None),
         "Srv": _NatsServer(uri=None),  # type: ignore[arg-type]

@@ -36,6 +36,7 @@ from nats.aio.client import Client as _NatsClient
 from nats.aio.transport import TcpTransport
 
 from reach.transport.linkstate import Link, is_refusal, is_slow
+from reach.transport.reader import ProtocolReader
 
 __all__ = ["Client", "Link", "PublicClient", "open_client"]
 
@@ -140,10 +141,12 @@ class PublicClient(_NatsClient):
 
 
 class Client(PublicClient):
-    """nats-py's client; with ``keep_trying`` no answer of the server closes it."""
+    """nats-py's client; with ``keep_trying`` no answer of the server closes it. Its
+    messages are read by :class:`~reach.transport.reader.ProtocolReader`."""
 
     def __init__(self) -> None:
         super().__init__()
+        self._ps = ProtocolReader(self)  # type: ignore[assignment]  # parse and reset, as nats-py's
         self._reconnecting: set[asyncio.Future[None]] = set()
 
     def login_waited(self) -> float | None:

@@ -51,6 +51,10 @@ class InlineDelivery:
 
     def put_nowait(self, msg: _NatsMsg) -> None:
         self._sub._pending_size -= len(msg.data)  # nats-py counted it as queued
+        self.deliver(msg)
+
+    def deliver(self, msg: _NatsMsg) -> None:
+        """Hand ``msg`` to the handler (``reach.transport.reader`` calls this directly)."""
         try:
             self._deliver(msg)
         except Exception:
