@@ -101,7 +101,8 @@ pytest: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke and not long"
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled
-# build's: the call path's tests (calls, codec, contract, audit, routing, resilience) run
+# build's: the call path's tests (calls, codec, contract, audit, routing, resilience, the
+# protocol reader) and the registrar's per-message ones (health plan, probes, budget) run
 # on it too, from a copy of reach/ without the compiled modules, imported ahead of the
 # checkout (PYTHONPATH, pytest's append import mode).
 PURE := build/pure
@@ -109,7 +110,9 @@ PURE_TESTS := tests/test_calls.py tests/test_call_inputs.py tests/test_retries.p
 	tests/test_fallbacks.py tests/test_batching.py tests/test_codec.py \
 	tests/test_contract.py tests/test_route_choice.py tests/test_route_cache.py tests/test_aperture.py \
 	tests/test_breaker.py tests/test_budget.py tests/test_backoff.py tests/test_writer.py \
-	tests/test_public_nats_api.py tests/test_agent_fuzz.py $(wildcard tests/test_audit_*.py)
+	tests/test_public_nats_api.py tests/test_agent_fuzz.py tests/test_reader.py \
+	tests/test_health_plan.py tests/test_registrar_probes.py tests/test_control_budget.py \
+	$(wildcard tests/test_audit_*.py)
 pytest-pure: $(STAMP)
 	rm -rf $(PURE)
 	$(BIN)/python -c "import shutil; shutil.copytree('reach', '$(PURE)/reach', \

@@ -14,9 +14,12 @@ from typing import Any
 from setuptools import setup
 
 #: what every call passes through on the caller and the callee, and what they import for
-#: it; and what the console does with every audit batch. Not here: modules with async
-#: generators (mypyc does not compile them yet) or an await inside an except block, the
-#: CLI, the demo and the test helpers, where speed does not matter.
+#: it; what the console does with every audit batch; what a registrar does with every
+#: heartbeat and probe. Not here: modules with async generators (mypyc does not compile
+#: them yet) or an await inside an except block; the registrar's sweep and heartbeat
+#: feed, whose loops read tuples of records out of dicts (compiled code checks every
+#: element of each such tuple and runs slower than the interpreter there); the CLI, the
+#: demo and the test helpers, where speed does not matter.
 COMPILED = [
     "reach/admission.py",
     "reach/agent.py",
@@ -41,6 +44,14 @@ COMPILED = [
     "reach/envelope.py",
     "reach/peers.py",
     "reach/plain.py",
+    "reach/registry/budget.py",
+    "reach/registry/health.py",
+    "reach/registry/material.py",
+    "reach/registry/message_auth.py",
+    "reach/registry/probe.py",
+    "reach/registry/probes.py",
+    "reach/transport/replies.py",
+    "reach/security/ratelimit.py",
     "reach/registry/routecache.py",
     "reach/registry/routeindex.py",
     "reach/replycache.py",
@@ -52,6 +63,7 @@ COMPILED = [
     "reach/telemetry.py",
     "reach/transport/mux.py",
     "reach/transport/natsio.py",
+    "reach/transport/reader.py",
 ]
 
 
