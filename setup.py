@@ -16,10 +16,11 @@ from setuptools import setup
 #: what every call passes through on the caller and the callee, and what they import for
 #: it; what the console does with every audit batch; what a registrar does with every
 #: heartbeat and probe. Not here: modules with async generators (mypyc does not compile
-#: them yet) or an await inside an except block; the registrar's sweep and heartbeat
-#: feed, whose loops read tuples of records out of dicts (compiled code checks every
-#: element of each such tuple and runs slower than the interpreter there); the CLI, the
-#: demo and the test helpers, where speed does not matter.
+#: them yet) or an await inside an except block; the registrar's sweep, whose loop reads
+#: tuples of records out of dicts (compiled code checks every element of each such tuple
+#: and runs slower than the interpreter there), and its heartbeat feed, which tests extend
+#: by subclassing (a compiled class cannot be); the CLI, the demo and the test helpers,
+#: where speed does not matter.
 COMPILED = [
     "reach/admission.py",
     "reach/agent.py",
@@ -50,8 +51,6 @@ COMPILED = [
     "reach/registry/message_auth.py",
     "reach/registry/probe.py",
     "reach/registry/probes.py",
-    "reach/transport/replies.py",
-    "reach/security/ratelimit.py",
     "reach/registry/routecache.py",
     "reach/registry/routeindex.py",
     "reach/replycache.py",
@@ -59,11 +58,13 @@ COMPILED = [
     "reach/resilience/breaker.py",
     "reach/resilience/budget.py",
     "reach/routing.py",
+    "reach/security/ratelimit.py",
     "reach/serving.py",
     "reach/telemetry.py",
     "reach/transport/mux.py",
     "reach/transport/natsio.py",
     "reach/transport/reader.py",
+    "reach/transport/replies.py",
 ]
 
 

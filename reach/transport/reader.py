@@ -96,35 +96,38 @@ class ProtocolReader:
             stop = start + int(length)
             if stop + 2 > size:
                 return pos
-            sub = subs.get(int(sid))
-            if sub is None:
-                pos = stop + 2
-                stats["in_msgs"] += 1
-                stats["in_bytes"] += stop - start
-                continue
-            queue = sub._pending_queue
-            if (
-                type(queue) is not InlineDelivery
-                or sub._max_msgs
-                or sub._jsi is not None
-                or sub._future is not None
-            ):
+            sid_n = int(sid)
+            sub = subs.get(sid_n)
+            if sub is not None and not _inline(sub):
                 return pos
             pos = stop + 2
             stats["in_msgs"] += 1
             stats["in_bytes"] += stop - start
+            if sub is None:  # unsubscribed meanwhile: counted and dropped, as nats-py does
+                continue
             sub._received += 1
-            queue.deliver(
+            sub._pending_queue.deliver(
                 msg_class(
                     subject=subject.decode(),
                     reply=reply.decode(),
                     data=data[start:stop],
                     headers=None,
                     _client=nc,
-                    _sid=int(sid),
+                    _sid=sid_n,
                 )
             )
         return pos
+
+
+def _inline(sub: Any) -> bool:
+    """Whether nats-py would hand every message of ``sub`` straight to its inline
+    delivery (no JetStream, no message limit, no old-style request)."""
+    return (
+        type(sub._pending_queue) is InlineDelivery
+        and not sub._max_msgs
+        and sub._jsi is None
+        and sub._future is None
+    )
 
 
 def _op_end(data: bytes, pos: int) -> int:
@@ -134,7 +137,7 @@ def _op_end(data: bytes, pos: int) -> int:
     if line_end < 0:
         return -1
     end = line_end + 2
-    if data.startswith(_MSG, pos) or data.startswith(_HMSG, pos):
+    if data.startswith((_MSG, _HMSG), pos):
         args = data[pos:line_end].split()
         length = args[-1] if len(args) >= 4 else b""
         if not length.isdigit():
