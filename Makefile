@@ -102,9 +102,10 @@ pytest: $(NATIVE)
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled
 # build's: the call path's tests (calls, codec, contract, audit, routing, resilience, the
-# protocol reader) and the registrar's per-message ones (health plan, probes, budget) run
-# on it too, from a copy of reach/ without the compiled modules, imported ahead of the
-# checkout (PYTHONPATH, pytest's append import mode).
+# protocol reader, the route cache's collection after a load) and the registrar's
+# per-message ones (health plan, probes, budget) run on it too, from a copy of reach/
+# without the compiled modules, imported ahead of the checkout (PYTHONPATH, pytest's
+# append import mode).
 PURE := build/pure
 PURE_TESTS := tests/test_calls.py tests/test_call_inputs.py tests/test_retries.py \
 	tests/test_fallbacks.py tests/test_batching.py tests/test_codec.py \
@@ -112,6 +113,7 @@ PURE_TESTS := tests/test_calls.py tests/test_call_inputs.py tests/test_retries.p
 	tests/test_breaker.py tests/test_budget.py tests/test_backoff.py tests/test_writer.py \
 	tests/test_public_nats_api.py tests/test_agent_fuzz.py tests/test_reader.py \
 	tests/test_health_plan.py tests/test_registrar_probes.py tests/test_control_budget.py \
+	tests/test_runtime.py \
 	$(wildcard tests/test_audit_*.py)
 pytest-pure: $(STAMP)
 	rm -rf $(PURE)

@@ -1,7 +1,11 @@
-"""Process-wide settings: the garbage collector of a process that follows a registry."""
+"""Process-wide settings: the garbage collector of a process that follows a registry.
+
+Full collections that something asked for are counted with automatic collection off, so
+a count is exactly what the code under test ran."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from collections.abc import Iterator
@@ -9,7 +13,13 @@ from collections.abc import Iterator
 import pytest
 
 from reach import tune_gc
-from reach.runtime import REGISTRY_GC_THRESHOLD
+from reach.registry.routecache import RouteCache
+from reach.registry.store import RegistryStore
+from reach.runtime import REGISTRY_GC_THRESHOLD, SETTLE_AFTER_RECORDS, settle_after_load
+from reach.testing import NatsServer
+from reach.transport import connect
+
+from .routing_helpers import instance
 
 
 @pytest.fixture
@@ -48,3 +58,81 @@ def test_cycles_are_still_collected_by_the_young_generation() -> None:
     del a, b
     gc.collect(0)  # the youngest generation only: no full collection needed
     assert alive() is None
+
+
+@pytest.fixture
+def full_collections() -> Iterator[list[int]]:
+    """The full collections run while the test runs, with automatic collection off: only
+    those something asked for are counted."""
+    seen: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            seen.append(1)
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.callbacks.append(count)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(count)
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_large_load_is_followed_by_one_full_collection(full_collections: list[int]) -> None:
+    settle_after_load(SETTLE_AFTER_RECORDS - 1)
+    assert full_collections == []
+    settle_after_load(SETTLE_AFTER_RECORDS)
+    assert full_collections == [1]
+
+
+async def test_a_route_cache_takes_the_collection_its_first_load_of_the_registry_made_due(
+    nats_server: NatsServer, full_collections: list[int]
+) -> None:
+    """A cache that loads a large registry collects once before it says it is caught up,
+    instead of leaving a full collection (a pause that grows with the registry) due for
+    the first changes it applies; a small load, the changes after a load and a cache that
+    follows capabilities only do not collect."""
+    writer = await connect([nats_server.url], name="writer")
+    reader = await connect([nats_server.url], name="reader")
+    caches: list[RouteCache] = []
+    try:
+        store = await RegistryStore.open(writer)
+
+        async def add(first: int, last: int) -> None:
+            names = [f"rt-{i}" for i in range(first, last)]
+            await asyncio.gather(
+                *(store.create(instance(n, capabilities=("echo",))) for n in names)
+            )
+
+        async def cache(follow_all: bool) -> RouteCache:
+            caches.append(
+                RouteCache(await RegistryStore.open(reader, create=False), follow_all=follow_all)
+            )
+            await caches[-1].start(60.0)
+            return caches[-1]
+
+        await add(0, 50)
+        small = await cache(True)
+        assert full_collections == []
+        caught_up = asyncio.Event()
+        small.on_change(
+            lambda _id, _inst: len(small.all()) >= SETTLE_AFTER_RECORDS and caught_up.set()
+        )
+        await add(50, SETTLE_AFTER_RECORDS)
+        await asyncio.wait_for(caught_up.wait(), 60.0)
+        assert full_collections == []  # changes, not a load
+        some = await cache(False)
+        await some.follow("echo", 60.0)
+        assert len(some.for_capability("echo")) == SETTLE_AFTER_RECORDS
+        assert full_collections == []  # a capability's instances: not the registry
+        large = await cache(True)
+        assert len(large.all()) == SETTLE_AFTER_RECORDS
+        assert full_collections == [1]
+    finally:
+        for each in caches:
+            await each.stop()
+        await reader.close()
+        await writer.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -28,6 +29,7 @@ from reach.models import Instance
 from reach.registry.routeindex import NAMED_CANDIDATES, NOBODY, Members, version_matches
 from reach.registry.store import RecordChange, RegistryStore, RouteChange
 from reach.routing import Peer, Peers, RouteEntry, route_entry, sample
+from reach.runtime import settle_after_load
 from reach.tasks import cancel_and_wait
 
 __all__ = ["MAX_FOLLOWED", "NAMED_CANDIDATES", "RouteCache", "version_matches"]
@@ -214,20 +216,12 @@ class RouteCache:
             self._apply_route(RouteChange(capability, agent_id, _GONE))
 
     async def _run_routes(self, capability: str, follow: _Follow) -> None:
-        await self._keep_following(
-            lambda: self._store.watch_routes(capability),
-            capability,
-            follow.synced,
-            self._apply_route,
-        )
+        watch = functools.partial(self._store.watch_routes, capability)
+        await self._keep_following(watch, capability, follow.synced, self._apply_route)
 
     async def _run(self) -> None:
-        await self._keep_following(
-            lambda: self._store.watch(f"{subjects.AGENT_KEY_PREFIX}>"),
-            "",
-            self._synced,
-            self._apply_record,
-        )
+        watch = functools.partial(self._store.watch, f"{subjects.AGENT_KEY_PREFIX}>")
+        await self._keep_following(watch, "", self._synced, self._apply_record)
 
     def _apply_record(self, change: RecordChange) -> None:
         if change.key.startswith(subjects.AGENT_KEY_PREFIX):
@@ -244,8 +238,8 @@ class RouteCache:
             try:
                 async for change in watch():
                     if change is None:
-                        if synced is self._synced and self._follows:
-                            self._drop_follows()
+                        if synced is self._synced:
+                            self._caught_up()
                         synced.set()
                         continue
                     self.records += 1
@@ -258,9 +252,12 @@ class RouteCache:
                 log.exception("registry watch %s failed; restarting", what or ">")
             await asyncio.sleep(0.5)
 
-    def _drop_follows(self) -> None:
-        """The whole registry is followed and caught up: the capabilities' own watches go
-        (what they indexed stays, kept current by the records)."""
+    def _caught_up(self) -> None:
+        """The whole registry is loaded: the capabilities' own watches go (what they
+        indexed stays, kept current by the records), and after the first load of a
+        large registry the full collection it made due is taken now (reach.runtime)."""
+        if not self._synced.is_set():
+            settle_after_load(len(self._instances))
         for follow in self._follows.values():
             if follow.task is not None:
                 follow.task.cancel()
