@@ -103,7 +103,7 @@ class Settings:
     caller_capabilities: int = 10
     fabric_window_sec: float = 30.0
     #: announces (then byes) timed to every caller's cache
-    fabric_changes: int = 50
+    fabric_changes: int = 200
     cluster_size: int = 3
     registrars: int = 1
     #: which parts run (1 to 4)
