@@ -13,8 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from reach import tune_gc
+from reach.models import Instance
+from reach.registry.ownership import Ownership
+from reach.registry.records import RecordView
 from reach.registry.routecache import RouteCache
-from reach.registry.store import RegistryStore
+from reach.registry.store import RecordChange, RegistryStore
+from reach.registry.watch import RegistryWatch
 from reach.runtime import REGISTRY_GC_THRESHOLD, SETTLE_AFTER_RECORDS, settle_after_load
 from reach.testing import NatsServer
 from reach.transport import connect
@@ -118,15 +122,18 @@ async def test_a_route_cache_takes_the_collection_its_first_load_of_the_registry
         small = await cache(True)
         assert full_collections == []
         caught_up = asyncio.Event()
-        small.on_change(
-            lambda _id, _inst: len(small.all()) >= SETTLE_AFTER_RECORDS and caught_up.set()
-        )
+
+        def on_change(_agent_id: str, _inst: Instance | None) -> None:
+            if len(small.all()) >= SETTLE_AFTER_RECORDS:
+                caught_up.set()
+
+        small.on_change(on_change)
         await add(50, SETTLE_AFTER_RECORDS)
         await asyncio.wait_for(caught_up.wait(), 60.0)
         assert full_collections == []  # changes, not a load
         some = await cache(False)
         await some.follow("echo", 60.0)
-        assert len(some.for_capability("echo")) == SETTLE_AFTER_RECORDS
+        assert len(list(some.for_capability("echo"))) == SETTLE_AFTER_RECORDS
         assert full_collections == []  # a capability's instances: not the registry
         large = await cache(True)
         assert len(large.all()) == SETTLE_AFTER_RECORDS
@@ -136,3 +143,21 @@ async def test_a_route_cache_takes_the_collection_its_first_load_of_the_registry
             await each.stop()
         await reader.close()
         await writer.close()
+
+
+def test_a_registrar_takes_the_collection_its_first_load_of_the_registry_made_due(
+    full_collections: list[int],
+) -> None:
+    """The registrar's watch collects once when its first load of a large registry is
+    done, not when it catches up again after a restart of the watch."""
+    view = RecordView()
+    watch = RegistryWatch(
+        view, Ownership("reg-1"), alerts=None, on_trouble=lambda: None, running=lambda: True
+    )
+    for n in range(SETTLE_AFTER_RECORDS):
+        watch.apply(RecordChange(f"agent.rt-{n}", n + 1, instance(f"rt-{n}")))
+    watch.apply(None)
+    assert watch.synced.is_set()
+    assert full_collections == [1]
+    watch.apply(None)  # caught up again after a restart of the watch
+    assert full_collections == [1]

@@ -16,6 +16,7 @@ from reach.audit.alert_watcher import AlertWatcher
 from reach.registry.ownership import Ownership
 from reach.registry.records import RecordView
 from reach.registry.store import RecordChange
+from reach.runtime import settle_after_load
 
 __all__ = ["RegistryWatch"]
 
@@ -48,6 +49,8 @@ class RegistryWatch:
     def apply(self, change: RecordChange | None) -> None:
         """Take one change of the watch (None: caught up with the bucket)."""
         if change is None:
+            if not self.synced.is_set():  # the first load: its due collection now
+                settle_after_load(len(self._view.by_agent))
             self.synced.set()
         elif change.key.startswith(subjects.REGISTRAR_KEY_PREFIX):
             rid = change.key[len(subjects.REGISTRAR_KEY_PREFIX) :]
