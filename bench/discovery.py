@@ -1705,15 +1705,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = asyncio.run(run_discovery(settings, args.servers, progress))
     doc = build_document(result, settings, argv)
     out: Path = args.out
-    chart = out.with_suffix(".png")
-    note = "chart not requested (--no-chart)" if args.no_chart else write_chart(doc, chart)
-    doc["charts"] = [] if note else [str(chart)]
+    charts, note = ([], "chart not requested (--no-chart)") if args.no_chart else _charts(doc, out)
+    doc["charts"] = [str(c) for c in charts]
     if note:
         doc["charts_note"] = note
     write_json(doc, out)
     print(format_tables(doc))
-    print(f"\nJSON: {out}" + (f"\nchart: {chart}" if not note else f"\n{note}"))
+    print(f"\nJSON: {out}" + "".join(f"\nchart: {c}" for c in charts) + (f"\n{note}" * bool(note)))
     return 0
+
+
+def _charts(doc: dict[str, Any], out: Path) -> tuple[list[Path], str]:
+    """The route choice chart (``OUT.png``, part 1) and the chart of callers on a fabric
+    (``OUT-fabric.png``, part 4), for the parts that ran; and what kept one from being drawn."""
+    from bench.fabricchart import write_fabric_chart
+
+    charts: list[Path] = []
+    notes: list[str] = []
+    if doc["route_choice"]:
+        note = write_chart(doc, out.with_suffix(".png"))
+        charts += [] if note else [out.with_suffix(".png")]
+        notes += [note] if note else []
+    if doc["callers_at_scale"]:
+        fabric, note = write_fabric_chart(
+            doc["callers_at_scale"], out.with_name(f"{out.stem}-fabric.png")
+        )
+        charts += [fabric] if fabric is not None else []
+        notes += [note] if note else []
+    return charts, "; ".join(notes)
 
 
 if __name__ == "__main__":

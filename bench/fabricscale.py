@@ -434,6 +434,22 @@ _MODEL_EXPONENT = {
 }
 
 
+#: figures per 10,000 instances of a cost that is a fixed part plus a part per instance
+#: (a registrar's CPU): projected with that line through the two largest scales, not a
+#: power law, which would let the fixed part's shrinking share go on shrinking below the
+#: part per instance
+_AFFINE = frozenset({"registrar_cpu_pct_per_10k"})
+
+
+def _affine(n_a: int, per_10k_a: float, n_b: int, per_10k_b: float, scale: int) -> float:
+    """A per-10,000 figure at ``scale`` from a total that grows as fixed + per instance
+    through the totals at ``n_a`` and ``n_b`` (the part per instance never below zero)."""
+    total_a, total_b = per_10k_a * n_a / 10_000, per_10k_b * n_b / 10_000
+    per_instance = max(0.0, (total_b - total_a) / (n_b - n_a))
+    fixed = total_b - per_instance * n_b
+    return round((fixed + per_instance * scale) * 10_000 / scale, 2)
+
+
 def kept_up(row: dict[str, Any]) -> bool:
     """Whether the registrar answered (within 2 %) every heartbeat and every announce
     timed: else what is measured is its backlog."""
@@ -444,7 +460,8 @@ def kept_up(row: dict[str, Any]) -> bool:
 def project(rows: Sequence[dict[str, Any]], scale: int = TARGET_SCALE) -> dict[str, Any]:
     """Each figure at ``scale``: measured if a row is there, else a projection from the
     scales where the registrar kept up, with the growth measured between the two largest
-    of them (a power law through both), or with ``_MODEL_EXPONENT`` from one."""
+    of them (a power law through both, or for ``_AFFINE`` figures a fixed part plus a part
+    per instance), or with ``_MODEL_EXPONENT`` from one."""
     import math
 
     measured = _measured(rows)
@@ -463,6 +480,10 @@ def project(rows: Sequence[dict[str, Any]], scale: int = TARGET_SCALE) -> dict[s
     for name, value in b.items():
         if value is None:
             out[name] = None
+            continue
+        earlier = a[name] if a is not None else None
+        if name in _AFFINE and earlier is not None:
+            out[name] = _affine(good[-2]["instances"], earlier, last["instances"], value, scale)
             continue
         exponent = _MODEL_EXPONENT.get(name, 0.0)
         before = a[name] if a is not None else None
