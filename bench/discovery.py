@@ -1732,7 +1732,7 @@ def _charts(doc: dict[str, Any], out: Path) -> tuple[list[Path], str]:
         )
         charts += [fabric] if fabric is not None else []
         notes += [note] if note else []
-    return charts, "; ".join(notes)
+    return charts, "; ".join(dict.fromkeys(notes))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from bench.fabricscale import (
     TARGET_REGISTRAR_PCT_PER_10K,
     TARGET_SCALE,
     TARGET_VISIBLE_P99_MS,
+    _figures,
+    _measured,
     kept_up,
     project,
 )
@@ -43,7 +45,7 @@ _PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...], float | None], ...] 
     (
         "registrar CPU per 10,000 instances",
         "% of a core",
-        (("registrar_cpu_pct_per_10k", "measured with one; projected: fixed + per instance"),),
+        (("registrar_cpu_pct_per_10k", "one registrar"),),
         TARGET_REGISTRAR_PCT_PER_10K,
     ),
     (
@@ -61,8 +63,6 @@ _PANELS: tuple[tuple[str, str, tuple[tuple[str, str], ...], float | None], ...] 
 def _points(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The measured scales where the registrar kept up, and the projection, each with the
     footprint figures in the panel's units."""
-    from bench.fabricscale import _figures, _measured
-
     measured = [{"instances": r["instances"], **_figures(r)} for r in _measured(rows) if kept_up(r)]
     at = project(rows)
     for point in [*measured, at]:
@@ -86,13 +86,14 @@ def write_fabric_chart(rows: Sequence[dict[str, Any]], path: Path) -> tuple[Path
     plt = importlib.import_module("matplotlib.pyplot")
     fig, axes = plt.subplots(1, len(_PANELS), figsize=(16, 4.2))
     xs = [p["instances"] for p in measured]
-    ticks = sorted({*xs, TARGET_SCALE})
+    projected = bool(at.get("projected"))
+    ticks = sorted({*xs, TARGET_SCALE}) if projected else xs
     for ax, (title, ylabel, series, target) in zip(axes, _PANELS, strict=True):
         for n, (name, label) in enumerate(series):
             color = f"C{n}"
             ys = [p.get(name) for p in measured]
             ax.plot(xs, ys, "o-", color=color, label=label)
-            if at.get("projected") and at.get(name) is not None and ys[-1] is not None:
+            if projected and at.get(name) is not None and ys[-1] is not None:
                 ax.plot([xs[-1], TARGET_SCALE], [ys[-1], at[name]], ":", color=color)
                 ax.plot([TARGET_SCALE], [at[name]], "o", mfc="none", color=color)
         if target is not None:
@@ -101,11 +102,11 @@ def write_fabric_chart(rows: Sequence[dict[str, Any]], path: Path) -> tuple[Path
         ax.minorticks_off()
         ax.set_xticks(ticks, [f"{t:,}" for t in ticks], fontsize=7)
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("instances (hollow: projected)")
+        ax.set_xlabel("instances (hollow: projected)" if projected else "instances")
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("Agent-Reach on a three-server cluster: callers and registrar by instances")
+    fig.suptitle("Agent-Reach: callers and registrar by heartbeating instances (discovery part 4)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -435,15 +435,19 @@ _MODEL_EXPONENT = {
 
 
 #: figures per 10,000 instances of a cost that is a fixed part plus a part per instance
-#: (a registrar's CPU): projected with that line through the two largest scales, not a
-#: power law, which would let the fixed part's shrinking share go on shrinking below the
-#: part per instance
+#: (a registrar's CPU): while the figure falls with the scale, projected with that line
+#: through the two largest scales, not a power law, which would let the fixed part's
+#: shrinking share go on shrinking below the part per instance
 _AFFINE = frozenset({"registrar_cpu_pct_per_10k"})
 
 
-def _affine(n_a: int, per_10k_a: float, n_b: int, per_10k_b: float, scale: int) -> float:
+def _affine(n_a: int, per_10k_a: float, n_b: int, per_10k_b: float, scale: int) -> float | None:
     """A per-10,000 figure at ``scale`` from a total that grows as fixed + per instance
-    through the totals at ``n_a`` and ``n_b`` (the part per instance never below zero)."""
+    through the totals at ``n_a`` < ``n_b`` (the part per instance never below zero);
+    None where that line does not fit: scales not apart, or a figure that rises with the
+    scale (a fixed part below zero, which would flatten the growth measured)."""
+    if n_b <= n_a or per_10k_b > per_10k_a:
+        return None
     total_a, total_b = per_10k_a * n_a / 10_000, per_10k_b * n_b / 10_000
     per_instance = max(0.0, (total_b - total_a) / (n_b - n_a))
     fixed = total_b - per_instance * n_b
@@ -460,8 +464,9 @@ def kept_up(row: dict[str, Any]) -> bool:
 def project(rows: Sequence[dict[str, Any]], scale: int = TARGET_SCALE) -> dict[str, Any]:
     """Each figure at ``scale``: measured if a row is there, else a projection from the
     scales where the registrar kept up, with the growth measured between the two largest
-    of them (a power law through both, or for ``_AFFINE`` figures a fixed part plus a part
-    per instance), or with ``_MODEL_EXPONENT`` from one."""
+    of them (a power law through both, or for ``_AFFINE`` figures that fall with the scale
+    a fixed part plus a part per instance, listed in ``fixed_plus_per_instance``), or with
+    ``_MODEL_EXPONENT`` from one."""
     import math
 
     measured = _measured(rows)
@@ -481,12 +486,14 @@ def project(rows: Sequence[dict[str, Any]], scale: int = TARGET_SCALE) -> dict[s
         if value is None:
             out[name] = None
             continue
-        earlier = a[name] if a is not None else None
-        if name in _AFFINE and earlier is not None:
-            out[name] = _affine(good[-2]["instances"], earlier, last["instances"], value, scale)
-            continue
-        exponent = _MODEL_EXPONENT.get(name, 0.0)
         before = a[name] if a is not None else None
+        if name in _AFFINE and before is not None:
+            line = _affine(good[-2]["instances"], before, last["instances"], value, scale)
+            if line is not None:
+                out[name] = line
+                out["fixed_plus_per_instance"] = [*out.get("fixed_plus_per_instance", ()), name]
+                continue
+        exponent = _MODEL_EXPONENT.get(name, 0.0)
         if span and before and value > 0 and before > 0:
             exponent = math.log(value / before) / span
         out["growth_exponent"][name] = round(exponent, 2)

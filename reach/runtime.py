@@ -9,11 +9,11 @@ every record: under that load a registrar spends a large share of its CPU on the
 falls behind. Records hold no reference cycles, and reference counting frees them the
 moment they are replaced: what full collections find there is nothing.
 
-A full collection walks every record held, so its pause grows with the registry. The
-interpreter takes one only once the objects that survived since the last have grown by
-a quarter; a cache that has just loaded the registry leaves such a collection due, and
-without :func:`settle_after_load` it comes at a moment nobody chose, while the first
-changes after the load are being applied.
+A full collection walks every record held, so its pause grows with the registry.
+CPython's generational collector takes one only once the objects that survived since
+the last have grown by a quarter; a first load of the registry leaves such a collection
+due, and without :func:`settle_after_load` it comes at a moment nobody chose, while the
+first changes after the load are being applied.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def tune_gc() -> None:
 
 
 def settle_after_load(records: int) -> None:
-    """After ``records`` registry records were loaded at once (a cache catching up with
-    the registry): one full collection now, while the caller waits for the load anyway,
-    if there were at least :data:`SETTLE_AFTER_RECORDS`. The next one then comes only
-    once the heap has grown by a quarter again, instead of soon after, in the middle of
-    the changes the cache applies next."""
-    if records >= SETTLE_AFTER_RECORDS:
+    """After a first load of the registry that left ``records`` records held (a route cache
+    or a registrar catching up with it): one full collection now, if there are at least
+    :data:`SETTLE_AFTER_RECORDS`, at the end of the load that made it due rather than
+    during the changes applied next. Nothing if the application turned automatic
+    collection off: it runs collections itself."""
+    if records >= SETTLE_AFTER_RECORDS and gc.isenabled():
         gc.collect()

@@ -4,6 +4,7 @@ instance, the other figures with the growth measured, and the chart draws both."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ def test_a_registrar_cost_is_projected_as_fixed_plus_per_instance() -> None:
     rows = [row(1_000, 25.0, 5.0), row(10_000, 16.0, 10.0)]
     at = project(rows)
     assert at["projected"] is True
+    assert at["fixed_plus_per_instance"] == ["registrar_cpu_pct_per_10k"]
     assert at["registrar_cpu_pct_per_10k"] == pytest.approx(15.1)
     # the others with the growth measured between the scales: here a power law
     assert at["visible_p99_ms"] == pytest.approx(20.0)
@@ -46,6 +48,22 @@ def test_a_registrar_cost_never_projects_below_nothing_per_instance() -> None:
     assert at["registrar_cpu_pct_per_10k"] == pytest.approx(0.5)
     shrinking = project([row(1_000, 80.0, 5.0), row(10_000, 5.0, 5.0)])
     assert shrinking["registrar_cpu_pct_per_10k"] == pytest.approx(0.5)
+
+
+def test_a_registrar_cost_that_rises_with_the_scale_keeps_its_growth() -> None:
+    # per 10,000: 20 % at 3,000, 30 % at 10,000: a line through the totals would start
+    # below zero and flatten the growth; the power law measured is kept
+    at = project([row(3_000, 20.0, 5.0), row(10_000, 30.0, 5.0)])
+    assert "registrar_cpu_pct_per_10k" not in at.get("fixed_plus_per_instance", [])
+    assert at["registrar_cpu_pct_per_10k"] == pytest.approx(
+        30.0 * 10 ** (math.log(1.5) / math.log(10 / 3)), rel=1e-3
+    )
+    assert at["registrar_cpu_pct_per_10k"] > 60.0
+
+
+def test_one_scale_measured_twice_is_projected_flat() -> None:
+    at = project([row(10_000, 16.0, 10.0), row(10_000, 18.0, 10.0)])
+    assert at["registrar_cpu_pct_per_10k"] in (16.0, 18.0)
 
 
 def test_a_measured_scale_is_not_projected() -> None:

@@ -1,18 +1,19 @@
 """Process-wide settings: the garbage collector of a process that follows a registry.
 
-Full collections that something asked for are counted with automatic collection off, so
-a count is exactly what the code under test ran."""
+Full collections are counted while none is ever due on its own, so a count is exactly
+what the code under test ran."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from reach import tune_gc
+from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.ownership import Ownership
 from reach.registry.records import RecordView
@@ -65,24 +66,23 @@ def test_cycles_are_still_collected_by_the_young_generation() -> None:
 
 
 @pytest.fixture
-def full_collections() -> Iterator[list[int]]:
-    """The full collections run while the test runs, with automatic collection off: only
-    those something asked for are counted."""
+def full_collections(thresholds: None) -> Iterator[list[int]]:
+    """The full collections run while the test runs, with automatic collection on but
+    never due (a youngest generation that never fills): only those something asked for
+    are counted."""
     seen: list[int] = []
 
     def count(phase: str, info: dict[str, int]) -> None:
         if phase == "stop" and info["generation"] == 2:
             seen.append(1)
 
-    was_enabled = gc.isenabled()
-    gc.disable()
+    assert gc.isenabled()
+    gc.set_threshold(1 << 30, 10, 10)
     gc.callbacks.append(count)
     try:
         yield seen
     finally:
         gc.callbacks.remove(count)
-        if was_enabled:
-            gc.enable()
 
 
 def test_a_large_load_is_followed_by_one_full_collection(full_collections: list[int]) -> None:
@@ -90,6 +90,17 @@ def test_a_large_load_is_followed_by_one_full_collection(full_collections: list[
     assert full_collections == []
     settle_after_load(SETTLE_AFTER_RECORDS)
     assert full_collections == [1]
+
+
+def test_an_application_that_turned_collection_off_is_left_to_run_its_own(
+    full_collections: list[int],
+) -> None:
+    gc.disable()
+    try:
+        settle_after_load(10 * SETTLE_AFTER_RECORDS)
+    finally:
+        gc.enable()
+    assert full_collections == []
 
 
 async def test_a_route_cache_takes_the_collection_its_first_load_of_the_registry_made_due(
@@ -161,3 +172,47 @@ def test_a_registrar_takes_the_collection_its_first_load_of_the_registry_made_du
     assert full_collections == [1]
     watch.apply(None)  # caught up again after a restart of the watch
     assert full_collections == [1]
+
+
+class _WatchFailingOnce(RegistryStore):
+    """The registry, whose first whole-registry watch fails right after catching up (as
+    one does when its consumer is lost); ``again`` is set once the next has caught up."""
+
+    failed = False
+    again: asyncio.Event | None = None
+
+    async def watch(self, keys: str = ">") -> AsyncIterator[RecordChange | None]:
+        async for change in super().watch(keys):
+            yield change
+            if change is None and not self.failed:
+                self.failed = True
+                raise ReachError("the watch's consumer is gone")
+            if change is None and self.again is not None:
+                self.again.set()
+
+
+async def test_a_route_cache_whose_watch_starts_again_does_not_collect_again(
+    nats_server: NatsServer, full_collections: list[int]
+) -> None:
+    writer = await connect([nats_server.url], name="writer")
+    reader = await connect([nats_server.url], name="reader")
+    try:
+        store = await RegistryStore.open(writer)
+        names = [f"rt-{i}" for i in range(SETTLE_AFTER_RECORDS)]
+        await asyncio.gather(*(store.create(instance(n)) for n in names))
+        failing = await _WatchFailingOnce.open(reader, create=False)
+        assert isinstance(failing, _WatchFailingOnce)
+        failing.again = asyncio.Event()
+        cache = RouteCache(failing, follow_all=True)
+        try:
+            await cache.start(60.0)
+            assert full_collections == [1]
+            await asyncio.wait_for(failing.again.wait(), 60.0)
+            assert failing.failed
+            assert len(cache.all()) == SETTLE_AFTER_RECORDS
+            assert full_collections == [1]
+        finally:
+            await cache.stop()
+    finally:
+        await reader.close()
+        await writer.close()
