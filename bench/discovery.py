@@ -35,7 +35,6 @@ import dataclasses
 import datetime
 import gc
 import heapq
-import importlib
 import json
 import random
 import secrets
@@ -52,7 +51,14 @@ from typing import Any
 from bench.callpath import server_version
 from bench.fabricscale import fabric_tables, fabric_targets
 from bench.procs import Child, cpu_seconds, log_dir
-from bench.report import machine_info, percentile, require_fresh_build, write_json
+from bench.report import (
+    NO_MATPLOTLIB,
+    machine_info,
+    percentile,
+    pyplot,
+    require_fresh_build,
+    write_json,
+)
 
 __all__ = ["DEFAULT", "QUICK", "Settings", "main", "run_discovery"]
 
@@ -1545,12 +1551,9 @@ def _times_floor(row: dict[str, Any]) -> str:
 
 def write_chart(doc: dict[str, Any], path: Path) -> str:
     """A PNG of lookup cost by instance count (log-log); a note instead without matplotlib."""
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-    except ImportError:
-        return "matplotlib is not installed: no PNG chart (pip install matplotlib for it)"
-    matplotlib.use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for ax, layout in zip(axes, ("spread", "one_capability"), strict=True):
         rows = [r for r in doc["route_choice"] if r["layout"] == layout]

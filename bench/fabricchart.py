@@ -10,7 +10,6 @@ reader never takes one for the other; the target is a grey dashed line.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from bench.fabricscale import (
     kept_up,
     project,
 )
+from bench.report import NO_MATPLOTLIB, pyplot
 
 __all__ = ["write_fabric_chart"]
 
@@ -78,12 +78,9 @@ def write_fabric_chart(rows: Sequence[dict[str, Any]], path: Path) -> tuple[Path
     measured, at = _points(rows)
     if not measured:
         return None, "no scale of part 4 was measured with the registrar keeping up: no chart"
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-    except ImportError:
-        return None, "matplotlib is not installed: no PNG chart (pip install matplotlib for it)"
-    matplotlib.use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    plt = pyplot()
+    if plt is None:
+        return None, NO_MATPLOTLIB
     fig, axes = plt.subplots(1, len(_PANELS), figsize=(16, 4.2))
     xs = [p["instances"] for p in measured]
     projected = bool(at.get("projected"))

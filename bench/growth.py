@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
-import importlib
 import json
 import sys
 import time
@@ -47,7 +46,15 @@ from typing import Any
 from bench.callpath import server_version
 from bench.failover import Fabric, echo_manifest, fabric, start_agents, start_child
 from bench.procs import Child, cpu_seconds
-from bench.report import _table, machine_info, percentile, require_fresh_build, write_json
+from bench.report import (
+    NO_MATPLOTLIB,
+    _table,
+    machine_info,
+    percentile,
+    pyplot,
+    require_fresh_build,
+    write_json,
+)
 
 __all__ = ["DEFAULT", "QUICK", "Settings", "format_tables", "main", "run_growth", "write_chart"]
 
@@ -448,12 +455,9 @@ def format_tables(doc: dict[str, Any]) -> str:
 
 def write_chart(doc: dict[str, Any], path: Path) -> tuple[Path | None, str]:
     """Both curves in one PNG; without matplotlib, no chart and a note saying so."""
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-    except ImportError:
-        return None, "matplotlib is not installed: no PNG chart (pip install matplotlib for it)"
-    matplotlib.use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    plt = pyplot()
+    if plt is None:
+        return None, NO_MATPLOTLIB
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key, label in (
         (axes[0], "by_instances", "callee instances (1 caller process)"),

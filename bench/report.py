@@ -425,15 +425,26 @@ def format_tables(doc: dict[str, Any]) -> str:
 
 # -- charts -------------------------------------------------------------------------------
 
+#: what a benchmark says instead of a chart when matplotlib is not there
+NO_MATPLOTLIB = "matplotlib is not installed: no PNG chart (pip install matplotlib for it)"
 
-def write_charts(doc: dict[str, Any], directory: Path, stem: str) -> tuple[list[Path], str]:
-    """PNG charts next to the JSON; without matplotlib, no charts and a note saying so."""
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot drawing to files (the Agg backend), or None without matplotlib
+    (an optional dependency: the ``bench`` extra)."""
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        return [], "matplotlib is not installed: no PNG charts (pip install matplotlib for them)"
+        return None
     matplotlib.use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def write_charts(doc: dict[str, Any], directory: Path, stem: str) -> tuple[list[Path], str]:
+    """PNG charts next to the JSON; without matplotlib, no charts and a note saying so."""
+    plt = pyplot()
+    if plt is None:
+        return [], NO_MATPLOTLIB
     directory.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = doc["summary"]
     names = list(summary)
