@@ -216,3 +216,41 @@ async def test_a_route_cache_whose_watch_starts_again_does_not_collect_again(
     finally:
         await reader.close()
         await writer.close()
+
+
+async def test_a_route_cache_that_comes_through_a_server_restart_does_not_collect_again(
+    nats_server: NatsServer, full_collections: list[int]
+) -> None:
+    """The nats-server is stopped and started again under a cache that loaded a large
+    registry: the cache follows the registry again (a record written after the restart
+    reaches it), and its load's collection is not run a second time."""
+    writer = await connect([nats_server.url], name="writer")
+    reader = await connect([nats_server.url], name="reader")
+    try:
+        store = await RegistryStore.open(writer)
+        names = [f"rt-{i}" for i in range(SETTLE_AFTER_RECORDS)]
+        await asyncio.gather(*(store.create(instance(n)) for n in names))
+        cache = RouteCache(await RegistryStore.open(reader, create=False), follow_all=True)
+        arrived = asyncio.Event()
+
+        def on_change(agent_id: str, _inst: Instance | None) -> None:
+            if agent_id == "late-1":
+                arrived.set()
+
+        cache.on_change(on_change)
+        try:
+            await cache.start(60.0)
+            assert full_collections == [1]
+            back = asyncio.Event()
+            writer.on_reconnect(back.set)
+            nats_server.restart()
+            await asyncio.wait_for(back.wait(), 30.0)
+            await store.create(instance("late-1"))
+            await asyncio.wait_for(arrived.wait(), 30.0)
+            assert len(cache.all()) == SETTLE_AFTER_RECORDS + 1
+            assert full_collections == [1]
+        finally:
+            await cache.stop()
+    finally:
+        await reader.close()
+        await writer.close()
