@@ -5,7 +5,8 @@ The pages link to files outside docs/ as GitHub shows them, relative to the page
 added to the site under the same path without the ``../`` (``schemas/...``) and the link
 rewritten to match, so the links work both on GitHub and on the site. A link to a
 repository file that does not exist is left as it is, and ``mkdocs build --strict``
-refuses it.
+refuses it; so is a link to a file that git ignores and does not track (a result the
+benchmarks wrote but nobody added), which a clone would not have.
 
 A line that is only a link to a section of the README (``[…](../README.md#anchor)``) is
 replaced by that section, its links to ``docs/`` made relative to the site: the
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import posixpath
 import re
+import subprocess
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +66,21 @@ def _target(path: str) -> str | None:
         candidate = candidate / "README.md"
     if not candidate.is_file() or ROOT / "docs" in candidate.parents:
         return None
-    return candidate.relative_to(ROOT).as_posix()
+    relative = candidate.relative_to(ROOT).as_posix()
+    return None if _ignored(relative) else relative
+
+
+@cache
+def _ignored(path: str) -> bool:
+    """Whether git ignores the file and does not track it; False outside a git checkout
+    (an unpacked source archive holds only what was tracked)."""
+    try:
+        done = subprocess.run(
+            ["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True, check=False
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
 
 
 def on_files(files: Files, config: Any) -> Files:
