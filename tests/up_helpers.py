@@ -20,9 +20,11 @@ import pytest
 
 from reach.agent import Agent
 from reach.embedded import free_port
+from reach.security.credentials import CredentialsFile, CredentialStore
+from reach.security.fabric import connect_as
 
 from .calls_helpers import capability, make_agent
-from .cli_helpers import CLEAN_ENV, REACH, reach_cli
+from .cli_helpers import CLEAN_ENV, REACH
 
 #: how long `reach up` may take to say it is up, and to exit once told to
 READY_TIMEOUT = 30.0
@@ -117,17 +119,19 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
         assert line.startswith(b"Agent-Reach up"), line
         url = f"nats://127.0.0.1:{port}"
         admin = store / "dev.creds"
-        made = {}
-        for name, extra in (
-            ("watcher", ()),  # a caller: what an operator might wrongly use for a command
-            ("agent-a", ("--agent-id", "a-1", "--cap", "echo")),
-        ):
-            made[name] = tmp_path / f"{name}.creds"
-            code, out, err = await reach_cli(
-                "creds", "add", name, "--level", "2", *extra, "--out", str(made[name]),
-                "--servers", url, "--creds", str(admin),
-            )  # fmt: skip
-            assert code == 0, out + err
+        made = {name: tmp_path / f"{name}.creds" for name in ("watcher", "agent-a")}
+        # Made through the credential store as `reach creds add` makes them (whose own
+        # tests run the command): a process per credential would double every setup.
+        conn, _ = await connect_as([url], name="secured-fixture", credentials=admin)
+        try:
+            creds = await CredentialStore.open(conn)
+            # a caller: what an operator might wrongly use for a command
+            watcher, secret = await creds.add("watcher", 2)
+            CredentialsFile(url, watcher.client_id, secret).write(made["watcher"])
+            agent, secret = await creds.add("agent-a", 2, agent_id="a-1", capabilities=("echo",))
+            CredentialsFile(url, agent.client_id, secret).write(made["agent-a"])
+        finally:
+            await conn.close()
         yield Secured(url, admin, made["watcher"], made["agent-a"])
     finally:
         proc.send_signal(signal.SIGTERM)
