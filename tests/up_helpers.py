@@ -120,8 +120,8 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
         url = f"nats://127.0.0.1:{port}"
         admin = store / "dev.creds"
         made = {name: tmp_path / f"{name}.creds" for name in ("watcher", "agent-a")}
-        # Made through the credential store as `reach creds add` makes them (whose own
-        # tests run the command): a process per credential would double every setup.
+        # Made through the credential store as `reach creds add` makes them (the command
+        # has its own tests), without starting a reach process for each.
         conn, _ = await connect_as([url], name="secured-fixture", credentials=admin)
         try:
             creds = await CredentialStore.open(conn)

@@ -86,6 +86,7 @@ def _ignored(path: str) -> bool:
 def on_files(files: Files, config: Any) -> Files:
     """Add every repository file a page links to (pages are read from disk here)."""
     _linked.clear()
+    _ignored.cache_clear()  # a file added to git since the last build is linked now
     docs = Path(config["docs_dir"])
     for page in docs.glob("*.md"):
         for match in _LINK.finditer(page.read_text(encoding="utf-8")):
