@@ -32,6 +32,7 @@ from reach.models import (
     ProbeReply,
 )
 from reach.registry.partitions import partition_of
+from reach.tasks import cancel_and_wait
 
 #: announces tried per instance (a busy host may answer one late)
 ANNOUNCE_ATTEMPTS = 5
@@ -217,8 +218,6 @@ class Simulator:
         return {p: by for p, by in answers if by}
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         if self.nc is not None:
             await self.nc.close()

@@ -26,6 +26,7 @@ from reach.embedded import free_port
 from reach.errors import ReachError
 from reach.registry.store import RegistryStore
 from reach.security.fabric import connect_as
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 
 from .cli_helpers import REACH
@@ -290,9 +291,7 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
         assert not twice, counts
         assert len(call_ids) == traffic.completed, counts
     finally:
-        for task in (*workers, *([watcher] if watcher else [])):
-            task.cancel()
-        await asyncio.gather(*workers, *([watcher] if watcher else []), return_exceptions=True)
+        await cancel_and_wait([*workers, *([watcher] if watcher else [])])
         await client.close()
         for agent in agents:
             await agent.stop()
@@ -346,9 +345,7 @@ async def test_a_killed_node_loses_no_event_agents_record_for_a_caller_that_does
         assert len(traffic.ok_ids) == len(set(traffic.ok_ids))
         assert len(served) <= traffic.completed
     finally:
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        await cancel_and_wait(workers)
         await client.close()
         for agent in agents:
             await agent.stop()

@@ -25,6 +25,7 @@ import pytest
 
 from reach.client import ReachClient
 from reach.embedded import free_port
+from reach.tasks import cancel_and_wait
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .console_helpers import SCRIPT
@@ -124,9 +125,9 @@ async def traffic(client: ReachClient) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        task.cancel()
+        await cancel_and_wait([task])
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await task  # done: raises what it failed with, if anything
 
 
 async def shot(browser: Browser, name: str) -> None:

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from reach.registry.registrar import Registrar
+from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 
 from .calls_helpers import capability, make_agent
@@ -62,6 +63,4 @@ async def test_a_live_part_is_rendered_once_per_refresh_and_at_once_on_a_registr
                     assert time.monotonic() - started < 1.5, "the new agent not shown at once"
                     await asyncio.sleep(0.05)
         finally:
-            for reader in readers:
-                reader.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
+            await cancel_and_wait(readers)

@@ -25,6 +25,7 @@ from reach import envelope, subjects
 from reach.modelcodec import decode_model, encode_model
 from reach.models import AnnounceReply, AnnounceRequest, Heartbeat, Instance, ProbeReply
 from reach.registry import Registrar, RegistrarConfig
+from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 
 from .hbsim import request, sim_manifest
@@ -158,7 +159,7 @@ async def test_forged_and_stray_replies_change_nothing_and_are_counted(
         assert record.consecutive_failures == 0
         assert not [t for t in record.transitions if "another instance" in t.reason]
     finally:
-        beats.cancel()
+        await cancel_and_wait([beats])
         await attacker.close()
         await inst.nc.close()
 
@@ -226,7 +227,7 @@ async def test_a_malformed_or_foreign_reply_is_a_failed_probe_and_the_registrar_
         healthy = await _until(reg, agent_id, lambda i: i.status == "healthy")
         assert healthy.consecutive_failures == 0
     finally:
-        beats.cancel()
+        await cancel_and_wait([beats])
         await inst.nc.close()
 
 
@@ -263,8 +264,7 @@ async def test_probes_beyond_the_limit_in_flight_wait_their_turn(nats_server: Na
             assert measured.consecutive_failures == 0
         assert reg._sweeper.probes.in_flight <= 6
     finally:
-        for task in beats:
-            task.cancel()
+        await cancel_and_wait(beats)
         for inst in foreign:
             await inst.nc.close()
         await reg.stop()

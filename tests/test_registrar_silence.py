@@ -19,6 +19,7 @@ from reach.errors import ReachTimeout
 from reach.models import Instance, Manifest, Readiness
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import RegistryStore
+from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 from reach.transport import Connection, KVConflict, connect
 
@@ -69,8 +70,7 @@ async def test_an_eviction_is_checked_again_on_the_record_as_it_is_now(
     await _until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
     # this registrar's view stops here (its watch lags behind, as after a reconnect) ...
     watch = reg._loops[0]
-    watch.cancel()
-    await asyncio.gather(watch, return_exceptions=True)
+    await cancel_and_wait([watch])
     clock.advance(5 * INTERVAL)
     # ... while another registrar records a heartbeat
     heard = _record("quiet-1", clock.time()).model_copy(update={"registered_at": 0.0})

@@ -28,6 +28,7 @@ from reach.security.revocation import (
     publish_revocation,
 )
 from reach.security.tokens import KeyRing, KeyStore, TokenIssuer, TokenRejected, TokenVerifier
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 
 from .token_helpers import WALL
@@ -129,9 +130,9 @@ async def test_a_following_verifier_learns_revocations_from_reach_keys(
         assert verifier.verify(token).client_id == "spy"
         assert ring.active.kid in verifier.kids  # keys still followed as before
     finally:
-        task.cancel()
+        await cancel_and_wait([task])
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await task  # done: raises what it failed with, if anything
     # KeyStore.all() reads keys only, never the revocations beside them
     assert [p.kid for p in await store.all()] == [ring.active.kid]
 

@@ -21,6 +21,7 @@ from reach.modelcodec import encode_model
 from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore, route_key
+from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 
@@ -255,8 +256,7 @@ async def test_route_keys_left_out_of_step_by_a_dead_writer_are_repaired(
             route_key("alpha", "old-1"),
         }
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
         await watcher.repair.stop()
 
 

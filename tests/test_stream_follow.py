@@ -15,6 +15,7 @@ import contextlib
 import pytest
 
 from reach.errors import ReachError
+from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 from reach.transport import Connection, StreamMessage, connect
 from tests.audit_helpers import until
@@ -63,9 +64,9 @@ async def test_a_follower_goes_on_after_its_server_restarts_with_every_message_o
                 await _publish(conn, "FOLLOW", n)
             await until(lambda: len(got) >= 6, timeout=15)
         finally:
-            reader.cancel()
+            await cancel_and_wait([reader])
             with contextlib.suppress(asyncio.CancelledError):
-                await reader
+                await reader  # done: raises what it failed with, if anything
         assert [m.seq for m in got] == [1, 2, 3, 4, 5, 6]
         assert [m.data for m in got] == [b"%d" % n for n in range(6)]
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from reach.tasks import PENDING_DEADLINE, run_eagerly
+from reach.tasks import PENDING_DEADLINE, cancel_and_wait, run_eagerly
 
 
 async def test_a_deadline_left_by_a_finished_step_is_not_handed_to_the_next_call() -> None:
@@ -42,3 +42,28 @@ async def test_a_step_that_waits_hands_over_its_own_deadline() -> None:
     run_eagerly(waits_with_deadline(), on_task=on_task)
     await asyncio.gather(*tasks)
     assert handed == [42.0]
+
+
+async def test_a_loop_that_loses_a_cancel_is_still_stopped() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the result of a future that completes
+    together with the cancel and drops the cancel: a loop around such an await, cancelled
+    once, runs on. Here the loop drops the first cancel itself, as that race does."""
+    rounds = 0
+    dropped = 0
+
+    async def loop() -> None:
+        nonlocal rounds, dropped
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if dropped:
+                    raise
+                dropped += 1
+            rounds += 1
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0.03)
+    await asyncio.wait_for(cancel_and_wait([task]), 10)
+    assert task.cancelled()
+    assert dropped == 1

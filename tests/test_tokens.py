@@ -33,6 +33,7 @@ from reach.security import (
     TokenRejected,
     TokenVerifier,
 )
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 
 from .token_helpers import WALL, verifier_for
@@ -693,9 +694,9 @@ async def test_a_following_verifier_learns_new_keys_and_forgets_pruned_ones(
         await _poll(lambda: old_kid not in verifier.kids)
         assert rejected(verifier, old_token).reason == "unknown_kid"
     finally:
-        task.cancel()
+        await cancel_and_wait([task])
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await task  # done: raises what it failed with, if anything
 
 
 async def test_bad_key_records_are_skipped(

@@ -33,6 +33,7 @@ from reach.client import ReachClient
 from reach.registry.budget import BURST, PER_INTERVAL
 from reach.security.accounts import REQUEST_INFO_HEADER
 from reach.security.issuer import TOKEN_BURST
+from reach.tasks import cancel_and_wait
 
 from ..calls_helpers import wait_routable
 from .conftest import UpFabric, attacker, fabric_token, request_bytes
@@ -141,8 +142,7 @@ async def test_one_credentials_flood_leaves_the_registry_and_the_issuer_standing
                 for i in client.routes.find("steady")
                 if i.status != "healthy"
             ]
-            counting.cancel()
-            await asyncio.gather(counting, return_exceptions=True)
+            await cancel_and_wait([counting])
     finally:
         await admin.close()
     assert sum(sent.values()) > 20_000, sent  # it was a flood

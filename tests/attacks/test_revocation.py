@@ -23,6 +23,7 @@ from reach import subjects
 from reach.agent import Agent
 from reach.client import ReachClient
 from reach.errors import AuthenticationFailed, ReachError
+from reach.tasks import cancel_and_wait
 
 from ..cli_helpers import run_reach
 from .conftest import UpFabric, ask, attacker, code_of, request_bytes
@@ -133,8 +134,7 @@ async def test_revoke_cuts_connection_tokens_and_renewal(
             await other.close()
         assert time.monotonic() - done_at <= CUT_WITHIN
     finally:
-        caller.cancel()
-        await asyncio.gather(caller, return_exceptions=True)
+        await cancel_and_wait([caller])
         await conn.close()
 
 
