@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 from reach.audit.reader import AuditRecord
+from reach.tasks import cancel_and_wait
 
 __all__ = ["MERGE_WINDOW_SEC", "MergedCall", "merge_calls", "merged"]
 
@@ -97,6 +98,6 @@ async def merge_calls(
         for _due, group in pending.values():
             yield merged(group)
     finally:
-        reading.cancel()
+        await cancel_and_wait([reading])
         with contextlib.suppress(asyncio.CancelledError):
             await reading  # what the reader raised, if it failed, is raised here

@@ -24,6 +24,7 @@ from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
+from reach.tasks import cancel_and_wait
 
 
 def _rate(tally: Tally | None) -> str:
@@ -121,7 +122,7 @@ async def _top(target: Target, interval: float, window: float, once: bool) -> No
                         live.update(view(), refresh=True)
                 reader.result()
             finally:
-                reader.cancel()
+                await cancel_and_wait([reader])
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
         finally:

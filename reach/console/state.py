@@ -28,6 +28,7 @@ from reach.errors import ReachError
 from reach.models import Instance
 from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection, StreamMessage
 
 __all__ = ["ALERTS_KEPT", "FabricView"]
@@ -95,11 +96,10 @@ class FabricView:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(self._tasks)
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await task  # done: raises what it failed with, if anything
         self._tasks = []
         if self.routes is not None:
             await self.routes.stop()
@@ -117,9 +117,7 @@ class FabricView:
             try:
                 await asyncio.wait({reading, waiting}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (reading, waiting):
-                    task.cancel()
-                await asyncio.gather(reading, waiting, return_exceptions=True)
+                await cancel_and_wait([reading, waiting])
             if not reading.cancelled():
                 self._failed(source, reading.exception())
                 await asyncio.sleep(RETRY_SEC)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from reach.errors import ReachError
+from reach.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # pragma: no cover
     from reach.registry.store import RegistryStore
@@ -148,6 +149,5 @@ class RouteRepair:
             self._timer.cancel()
             self._timer = None
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None

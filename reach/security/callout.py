@@ -38,6 +38,7 @@ from reach import subjects
 from reach.errors import ReachError
 from reach.security import accounts, natsconf
 from reach.security.natsjwt import decode_jwt, encode_jwt
+from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
 from reach.transport.kvfollow import republish_prefix
 
@@ -326,9 +327,7 @@ class AuthCallout:
     async def _settle(self) -> None:
         # the UNSUB reached the server before this returns (see Connection.flush)
         await self._conn.flush()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
 
     async def __aenter__(self) -> AuthCallout:
         await self.start()
