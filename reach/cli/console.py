@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import os
 
 import click
@@ -16,35 +16,22 @@ PASSWORD_ENV = "REACH_CONSOLE_PASSWORD"
 async def _console(
     target: Target, host: str, port: int, password: str | None, window: float
 ) -> None:
-    import uvicorn
-
     from reach.console import Console, FabricView
+    from reach.http.serve import listen, serve, url_of
 
-    async with connection(target, "reach-console") as conn:
-        view = FabricView(conn, window_sec=window)
-        await view.start()
-        console = Console(view, password=password, loopback_only=password is None)
-        config = uvicorn.Config(
-            console.asgi,
-            host=host,
-            port=port,
-            log_level="warning",
-            lifespan="off",
-            # the live feeds end when the console closes (see below), not after a wait
-            timeout_graceful_shutdown=2,
-        )
-        server = uvicorn.Server(config)
-        shown = f"[{host}]" if ":" in host else host
-        click.echo(f"reach console on http://{shown}:{port}/ (Ctrl-C to stop)", err=True)
-        serving = asyncio.create_task(server.serve())
-        try:
-            await asyncio.shield(serving)
-        except asyncio.CancelledError:
-            server.should_exit = True
-            await serving
-        finally:
-            console.closing.set()
-            await view.stop()
+    sock = listen(host, port)  # a busy port fails the command before it connects
+    with contextlib.closing(sock):
+        async with connection(target, "reach-console") as conn:
+            view = FabricView(conn, window_sec=window)
+            await view.start()
+            console = Console(view, password=password, loopback_only=password is None)
+            click.echo(f"reach console on {url_of(sock)} (Ctrl-C to stop)", err=True)
+            try:
+                # told to stop, the live feeds end at once (they would run for ever)
+                await serve(console.asgi, sock, graceful_sec=2, stopping=console.closing.set)
+            finally:
+                console.closing.set()
+                await view.stop()
 
 
 def register(main: click.Group) -> None:

@@ -17,14 +17,10 @@ its credentials, clearance and audit, for whoever can reach its port (it listens
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import uvicorn
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes
@@ -35,9 +31,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reach.client import ReachClient
-from reach.errors import ConfigurationError
 from reach.gateways.a2a_cards import agents_of, card_for, index_entry, whole_numbers
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
+from reach.http.serve import listen, url_of
+from reach.http.serve import serve as serve_http
 
 __all__ = ["A2AGateway", "serve"]
 
@@ -107,40 +104,13 @@ class A2AGateway:
         return Starlette(routes=routes)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, leaving the signals to ``serve``: uvicorn raises a signal it caught once
-    it has stopped, which for SIGTERM would end the process before the gateway's client
-    had written its audit events and closed."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
-    except OSError as exc:
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-
-
 async def serve(gateway: A2AGateway, host: str, port: int, ready: Callable[[str], None]) -> None:
     """Serve ``gateway`` on ``host``:``port`` (0: a free port) until SIGINT or SIGTERM;
     ``ready(url)`` once it listens."""
-    sock = _listen(host, port)
-    # its index and cards list every agent of the fabric: it follows the whole registry
-    await gateway.client.routes.follow_everything()
-    server = _Server(uvicorn.Config(gateway.app(), log_level="warning", lifespan="off"))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, setattr, server, "should_exit", True)
-    try:
-        bound_host, bound_port = sock.getsockname()[:2]
-        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        ready(f"http://{shown}:{bound_port}/")
-        await server.serve(sockets=[sock])
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        sock.close()
+    sock = listen(host, port)
+    with contextlib.closing(sock):
+        # its index and cards list every agent of the fabric: it follows the whole registry
+        await gateway.client.routes.follow_everything()
+        app = gateway.app()
+        ready(url_of(sock))
+        await serve_http(app, sock)

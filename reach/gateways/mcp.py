@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
 import sys
 import weakref
 from collections.abc import Mapping
@@ -51,6 +50,8 @@ log = logging.getLogger("reach.mcp")
 
 #: where the streamable HTTP endpoint is served
 HTTP_PATH = "/mcp"
+#: how long requests still open when told to stop may go on, at most
+STOP_GRACE_SEC = 5
 
 _INSTRUCTIONS = (
     "Each tool is a capability of an agent on the Agent-Reach fabric; calling it routes the"
@@ -132,6 +133,11 @@ class McpGateway:
         if self._watcher is not None:
             await cancel_and_wait([self._watcher])
             self._watcher = None
+        self.end_streams()
+
+    def end_streams(self) -> None:
+        """End every open ``subscriptions/listen`` stream gracefully (its final frame says
+        so), as when the gateway stops."""
         self._listen.close()
 
     # -- the tool list follows the registry ----------------------------------------------
@@ -240,24 +246,23 @@ async def _serve_stdio(gateway: McpGateway) -> None:
 
 
 async def _serve_http(gateway: McpGateway, host: str, port: int) -> None:
-    import uvicorn
+    from reach.http.serve import listen, serve, url_of
 
     app = gateway.server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
-    # bound and listening before the address is printed: a client may connect at once
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
-    bound = sock.getsockname()[1]
-    where = f"[{host}]" if family == socket.AF_INET6 else host
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    _say(f"reach mcp: {len(gateway.tools)} tools at http://{where}:{bound}{HTTP_PATH}")
-    if not _loopback(host):
-        _say(
-            f"reach mcp: warning: listening on {host}, beyond this machine: whoever reaches"
-            " the port calls the fabric with this gateway's credential"
-        )
+    sock = listen(host, port)  # listening before the URL is printed: a client may connect at once
     with contextlib.closing(sock):
-        await server.serve(sockets=[sock])
+        _say(f"reach mcp: {len(gateway.tools)} tools at {url_of(sock, HTTP_PATH)}")
+        if not _loopback(host):
+            _say(
+                f"reach mcp: warning: listening on {host}, beyond this machine: whoever reaches"
+                " the port calls the fabric with this gateway's credential"
+            )
+        # the SDK's session manager runs in the app's lifespan; told to stop, the listen
+        # streams end at once, and the handshake-era GET streams with the session manager
+        # after the grace period
+        await serve(
+            app, sock, lifespan=True, graceful_sec=STOP_GRACE_SEC, stopping=gateway.end_streams
+        )
 
 
 def _loopback(host: str) -> bool:
