@@ -330,8 +330,8 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
         request = message(new_data_part({"rows": 5}))
         request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
         task = await send(client, request)
-        # the job's id is the task's, and it is not done yet
-        assert task.id.split(".")[:2] == ["gw", "export-1"], task.id
+        # the job's id is in the task's metadata, and it is not done yet
+        assert task.metadata["job_id"].split(".")[:2] == ["gw", "export-1"], task
         assert task.status.state == TaskState.TASK_STATE_SUBMITTED
         gate.set()
         deadline = time.monotonic() + FOLLOW_TIMEOUT
@@ -424,8 +424,8 @@ def test_a_message_names_its_skill_and_carries_its_input_as_data_or_json_text() 
 def test_a_result_json_cannot_hold_is_carried_as_json_can() -> None:
     value = {"raw": b"\x00\x01", "nan": math.nan, "big": 2**60, 7: ("a", "b")}
     result = CallResult(value, "make", "call-1", "m-1", 1, 2.5)
-    task = completed_task(result, "ctx", [])
-    assert task.id == "call-1"
+    task = completed_task("t-1", result, "ctx", [])
+    assert (task.id, task.metadata["call_id"]) == ("t-1", "call-1")
     assert answer_of(task) == {"raw": "AAE=", "nan": None, "big": str(2**60), "7": ["a", "b"]}
 
 
@@ -461,15 +461,15 @@ def test_a_job_is_a_task_of_its_status() -> None:
     accepted = JobRecord(
         job_id="gw.m-1.abc", capability="make", agent_id="m-1", status="accepted", accepted_at=1
     )
-    assert job_task(accepted, "ctx").status.state == TaskState.TASK_STATE_SUBMITTED
+    assert job_task("t-1", accepted, "ctx").status.state == TaskState.TASK_STATE_SUBMITTED
     running = accepted.model_copy(update={"status": "running"})
-    assert job_task(running, "ctx").status.state == TaskState.TASK_STATE_WORKING
+    assert job_task("t-1", running, "ctx").status.state == TaskState.TASK_STATE_WORKING
     done = accepted.model_copy(update={"status": "succeeded", "result": {"ok": True}})
-    assert answer_of(job_task(done, "ctx")) == {"ok": True}
+    assert answer_of(job_task("t-1", done, "ctx")) == {"ok": True}
     failed = accepted.model_copy(
         update={"status": "failed", "error_kind": "business", "error_code": "x", "error": "no"}
     )
-    task = job_task(failed, "ctx")
-    assert task.id == "gw.m-1.abc"
+    task = job_task("t-1", failed, "ctx")
+    assert (task.id, task.metadata["job_id"]) == ("t-1", "gw.m-1.abc")
     assert task.status.state == TaskState.TASK_STATE_REJECTED
     assert error_of(task)[1]["code"] == "x"

@@ -33,6 +33,7 @@ from starlette.routing import Route
 from reach.client import ReachClient
 from reach.gateways.a2a_cards import agents_of, card_for, index_entry, whole_numbers
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
+from reach.gateways.a2a_store import TaskStore
 from reach.http.serve import listen, url_of
 from reach.http.serve import serve as serve_http
 
@@ -56,15 +57,22 @@ class A2AGateway:
 
     ``public_url``: the base URL the cards give (behind a proxy, say); by default the one
     each request came to. ``job_wait``: how long a message to an async-mode capability
-    waits for its job before it answers with the task still working.
+    waits for its job before it answers with the task still working. ``tasks``: where
+    the tasks are kept for ``GetTask`` (a ``TaskStore`` of the default bounds unless
+    given).
     """
 
     def __init__(
-        self, client: ReachClient, *, public_url: str | None = None, job_wait: float = 30.0
+        self,
+        client: ReachClient,
+        *,
+        public_url: str | None = None,
+        job_wait: float = 30.0,
+        tasks: TaskStore | None = None,
     ) -> None:
         self.client = client
         self.public_url = public_url.rstrip("/") if public_url else None
-        self.handler = FabricRequestHandler(client, job_wait=job_wait)
+        self.handler = FabricRequestHandler(client, job_wait=job_wait, tasks=tasks)
 
     def _base(self, request: Request) -> str:
         return self.public_url or str(request.base_url).rstrip("/")

@@ -38,6 +38,7 @@ from reach.gateways.failures import failure_details, layer_of
 from reach.jobs import JobRecord
 
 __all__ = [
+    "JOB_KEY",
     "SKILL_KEYS",
     "choose_skill",
     "completed_task",
@@ -48,6 +49,8 @@ __all__ = [
 
 #: the metadata keys (of the message, else of the request) that name the skill to call
 SKILL_KEYS = ("skill", "capability")
+#: the task metadata key of the job a task stands for
+JOB_KEY = "job_id"
 
 _JOB_STATES = {
     "accepted": TaskState.TASK_STATE_SUBMITTED,
@@ -158,10 +161,11 @@ def _artifact(task_id: str, capability: str, value: Any) -> Artifact:
     return Artifact(artifact_id=task_id, name=capability, parts=[_data_part(value)])
 
 
-def completed_task(result: CallResult, context_id: str, history: list[Message]) -> Task:
+def completed_task(
+    task_id: str, result: CallResult, context_id: str, history: list[Message]
+) -> Task:
     """A call answered: its value as the task's one data artifact, named for the
-    capability; the task's id is the call's."""
-    task_id = result.call_id
+    capability; the call's id in the task's metadata."""
     meta = {
         "call_id": result.call_id,
         "agent_id": result.agent_id,
@@ -178,11 +182,12 @@ def completed_task(result: CallResult, context_id: str, history: list[Message]) 
     )
 
 
-def job_task(record: JobRecord, context_id: str, history: list[Message] | None = None) -> Task:
-    """A job as a task whose id is the job's: submitted, working, completed with its
-    result, or failed with its typed error."""
-    task_id = record.job_id
-    meta = {"job_id": record.job_id, "agent_id": record.agent_id, "call_id": record.call_id}
+def job_task(
+    task_id: str, record: JobRecord, context_id: str, history: list[Message] | None = None
+) -> Task:
+    """A job as a task: submitted, working, completed with its result, or failed with its
+    typed error; the job's id and its call's in the task's metadata."""
+    meta = {JOB_KEY: record.job_id, "agent_id": record.agent_id, "call_id": record.call_id}
     task = Task(id=task_id, context_id=context_id, history=history or [], metadata=meta)
     if record.status == "failed":
         failed = failed_task(task_id, context_id, record.capability, record.error_value(), [])
