@@ -47,6 +47,7 @@ from reach.resilience import BreakerBoard, BreakerConfig, RetryBudget
 from reach.routing import Peers, RouteEntry
 from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
+from reach.security.session import TokenSession
 from reach.settings import resolve_credentials, resolve_servers
 from reach.telemetry import Telemetry
 from reach.transport import Connection
@@ -295,6 +296,12 @@ class ReachClient:
         if self._conn is None:
             raise RuntimeError(_NOT_CONNECTED)
         return self._conn
+
+    @property
+    def token_session(self) -> TokenSession | None:
+        """This client's own token session (None on an open fabric, or before
+        ``connect``): what a gateway acts with for the callers that log in through it."""
+        return self._security.own
 
     async def discover(
         self,

@@ -279,7 +279,7 @@ async def test_a_failed_call_token_renewal_is_tried_again_after_a_while_not_on_e
         ):
             await wait_routable(auditor, "customer_orders", 1)
             await auditor.call("customer_orders", {})
-            session = auditor._security.session
+            session = auditor._security.own
             assert session is not None
             assert fabric.issuer.credentials is not None
             await fabric.issuer.credentials.revoke("auditor")  # renewals now fail
@@ -371,8 +371,8 @@ async def test_key_rotation_while_calls_flow_fails_no_call(fabric: Fabric) -> No
         )
         assert code == 0, err
         # a fresh token from the new key, while the old token still works
-        assert auditor._security.session is not None
-        await auditor._security.session.refresh()
+        assert auditor._security.own is not None
+        await auditor._security.own.refresh()
         await asyncio.sleep(0.3)
         stop.set()
         await runner
@@ -422,7 +422,7 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
             fallback = Fallback(default={"weather": "unknown"})
             result = await client.call("weather", {}, fallback=fallback)
             assert result.value == {"weather": "unknown"}
-            session = client._security.session
+            session = client._security.own
             assert session is not None
             # renewal fails (no issuer); the token is used until it expires, then no longer
             await asyncio.sleep(max(0.0, session.expires_at - time.time()) + 0.05)

@@ -132,7 +132,7 @@ async def test_on_a_secured_fabric_a_shared_connection_carries_checked_tokens(
         ):
             await call_through(client, "customer_orders")
             # the call carried a token the agent checked: the fabric issues them here
-            assert client._security.session is not None
+            assert client._security.own is not None
         assert conn.is_connected
     finally:
         await conn.close()

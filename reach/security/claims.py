@@ -63,6 +63,9 @@ class Claims:
     #: whom the token is for: the fabric's control services (DEFAULT_AUDIENCE), or the
     #: instances of one capability (``call_audience``)
     audience: tuple[str, ...] = ()
+    #: the client that made the call for ``client_id`` (a gateway; RFC 8693 ``act.sub``),
+    #: None when the client calls for itself
+    actor: str | None = None
 
     def has_role(self, role: str) -> bool:
         return role in self.roles

@@ -46,6 +46,7 @@ from reach.transport import Connection, KVBucket, KVConflict, KVEntry
 __all__ = [
     "KNOWN_ROLES",
     "ROLE_ADMIN",
+    "ROLE_GATEWAY",
     "ROLE_JOBS",
     "ROLE_REGISTRAR",
     "ClientRecord",
@@ -70,7 +71,11 @@ ROLE_REGISTRAR: Final = "registrar"
 #: may use REACH_JOBS: an async-mode agent (writes the records of the jobs it runs) or a
 #: caller that waits for jobs (reads the records of the jobs it called, no others)
 ROLE_JOBS: Final = "jobs"
-KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS})
+#: may call for others: a gateway (``reach mcp``, ``reach a2a``) exchanges the fabric
+#: token of a caller that logged in through it for call tokens that name that caller,
+#: with the gateway as the actor (RFC 8693 ``act``)
+ROLE_GATEWAY: Final = "gateway"
+KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS, ROLE_GATEWAY})
 
 _CLIENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CLIENT_KEY_PREFIX: Final = "client."

@@ -9,7 +9,10 @@ none and nobody checks them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 from reach.clock import Clock, system_clock
@@ -21,9 +24,29 @@ from reach.security.tokens import KeyStore, TokenVerifier
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, connect
 
-__all__ = ["FabricSecurity", "connect_as"]
+__all__ = ["FabricSecurity", "acting_for", "acting_session", "connect_as"]
 
 log = logging.getLogger("reach.security")
+
+#: the session of the client a gateway calls for, in the task making those calls
+_ACTING_FOR: ContextVar[TokenSession | None] = ContextVar("reach_acting_for", default=None)
+
+
+@contextlib.contextmanager
+def acting_for(session: TokenSession | None) -> Iterator[None]:
+    """Calls made in this block (and in tasks it starts) carry call tokens of
+    ``session``'s client, exchanged with the gateway as their actor (its ``actor``), and
+    their audit events name that client as the caller. None: the client's own."""
+    token = _ACTING_FOR.set(session)
+    try:
+        yield
+    finally:
+        _ACTING_FOR.reset(token)
+
+
+def acting_session() -> TokenSession | None:
+    """The session of the client calls are made for here, if not the client's own."""
+    return _ACTING_FOR.get()
 
 
 async def connect_as(
@@ -53,18 +76,25 @@ class FabricSecurity:
     """Token session and verifier of one participant (agent, client or registrar)."""
 
     def __init__(self) -> None:
-        self.session: TokenSession | None = None
+        #: this participant's own token session
+        self.own: TokenSession | None = None
         self.verifier: TokenVerifier | None = None
         self._follow: asyncio.Task[None] | None = None
 
     @property
+    def session(self) -> TokenSession | None:
+        """The session calls are made with: the client's a gateway calls for
+        (``acting_for``), else this participant's own."""
+        return _ACTING_FOR.get() or self.own
+
+    @property
     def enabled(self) -> bool:
-        return self.verifier is not None or self.session is not None
+        return self.verifier is not None or self.own is not None
 
     def token(self) -> str | None:
         """The fabric token, for requests to the fabric's services (None on an open
         fabric). Never sent to a callee: calls carry ``call_token``."""
-        return self.session.token if self.session is not None else None
+        return self.own.token if self.own is not None else None
 
     def call_token(self, capability: str, instance: str = "") -> str | None:
         """The token for a call to ``capability`` at ``instance`` (none: its queue group)
@@ -76,9 +106,10 @@ class FabricSecurity:
     async def fetch_call_token(self, capability: str, instance: str = "") -> str | None:
         """A token for calls to ``capability`` at ``instance`` from the issuer (None on an
         open fabric)."""
-        if self.session is None:
+        session = self.session
+        if session is None:
             return None
-        return await self.session.fetch_call_token(capability, instance)
+        return await session.fetch_call_token(capability, instance)
 
     @classmethod
     async def join(
@@ -104,8 +135,8 @@ class FabricSecurity:
                         "this fabric requires credentials: pass credentials=, set REACH_CREDS,"
                         " or create .reach/dev.creds with `reach creds add`"
                     )
-                security.session = TokenSession(conn, credentials, clock=clock)
-                await security.session.start()
+                security.own = TokenSession(conn, credentials, clock=clock)
+                await security.own.start()
             if verify:
                 security.verifier = TokenVerifier(clock=clock)
                 ready = asyncio.Event()
@@ -117,8 +148,8 @@ class FabricSecurity:
         return security
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.stop()
+        if self.own is not None:
+            await self.own.stop()
         if self._follow is not None:
             await cancel_and_wait([self._follow])
             self._follow = None

@@ -28,6 +28,8 @@ from reach.security.accounts import requester
 from reach.security.credcache import CredentialCache
 from reach.security.credentials import (
     ROLE_ADMIN,
+    ROLE_GATEWAY,
+    ClientRecord,
     CredentialsFile,
     CredentialsRejected,
     CredentialStore,
@@ -64,7 +66,12 @@ class TokenRequest(BaseModel):
     """A login (``secret``: a fabric token) or an exchange (``token``, the client's valid
     fabric token, ``audience``, a capability, and ``instance``, the agent id of one of
     its instances: a token for calls to that instance; without ``instance``, for calls
-    to the capability's queue group)."""
+    to the capability's queue group).
+
+    ``actor_token``, in an exchange: the fabric token of a gateway calling for the
+    client, whose fabric token it holds because the client logged in through it. The
+    call token then names the gateway as its actor (RFC 8693 ``act``); only a credential
+    with the ``gateway`` role may act for others."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -73,6 +80,7 @@ class TokenRequest(BaseModel):
     token: str | None = Field(None, min_length=1, max_length=MAX_TOKEN_CHARS)
     audience: SubjectToken | None = None
     instance: SubjectToken | None = None
+    actor_token: str | None = Field(None, min_length=1, max_length=MAX_TOKEN_CHARS)
 
     @model_validator(mode="after")
     def _one_proof(self) -> TokenRequest:
@@ -82,6 +90,8 @@ class TokenRequest(BaseModel):
             raise ValueError("an exchange of a token names its audience (a capability)")
         if self.instance is not None and self.audience is None:
             raise ValueError("an instance is one of a capability's: name the audience too")
+        if self.actor_token is not None and self.token is None:
+            raise ValueError("an actor_token acts in an exchange: give the client's token too")
         return self
 
 
@@ -261,17 +271,45 @@ class TokenService:
         record = await self.credentials.get(shown.client_id)
         if record is None:
             raise AuthenticationFailed(f"client {shown.client_id} is unknown")
+        actor = None
+        not_after = shown.exp
+        if req.actor_token is not None:
+            actor, actor_exp = await self._actor(req.actor_token)
+            not_after = min(not_after, actor_exp)
         return self.issuer.issue_with_claims(
-            record, audience=call_audience(req.audience, req.instance or ""), not_after=shown.exp
+            record,
+            audience=call_audience(req.audience, req.instance or ""),
+            not_after=not_after,
+            actor=actor,
         )
+
+    async def _actor(self, token: str) -> tuple[ClientRecord, float]:
+        """The credential of the gateway whose fabric token is ``token``, and when that
+        token expires: AuthenticationFailed unless it is valid and holds the gateway
+        role (looked up again, so a role taken away counts at once)."""
+        assert self._verifier is not None
+        assert self.credentials is not None
+        claims = self._verifier.verify(token)
+        if claims.exp <= self._clock.time():
+            raise AuthenticationFailed(f"the token of {claims.client_id} has expired")
+        record = await self.credentials.get(claims.client_id)
+        if record is None:
+            raise AuthenticationFailed(f"client {claims.client_id} is unknown")
+        if ROLE_GATEWAY not in record.roles:
+            raise AuthenticationFailed(
+                f"client {claims.client_id} may not call for others: it lacks the"
+                f" {ROLE_GATEWAY!r} role (reach creds add ... --role {ROLE_GATEWAY})"
+            )
+        return record, claims.exp
 
 
 async def ensure_first_credentials(service: TokenService, store: Path, url: str) -> list[Path]:
     """On a fabric's first start: an admin credential and a dev credential file.
 
     Both are written under the store with mode 0600. The dev credential (level 4, admin
-    role) is for local development: it may speak for any agent_id. Production agents get
-    their own credential bound to their agent_id (`reach creds add ID --agent-id ...`).
+    and gateway roles) is for local development: it may speak for any agent_id.
+    Production agents get their own credential bound to their agent_id (`reach creds add
+    ID --agent-id ...`).
     """
     assert service.credentials is not None
     created = []
@@ -283,7 +321,9 @@ async def ensure_first_credentials(service: TokenService, store: Path, url: str)
         if await service.credentials.get(client_id) is not None:
             log.warning("credential %s exists but %s is missing: not recreated", client_id, path)
             continue
-        _, secret = await service.credentials.add(client_id, 4, roles=[ROLE_ADMIN])
+        # the dev credential may also serve a gateway (`reach mcp --http`, `reach a2a`)
+        roles = [ROLE_ADMIN, ROLE_GATEWAY] if client_id == "dev" else [ROLE_ADMIN]
+        _, secret = await service.credentials.add(client_id, 4, roles=roles)
         CredentialsFile(url=url, client_id=client_id, secret=secret).write(path)
         created.append(path)
     return created

@@ -35,10 +35,22 @@ MAX_CALL_TOKENS = 4096
 
 
 class TokenSession:
-    def __init__(self, conn: Connection, creds: CredentialsFile, *, clock: Clock = system_clock):
+    """``actor``: the session of a gateway calling for this client (which logged in
+    through it): the call tokens then name the gateway as their actor, and are asked for
+    with its fabric token beside this one's."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        creds: CredentialsFile,
+        *,
+        clock: Clock = system_clock,
+        actor: TokenSession | None = None,
+    ):
         self._conn = conn
         self._creds = creds
         self._clock = clock
+        self.actor = actor
         self._token: str | None = None
         self._expires_at = 0.0
         self.level = 0
@@ -161,6 +173,7 @@ class TokenSession:
             token=self.token,
             audience=capability,
             instance=instance or None,
+            actor_token=self.actor.token if self.actor is not None else None,
         )
         try:
             answer = await self._ask(request)

@@ -83,22 +83,30 @@ class TokenIssuer:
         *,
         audience: str | None = None,
         not_after: float | None = None,
+        actor: ClientRecord | None = None,
     ) -> tuple[str, Claims]:
         """The token and what it says (``exp`` tells the holder when to renew): for
         ``audience`` (the issuer's own by default), expiring by ``not_after`` at the latest
-        (a call token never outlives the fabric token it was exchanged for)."""
+        (a call token never outlives the fabric token it was exchanged for).
+
+        ``actor``: the client making the calls for ``record`` (a gateway): the token
+        names it as ``act.sub`` (RFC 8693), and its level is the lower of the two, so a
+        gateway never lends a caller more clearance than it holds itself."""
         if record.revoked:
             raise AuthenticationFailed(f"client {record.client_id} is revoked")
+        if actor is not None and actor.revoked:
+            raise AuthenticationFailed(f"client {actor.client_id} is revoked")
         key = self.keyring.active
         now = int(self._clock.time())
         exp = now + max(1, int(self.ttl_sec))
         if not_after is not None:
             exp = min(exp, int(not_after))
         aud = self.audience if audience is None else audience
+        level = record.level if actor is None else min(record.level, actor.level)
         claims = Claims(
             client_id=record.client_id,
             agent_id=record.agent_id,
-            level=record.level,
+            level=level,
             roles=frozenset(record.roles),
             exp=float(exp),
             nbf=float(now),
@@ -106,12 +114,13 @@ class TokenIssuer:
             jti=secrets.token_urlsafe(16),
             kid=key.kid,
             audience=(aud,),
+            actor=actor.client_id if actor is not None else None,
         )
         payload: dict[str, Any] = {
             "iss": self.issuer,
             "aud": aud,
             "sub": record.client_id,
-            "lvl": record.level,
+            "lvl": level,
             "roles": sorted(record.roles),
             "iat": now,
             "nbf": now,
@@ -120,6 +129,8 @@ class TokenIssuer:
         }
         if record.agent_id is not None:
             payload["agent_id"] = record.agent_id
+        if actor is not None:
+            payload["act"] = {"sub": actor.client_id}
         token = jwt.encode(payload, key.private_key, algorithm=ALGORITHM, headers={"kid": key.kid})
         return token, claims
 

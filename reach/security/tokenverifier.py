@@ -249,6 +249,7 @@ class TokenVerifier:
         roles = payload.get("roles", [])
         if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
             raise TokenRejected("claim roles is not a list of strings", reason="bad_claim")
+        actor = _actor(payload)
         now = self._clock.time()
         if now > exp + self.leeway_sec:
             raise TokenRejected(f"expired {now - exp:.0f}s ago", reason="expired")
@@ -262,6 +263,10 @@ class TokenVerifier:
         revoked_at = self._revoked.get(sub)
         if revoked_at is not None and iat <= revoked_at:
             raise TokenRejected(f"client {sub[:64]} is revoked", reason="revoked")
+        if actor is not None:
+            actor_revoked = self._revoked.get(actor)
+            if actor_revoked is not None and iat <= actor_revoked:
+                raise TokenRejected(f"client {actor[:64]} is revoked", reason="revoked")
         return Claims(
             client_id=sub,
             agent_id=agent_id,
@@ -273,7 +278,20 @@ class TokenVerifier:
             jti=jti,
             kid=kid,
             audience=audience,
+            actor=actor,
         )
+
+
+def _actor(payload: Mapping[str, Any]) -> str | None:
+    """The client acting for the subject (RFC 8693 ``act``: an object whose ``sub`` names
+    it), None without one."""
+    if "act" not in payload:
+        return None
+    act = payload["act"]
+    sub = act.get("sub") if isinstance(act, dict) else None
+    if not isinstance(sub, str) or not sub:
+        raise TokenRejected("claim act has no sub", reason="bad_claim")
+    return sub
 
 
 def _audience(payload: Mapping[str, Any]) -> tuple[str, ...]:
