@@ -4,7 +4,8 @@ registrar (`reach a2a` itself, as a process, is tests/test_a2a_gateway.py):
 - a task is its caller's: ids of 128 random bits, and `GetTask` (0.3: `tasks/get`)
   answers another caller, an id never issued and a raw job id as it answers nothing;
 - the task store stays within its byte and count bounds however large the messages,
-  keeps a task too large for it without its history, and frees expired tasks.
+  keeps a task too large for it without its history, and frees expired tasks;
+- a card is strict A2A 1.0 by default and 0.3 for a 0.3 reader, with ETag and 304.
 
 The callers are told apart by a test-only ASGI middleware (``as_callers``) that sets the
 request's Starlette user from a test header: it stands in for the gateway's login
@@ -26,6 +27,8 @@ import httpx
 import pytest
 import uvicorn
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.compat.v0_3 import types as v03
+from a2a.compat.v0_3.conversions import to_core_agent_card
 from a2a.helpers import get_data_parts, new_data_part, new_text_part
 from a2a.types import (
     AgentCard,
@@ -39,6 +42,7 @@ from a2a.types import (
     TaskNotFoundError,
     TaskState,
 )
+from google.protobuf.json_format import ParseDict  # type: ignore[import-untyped]
 from starlette.authentication import SimpleUser
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -48,6 +52,7 @@ from reach.client import ReachClient
 from reach.clock import ManualClock
 from reach.errors import ConfigurationError
 from reach.gateways.a2a import A2AGateway
+from reach.gateways.a2a_cards import card_document, card_for, security_of
 from reach.gateways.a2a_store import NOT_KEPT_KEY, TaskStore
 from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
@@ -332,3 +337,102 @@ def test_the_task_store_counts_drops_and_expires_what_it_keeps() -> None:
     assert len(big.history) == 1  # what was put is left as it was
     with pytest.raises(ConfigurationError, match="above its total"):
         TaskStore(max_bytes=10, max_task_bytes=11)
+
+
+async def test_a_card_is_strict_a2a_1_0_by_default_and_0_3_for_a_0_3_reader(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    agent, _ = make_agent(nats_server.url, "a-1", capability("echo"))
+    async with agent, live(A2AGateway(client)) as base, caller(None) as http:
+        await wait_routable(client, "echo", 1)
+        agent_url = f"{base}/agents/test"
+        card_url = f"{agent_url}/.well-known/agent-card.json"
+
+        # 1.0: only 1.0's fields (the SDK's parser without ignore_unknown_fields), with or
+        # without the version header
+        for headers in ({}, {"A2A-Version": "1.0"}):
+            response = await http.get(card_url, headers=headers)
+            served = response.json()
+            card = ParseDict(served, AgentCard())
+            assert [i.protocol_version for i in card.supported_interfaces] == ["1.0", "0.3"]
+            assert {"url", "protocolVersion", "preferredTransport"}.isdisjoint(served)
+            assert "securitySchemes" not in served  # a gateway without login
+        assert response.headers["cache-control"] == "public, max-age=30"
+        assert "A2A-Version" in response.headers["vary"]
+
+        # 0.3: asked by the header, by A2A's request parameter, or by 0.3's older path
+        legacy = []
+        for url, headers in (
+            (card_url, {"A2A-Version": "0.3"}),
+            (f"{card_url}?A2A-Version=0.3", {}),
+            (f"{agent_url}/.well-known/agent.json", {}),
+        ):
+            old = (await http.get(url, headers=headers)).json()
+            parsed = v03.AgentCard.model_validate(old)
+            assert parsed.model_dump(mode="json", exclude_none=True) == old  # nothing unknown
+            assert (parsed.url, parsed.protocol_version) == (agent_url, "0.3")
+            assert parsed.preferred_transport == "JSONRPC"
+            assert "supportedInterfaces" not in old
+            legacy.append(old)
+        assert legacy[0] == legacy[1] == legacy[2]
+        # a 1.0 client on the older path gets the 1.0 card
+        newer = await http.get(
+            f"{agent_url}/.well-known/agent.json", headers={"A2A-Version": "1.0"}
+        )
+        assert newer.json() == served
+
+        # a 0.3 client that read the 0.3 card speaks 0.3 to the agent, end to end
+        core = to_core_agent_card(v03.AgentCard.model_validate(legacy[0]))
+        task = await send(http, core, message(new_data_part({"x": 1})))
+        assert answer_of(task) == {"by": "a-1", "echo": {"x": 1}}
+        assert answer_of(await get_task(http, core, task.id)) == {"by": "a-1", "echo": {"x": 1}}
+
+        # revalidation: the same ETag answers 304 with no body; the two forms differ
+        etag = response.headers["etag"]
+        again = await http.get(card_url, headers={"If-None-Match": etag})
+        assert (again.status_code, again.content, again.headers["etag"]) == (304, b"", etag)
+        assert again.headers["cache-control"] == "public, max-age=30"
+        changed = await http.get(card_url, headers={"If-None-Match": '"something-else"'})
+        assert changed.status_code == 200
+        old_etag = (await http.get(card_url, headers={"A2A-Version": "0.3"})).headers["etag"]
+        assert old_etag != etag
+        stale = await http.get(card_url, headers={"A2A-Version": "0.3", "If-None-Match": etag})
+        assert stale.status_code == 200
+
+        # no such agent: 404, in either form
+        assert (await http.get(f"{base}/agents/nobody/.well-known/agent.json")).status_code == 404
+
+        # a gateway with login: its cards say how to log in, at its own token endpoint
+        async with live(A2AGateway(client, login=True)) as other:
+            served = (await http.get(f"{other}/agents/test/.well-known/agent-card.json")).json()
+            card = ParseDict(served, AgentCard())
+            schemes = card.security_schemes
+            flow = schemes["oauth2"].oauth2_security_scheme.flows.client_credentials
+            assert flow.token_url == f"{other}/oauth/token"
+
+
+def test_a_card_describes_the_login_when_the_gateway_has_one() -> None:
+    assert security_of("http://gw:8080", False) == ({}, [])
+    card = card_for(
+        "maker", [], "http://gw:8080/agents/maker", security_of("http://gw:8080/", True)
+    )
+    served = card_document(card, "1.0")
+    strict = ParseDict(served, AgentCard())
+    flow = strict.security_schemes["oauth2"].oauth2_security_scheme.flows.client_credentials
+    assert flow.token_url == "http://gw:8080/oauth/token"
+    assert strict.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+    assert [list(r.schemes) for r in strict.security_requirements] == [["oauth2"], ["bearer"]]
+    # 0.3's names: securitySchemes with a type each, and security
+    old = card_document(card, "0.3")
+    parsed = v03.AgentCard.model_validate(old)
+    assert parsed.model_dump(mode="json", exclude_none=True) == old
+    assert old["security"] == [{"oauth2": []}, {"bearer": []}]
+    assert old["securitySchemes"]["oauth2"]["type"] == "oauth2"
+    assert old["securitySchemes"]["oauth2"]["flows"]["clientCredentials"]["tokenUrl"] == (
+        "http://gw:8080/oauth/token"
+    )
+    assert old["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "Bearer",
+        "description": "the token of the gateway's login",
+    }

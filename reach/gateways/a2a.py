@@ -22,16 +22,24 @@ from collections.abc import Callable
 from typing import Any
 
 from a2a.server.context import ServerCallContext
-from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, VERSION_HEADER
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reach.client import ReachClient
-from reach.gateways.a2a_cards import agents_of, card_for, index_entry, whole_numbers
+from reach.gateways.a2a_cards import (
+    LEGACY_CARD_PATH,
+    agents_of,
+    card_document,
+    card_for,
+    card_response,
+    card_version,
+    index_entry,
+    security_of,
+)
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
 from reach.gateways.a2a_store import TaskStore
 from reach.http.serve import listen, url_of
@@ -59,7 +67,8 @@ class A2AGateway:
     each request came to. ``job_wait``: how long a message to an async-mode capability
     waits for its job before it answers with the task still working. ``tasks``: where
     the tasks are kept for ``GetTask`` (a ``TaskStore`` of the default bounds unless
-    given).
+    given). ``login``: whether the cards describe the gateway's login
+    (``reach.gateways.a2a_cards.security_of``).
     """
 
     def __init__(
@@ -69,9 +78,11 @@ class A2AGateway:
         public_url: str | None = None,
         job_wait: float = 30.0,
         tasks: TaskStore | None = None,
+        login: bool = False,
     ) -> None:
         self.client = client
         self.public_url = public_url.rstrip("/") if public_url else None
+        self.login = login
         self.handler = FabricRequestHandler(client, job_wait=job_wait, tasks=tasks)
 
     def _base(self, request: Request) -> str:
@@ -97,14 +108,19 @@ class A2AGateway:
         found = agents_of(self.client.routes.find()).get(name)
         if not found:
             return JSONResponse({"error": f"no agent named {name!r} is live"}, status_code=404)
-        card = card_for(name, found, self._urls(request, name)[0])
-        return JSONResponse(whole_numbers(agent_card_to_dict(card)))
+        security = security_of(self._base(request), self.login)
+        card = card_for(name, found, self._urls(request, name)[0], security)
+        # the version a request names: its header, else the parameter A2A allows for it
+        requested = request.headers.get(VERSION_HEADER) or request.query_params.get(VERSION_HEADER)
+        version = card_version(requested, request.url.path.endswith(LEGACY_CARD_PATH))
+        return card_response(card_document(card, version), request.headers.get("if-none-match"))
 
     def app(self) -> Starlette:
         routes: list[Any] = [
             Route("/", self.index, methods=["GET"]),
             Route("/agents", self.index, methods=["GET"]),
             Route(AGENT_PATH + AGENT_CARD_WELL_KNOWN_PATH, self.card, methods=["GET"]),
+            Route(AGENT_PATH + LEGACY_CARD_PATH, self.card, methods=["GET"]),
             *create_jsonrpc_routes(
                 self.handler, AGENT_PATH, context_builder=_AgentContext(), enable_v0_3_compat=True
             ),

@@ -5,29 +5,60 @@ capabilities those instances serve.
 A skill's id is the capability's name. A2A has no place for a skill's JSON Schemas, so
 the card carries them in an extension (``SCHEMAS_EXTENSION``): per capability its input
 and output schema, clearance level, latency SLA, idempotence and whether it runs as a job.
+
+A card is served in the form of the A2A version its reader speaks (``card_version``):
+1.0 (only 1.0's fields, so a strict 1.0 parser takes it) or 0.3 (``url``,
+``preferredTransport``, ``protocolVersion``, ``security``), never a mix of the two;
+``card_response`` gives it an ``ETag`` and a short ``Cache-Control``, and answers
+``If-None-Match`` with 304.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill
+from a2a.compat.v0_3.conversions import to_compat_agent_card
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
+    AgentInterface,
+    AgentSkill,
+    ClientCredentialsOAuthFlow,
+    HTTPAuthSecurityScheme,
+    OAuth2SecurityScheme,
+    OAuthFlows,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+)
+from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+from starlette.responses import Response
 
 from reach.models import Capability, Instance
 
 __all__ = [
+    "CARD_CACHE_CONTROL",
     "JSON",
+    "LEGACY_CARD_PATH",
     "PROTOCOL_VERSIONS",
     "SCHEMAS_EXTENSION",
     "TEXT",
+    "TOKEN_PATH",
+    "Security",
     "agents_of",
     "capabilities_of",
+    "card_document",
     "card_for",
+    "card_response",
+    "card_version",
     "index_entry",
     "runs_as_job",
+    "security_of",
     "whole_numbers",
 ]
 
@@ -40,6 +71,12 @@ PROTOCOL_VERSIONS = ("1.0", "0.3")
 SCHEMAS_EXTENSION = "urn:agent-reach:a2a:capability-contracts:v1"
 #: at most this many of a schema's ``examples`` become a skill's examples
 MAX_EXAMPLES = 5
+#: where A2A before 0.3 put the card (0.3 and 1.0: ``/.well-known/agent-card.json``)
+LEGACY_CARD_PATH = "/.well-known/agent.json"
+#: how long a card may be reused unchecked: short, as cards change when agents come and go
+CARD_CACHE_CONTROL = "public, max-age=30"
+#: the OAuth token endpoint of the gateway's login, under its base URL
+TOKEN_PATH = "/oauth/token"
 
 _NUMBERS = re.compile(r"\d+")
 
@@ -138,9 +175,43 @@ def _contracts(instances: list[Instance], caps: list[Capability]) -> AgentExtens
     )
 
 
-def card_for(name: str, instances: list[Instance], url: str) -> AgentCard:
+class Security(NamedTuple):
+    """A card's security schemes (by name) and requirements (any one of them will do)."""
+
+    schemes: dict[str, SecurityScheme]
+    requirements: list[SecurityRequirement]
+
+
+def security_of(base_url: str, login: bool) -> Security:
+    """What a card says of the gateway's login, at ``base_url``: with it, an OAuth 2
+    client-credentials flow whose token endpoint is ``<base_url>/oauth/token`` and the
+    bearer token that flow gives (a client holding a token already needs only the
+    latter); without, nothing."""
+    if not login:
+        return Security({}, [])
+    flow = ClientCredentialsOAuthFlow(
+        token_url=base_url.rstrip("/") + TOKEN_PATH,
+        scopes={"a2a": "call the fabric's agents through this gateway"},
+    )
+    oauth2 = OAuth2SecurityScheme(
+        description="a client's id and secret exchanged for a bearer token",
+        flows=OAuthFlows(client_credentials=flow),
+    )
+    bearer = HTTPAuthSecurityScheme(description="the token of the gateway's login", scheme="Bearer")
+    return Security(
+        {
+            "oauth2": SecurityScheme(oauth2_security_scheme=oauth2),
+            "bearer": SecurityScheme(http_auth_security_scheme=bearer),
+        },
+        [SecurityRequirement(schemes={name: StringList()}) for name in ("oauth2", "bearer")],
+    )
+
+
+def card_for(
+    name: str, instances: list[Instance], url: str, security: Security | None = None
+) -> AgentCard:
     """The Agent Card of agent ``name``, served by ``instances``, whose JSON-RPC endpoint
-    is ``url``."""
+    is ``url``, under ``security`` (none by default)."""
     caps = capabilities_of(instances)
     newest = _newest_first(instances)[0].manifest.version if instances else "0.0.0"
     count = f"{len(instances)} live instance{'s' if len(instances) != 1 else ''}"
@@ -165,7 +236,45 @@ def card_for(name: str, instances: list[Instance], url: str) -> AgentCard:
         default_input_modes=[JSON, TEXT],
         default_output_modes=[JSON],
         skills=[_skill(cap) for cap in caps],
+        security_schemes=security.schemes if security else {},
+        security_requirements=security.requirements if security else [],
     )
+
+
+def card_version(requested: str | None, legacy_path: bool) -> str:
+    """The A2A version of the card to serve: the version the request names (its
+    ``A2A-Version`` header or parameter), 0.3 for a 0.x; without one, 0.3 at the path
+    only A2A before 1.0 uses (``LEGACY_CARD_PATH``), else 1.0, the form A2A defines for
+    ``/.well-known/agent-card.json``."""
+    if requested and requested.strip():
+        return "0.3" if requested.strip().startswith("0.") else "1.0"
+    return "0.3" if legacy_path else "1.0"
+
+
+def card_document(card: AgentCard, version: str) -> dict[str, Any]:
+    """``card`` as the JSON of A2A ``version`` ("1.0" or "0.3")."""
+    if version == "0.3":
+        compat = to_compat_agent_card(card)
+        return dict(whole_numbers(compat.model_dump(mode="json", exclude_none=True)))
+    return dict(whole_numbers(MessageToDict(card)))
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``etag`` (weak comparison, RFC 9110)."""
+    candidates = [c.strip().removeprefix("W/") for c in if_none_match.split(",")]
+    return "*" in candidates or etag in candidates
+
+
+def card_response(document: dict[str, Any], if_none_match: str | None) -> Response:
+    """A card's HTTP answer: its JSON with an ``ETag`` (a hash of the body), a short
+    ``Cache-Control`` and ``Vary: A2A-Version`` (the body depends on it), or 304 when
+    ``if_none_match`` names that ETag."""
+    body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+    headers = {"ETag": etag, "Cache-Control": CARD_CACHE_CONTROL, "Vary": "A2A-Version"}
+    if if_none_match and _matches(if_none_match, etag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type=JSON, headers=headers)
 
 
 def index_entry(name: str, instances: list[Instance], url: str, card_url: str) -> dict[str, Any]:
