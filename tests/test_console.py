@@ -130,7 +130,7 @@ async def test_a_foreign_host_name_is_refused_on_loopback(secured: Secured) -> N
         serve_console(secured.url, secured.admin) as (base, _console),
         httpx.AsyncClient(base_url=base, timeout=10) as http,
     ):
-        assert (await http.get("/agents", headers={"host": "evil.example:8222"})).status_code == 400
+        assert (await http.get("/agents", headers={"host": "evil.example:8222"})).status_code == 421
         assert (await http.get("/agents", headers={"host": "localhost:8222"})).status_code == 200
         assert (await http.get("/live/nothing")).status_code == 404
 

@@ -23,7 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from reach.audit.alerts import RULES
-from reach.console.auth import LOOPBACK_NAMES, Guard
+from reach.console.auth import guarded
 from reach.console.pages import LIVE_PAGES, Pages
 from reach.console.search import KINDS, CallQuery, search
 from reach.console.state import FabricView
@@ -86,9 +86,7 @@ class Console:
                 Mount("/static", StaticFiles(directory=str(static)), name="static"),
             ]
         )
-        self.asgi = Guard(
-            app, password=password, loopback_hosts=LOOPBACK_NAMES if loopback_only else ()
-        )
+        self.asgi = guarded(app, password=password, loopback_only=loopback_only)
 
     def _page(self, template: str, status: int = 200, **context: object) -> HTMLResponse:
         return HTMLResponse(self.pages.render(template, **context), status_code=status)
