@@ -26,6 +26,8 @@ from a2a.client import (
     ClientConfig,
     ClientFactory,
 )
+from a2a.client.auth.credentials import CredentialService
+from a2a.client.auth.interceptor import AuthInterceptor
 from a2a.helpers import get_data_parts, get_message_text, new_data_part, new_text_part
 from a2a.types import (
     AgentCard,
@@ -64,6 +66,7 @@ from reach.gateways.a2a_tasks import (
 from reach.gateways.failures import layer_of
 from reach.jobs import JobRecord
 from reach.models import Instance, parse_manifest
+from reach.security.credentials import CredentialsFile
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .up_helpers import Secured, secured_agent
@@ -162,9 +165,14 @@ def exporter(fabric: Secured, creds: Path, gate: asyncio.Event) -> Agent:
 
 @contextlib.asynccontextmanager
 async def gateway(fabric: Secured, creds: Path | None = None) -> AsyncIterator[str]:
-    """`reach a2a` on a free loopback port, with the watcher's credentials unless told
-    others; its base URL. It must exit cleanly when told to."""
-    creds = creds or fabric.watcher
+    """`reach a2a` on a free loopback port, with a level-4 credential of the gateway role
+    unless told others; its base URL. It must exit cleanly when told to."""
+    if creds is None:
+        creds = fabric.admin.parent.parent / "gw-a2a.creds"
+        if not creds.exists():
+            creds = await add_creds(
+                fabric, creds.parent, "gw-a2a", "--level", "4", "--role", "gateway"
+            )
     proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec, returns at once
         [REACH, "a2a", "--port", "0", "--servers", fabric.url, "--creds", str(creds)],
         stdout=subprocess.PIPE,
@@ -213,14 +221,41 @@ def error_of(task: Task) -> tuple[str, dict[str, Any]]:
     return get_message_text(task.status.message), data
 
 
-def legacy_client(factory: ClientFactory, card: AgentCard) -> Client:
+class Bearer(CredentialService):
+    """The access token a caller got from the gateway's token endpoint, for every scheme
+    the card names (the SDK's AuthInterceptor puts it in ``Authorization``)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def get_credentials(self, security_scheme_name: str, context: Any) -> str | None:
+        return self.token
+
+
+async def login(http: httpx.AsyncClient, base: str, creds: Path) -> list[AuthInterceptor]:
+    """Log in at the gateway with an Agent-Reach credential (OAuth client credentials, at
+    the token endpoint its metadata names); the interceptors that carry the token."""
+    server = (await http.get(f"{base}/.well-known/oauth-authorization-server")).json()
+    data = CredentialsFile.read(creds)
+    answer = await http.post(
+        server["token_endpoint"],
+        data={"grant_type": "client_credentials"},
+        auth=(data.client_id, data.secret),
+    )
+    answer.raise_for_status()
+    return [AuthInterceptor(Bearer(answer.json()["access_token"]))]
+
+
+def legacy_client(
+    factory: ClientFactory, card: AgentCard, auth: list[AuthInterceptor] | None = None
+) -> Client:
     """The SDK's client of A2A 0.3 (``message/send``, ``tasks/get``) for ``card``'s agent."""
     legacy = AgentCard()
     legacy.CopyFrom(card)
     (interface,) = [i for i in card.supported_interfaces if i.protocol_version == "0.3"]
     del legacy.supported_interfaces[:]
     legacy.supported_interfaces.append(interface)
-    return factory.create(legacy)
+    return factory.create(legacy, interceptors=auth)
 
 
 async def index(http: httpx.AsyncClient, base: str) -> dict[str, dict[str, Any]]:
@@ -237,7 +272,10 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
     secured: Secured, tmp_path: Path
 ) -> None:
     caps = ("--cap", "report", "--cap", "summary", "--cap", "secret")
-    rep_creds = await add_creds(secured, tmp_path, "rep-1", "--agent-id", "rep-1", *caps)
+    # its secret capability is at level 3: it serves with a credential of that clearance
+    rep_creds = await add_creds(
+        secured, tmp_path, "rep-1", "--level", "3", "--agent-id", "rep-1", *caps
+    )
     async with (
         secured_agent(secured),
         reporter(secured, rep_creds) as rep,
@@ -260,12 +298,14 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
         assert repr(contracts["params"]["secret"]["security_level"]) == "3"
 
         factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
-        echo = factory.create(cards["test"])
+        # the watcher (level 2) logs in: its calls are its own, at its clearance
+        auth = await login(http, base, secured.watcher)
+        echo = factory.create(cards["test"], interceptors=auth)
         task = await send(echo, message(new_data_part({"x": 1})))
         assert answer_of(task) == {"by": "a-1", "echo": {"x": 1}}
         assert await echo.get_task(GetTaskRequest(id=task.id)) == task  # its call's task
 
-        reports = factory.create(cards["reporter"])
+        reports = factory.create(cards["reporter"], interceptors=auth)
         good = new_text_part('{"industry": "ev", "time_range": "2025"}')
         assert answer_of(await send(reports, message(good, skill="report"))) == {
             "industry": "ev",
@@ -278,7 +318,7 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
         assert text.startswith("contract error calling report (ContractError)"), text
         assert data["layer"] == "contract"
         assert "time_range" in data["message"]
-        # above the gateway's clearance: the authorization layer says so
+        # above the caller's clearance: the authorization layer says so
         denied = await send(reports, message(new_data_part({}), skill="secret"))
         assert error_of(denied)[1]["layer"] == "authorization"
         # several skills and none named: A2A's invalid-params error lists them
@@ -286,7 +326,7 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
             await send(reports, message(new_data_part({})))
 
         # 0.3's method names (message/send) on the same endpoint, by the SDK's 0.3 client
-        old = legacy_client(factory, cards["test"])
+        old = legacy_client(factory, cards["test"], auth)
         assert answer_of(await send(old, message(new_data_part("hi")))) == {
             "by": "a-1",
             "echo": "hi",
@@ -295,7 +335,7 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
         # a second gateway on the same port says why it cannot start
         port = base.rsplit(":", 1)[1]
         creds = ("--servers", secured.url, "--creds", str(secured.watcher))
-        code, _, err = await reach_cli("a2a", "--port", port, *creds)
+        code, _, err = await reach_cli("a2a", "--port", port, "--no-login", *creds)
         assert code == 2, err
         assert f"cannot listen on 127.0.0.1:{port}" in err
 
@@ -317,7 +357,7 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
     jobs = ("--role", "jobs")
     agent_id = ("--agent-id", "export-1", "--cap", "bulk_export")
     creds = await add_creds(secured, tmp_path, "export-1", *agent_id, *jobs)
-    gw_creds = await add_creds(secured, tmp_path, "gw", *jobs)
+    gw_creds = await add_creds(secured, tmp_path, "gw", *jobs, "--role", "gateway")
     gate = asyncio.Event()
     async with (
         exporter(secured, creds, gate),
@@ -326,13 +366,14 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
     ):
         card = await card_of(http, (await index(http, base))["exporter"]["url"])
         factory = ClientFactory(ClientConfig(streaming=False, httpx_client=http))
-        client = factory.create(card)
+        auth = await login(http, base, secured.watcher)
+        client = factory.create(card, interceptors=auth)
         request = message(new_data_part({"rows": 5}))
         request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
         task = await send(client, request)
         # the job's id is in the task's metadata, and it is not done yet
+        assert task.status.state == TaskState.TASK_STATE_SUBMITTED, task
         assert task.metadata["job_id"].split(".")[:2] == ["gw", "export-1"], task
-        assert task.status.state == TaskState.TASK_STATE_SUBMITTED
         gate.set()
         deadline = time.monotonic() + FOLLOW_TIMEOUT
         while (got := await client.get_task(GetTaskRequest(id=task.id))).status.state in (
@@ -344,7 +385,7 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
         assert answer_of(got) == {"file": "export-5.csv"}
         assert got.context_id == task.context_id
         # and by 0.3's tasks/get
-        old = legacy_client(factory, card)
+        old = legacy_client(factory, card, auth)
         assert answer_of(await old.get_task(GetTaskRequest(id=task.id))) == {"file": "export-5.csv"}
         # a message that waits: the job's result at once (the gate is open)
         assert answer_of(await send(client, message(new_data_part({"rows": 7})))) == {
@@ -354,7 +395,10 @@ async def test_a_message_to_an_async_mode_capability_is_a_job_read_with_get_task
         # a gateway whose credentials lack the jobs role: the job's call fails, saying why
         async with gateway(secured) as other:
             card = await card_of(http, (await index(http, other))["exporter"]["url"])
-            client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(card)
+            other_auth = await login(http, other, secured.watcher)
+            client = ClientFactory(ClientConfig(streaming=False, httpx_client=http)).create(
+                card, interceptors=other_auth
+            )
             text, data = error_of(await send(client, message(new_data_part({"rows": 1}))))
             assert data["layer"] == "authorization", text
             assert "REACH_JOBS" in text

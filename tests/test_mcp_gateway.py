@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,15 @@ import pytest
 
 pytest.importorskip("mcp", reason="the MCP SDK is the gateways extra: pip install '.[gateways]'")
 
+import httpx2
 import mcp_types as types
 from mcp import Client
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.session import IncomingMessage
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import Subscription, ToolsListChanged
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from mcp.shared.exceptions import MCPError
 
 from reach.errors import (
@@ -46,6 +51,7 @@ from reach.gateways.mcptools import (
     tool_of,
 )
 from reach.models import Capability, Manifest
+from reach.security.credentials import CredentialsFile
 
 from .calls_helpers import capability, make_agent
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
@@ -160,9 +166,16 @@ async def _next_change(sub: Subscription) -> None:
 
 @contextlib.asynccontextmanager
 async def _http_gateway(fabric: Secured) -> AsyncIterator[str]:
-    """`reach mcp --http 0` running; yields the URL it says it serves at."""
+    """`reach mcp --http 0` running under a level-4 credential with the gateway role;
+    yields the URL it says it serves at."""
+    gateway_creds = fabric.admin.parent.parent / "gw-mcp.creds"
+    code, stdout, stderr = await reach_cli(
+        "creds", "add", "gw-mcp", "--level", "4", "--role", "gateway", "--out",
+        str(gateway_creds), "--servers", fabric.url, "--creds", str(fabric.admin),
+    )  # fmt: skip
+    assert code == 0, stdout + stderr
     proc = await asyncio.create_subprocess_exec(
-        REACH, *_gateway_args(fabric, "--http", "0"),
+        REACH, "mcp", "--servers", fabric.url, "--creds", str(gateway_creds), "--http", "0",
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, env=CLEAN_ENV,
     )  # fmt: skip
@@ -177,15 +190,48 @@ async def _http_gateway(fabric: Secured) -> AsyncIterator[str]:
         await asyncio.wait_for(proc.wait(), 20)
 
 
-async def test_over_http_calls_go_under_the_gateway_clearance_and_listen_streams_hear_changes(
+class _Memory:
+    """Where the SDK's OAuth client keeps its token: in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.info: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.info
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.info = client_info
+
+
+def _login(url: str, creds: Path) -> httpx2.AsyncClient:
+    """An HTTP client that logs in with an Agent-Reach credential through the gateway's
+    OAuth flow (client credentials), as the SDK's OAuth provider does it."""
+    data = CredentialsFile.read(creds)
+    auth = ClientCredentialsOAuthProvider(
+        server_url=url, storage=_Memory(), client_id=data.client_id,
+        client_secret=data.secret, issuer=url.removesuffix("/mcp"),
+    )  # fmt: skip
+    return httpx2.AsyncClient(auth=auth, timeout=30)
+
+
+async def test_over_http_each_caller_logs_in_sees_and_calls_only_what_its_clearance_allows(
     secured: Secured,
 ) -> None:
-    # the gateway's credential holds level 2: a level-3 capability is not for it
+    # the caller (watcher) holds level 2: a level-3 capability is not for it, though the
+    # gateway holds level 4
     vault_creds = await _agent_creds(secured, "v-1", "vault", level=3)
     async with (
         _serving(secured, "a-1", "echo", secured.agent),
         _http_gateway(secured) as url,
-        Client(url) as client,
+        _login(url, secured.watcher) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
     ):
         assert client.protocol_version == "2026-07-28"
         assert await _names(client) == {"echo"}
@@ -195,7 +241,8 @@ async def test_over_http_calls_go_under_the_gateway_clearance_and_listen_streams
         async with client.listen(tools_list_changed=True) as sub:
             async with _serving(secured, "v-1", "vault", vault_creds, level=3):
                 await _next_change(sub)
-                assert await _names(client) == {"echo", "vault"}
+                # listed for nobody below its level, and refused by name
+                assert await _names(client) == {"echo"}
                 refused = await client.call_tool("vault", {"text": "secret"})
                 assert refused.is_error
                 assert _text(refused).startswith("authorization error (NotAuthorized)")
@@ -204,6 +251,14 @@ async def test_over_http_calls_go_under_the_gateway_clearance_and_listen_streams
                 assert (error["level_required"], error["level_held"]) == (3, 2)
             await _next_change(sub)
             assert await _names(client) == {"echo"}
+        # the call ran as the caller: the agent saw watcher, not the gateway
+        code, out, err = await reach_cli(
+            "audit", "tail", "--capability", "echo", "--json",
+            "--servers", secured.url, "--creds", str(secured.admin),
+        )  # fmt: skip
+        assert code == 0, err
+        callers = {json.loads(line)["caller"] for line in out.splitlines() if line.strip()}
+        assert callers == {"watcher"}, out
 
 
 # -- the mapping itself, without a fabric ------------------------------------------------

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from reach.cli.common import Target, connection_options, fail, run
+from reach.cli.doors import door_options, policy_of
 
 
 async def _serve(
-    target: Target, host: str, port: int, public_url: str | None, job_wait: float
+    target: Target,
+    host: str,
+    port: int,
+    public_url: str | None,
+    job_wait: float,
+    login: bool,
+    policy: Any,
 ) -> None:
     from reach.client import ReachClient
     from reach.gateways.a2a import A2AGateway, serve
@@ -22,7 +31,7 @@ async def _serve(
             agents = len({inst.manifest.agent_name for inst in client.routes.find()})
             click.echo(f"Agent-Reach A2A gateway on {url} ({agents} agents; index at {url})")
 
-        await serve(gateway, host, port, ready)
+        await serve(gateway, host, port, ready, policy=policy, login=login)
 
 
 def register(main: click.Group) -> None:
@@ -48,15 +57,30 @@ def register(main: click.Group) -> None:
         show_default=True,
         help="seconds a message to an async-mode capability waits for its job to finish",
     )
+    @door_options
     @connection_options
-    def a2a(target: Target, host: str, port: int, public_url: str | None, job_wait: float) -> None:
+    def a2a(
+        target: Target,
+        host: str,
+        port: int,
+        public_url: str | None,
+        job_wait: float,
+        no_login: bool,
+        allow_hosts: tuple[str, ...],
+        allow_origins: tuple[str, ...],
+        max_body: int,
+    ) -> None:
         """Serve every agent on the fabric as an A2A agent: an Agent Card each at
         /agents/NAME/.well-known/agent-card.json (skills = its capabilities), A2A JSON-RPC
-        (message/send, tasks/get) at /agents/NAME, made into fabric calls under these
-        credentials. Needs the gateways extra: pip install 'agent-reach[gateways]'."""
+        (message/send, tasks/get) at /agents/NAME, made into fabric calls. Every caller
+        logs in with its own Agent-Reach credential (OAuth 2.1 client credentials at
+        /oauth/token, then Authorization: Bearer) and calls as itself; this gateway's
+        credential needs the gateway role (reach creds add NAME --level N --role
+        gateway). Needs the gateways extra: pip install 'agent-reach[gateways]'."""
         try:
             import a2a.server  # noqa: F401 - the SDK is an optional extra
             import uvicorn  # noqa: F401
         except ImportError as exc:
             fail(f"reach a2a needs the A2A SDK: pip install 'agent-reach[gateways]' ({exc})")
-        run(_serve(target, host, port, public_url, job_wait))
+        policy = policy_of(host, allow_hosts, allow_origins, max_body)
+        run(_serve(target, host, port, public_url, job_wait, not no_login, policy))

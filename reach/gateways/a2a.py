@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from reach.client import ReachClient
 from reach.gateways.a2a_cards import (
@@ -42,10 +43,12 @@ from reach.gateways.a2a_cards import (
 )
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
 from reach.gateways.a2a_store import TaskStore
+from reach.http.guard import Door, DoorPolicy
+from reach.http.oauth import TOKEN_PATH, GatewayLogin, RequireLogin, login_for
 from reach.http.serve import listen, url_of
 from reach.http.serve import serve as serve_http
 
-__all__ = ["A2AGateway", "serve"]
+__all__ = ["A2AGateway", "guarded", "serve"]
 
 #: where an agent's JSON-RPC endpoint is; its card is under it, at the well-known path
 AGENT_PATH = "/agents/{agent}"
@@ -128,13 +131,48 @@ class A2AGateway:
         return Starlette(routes=routes)
 
 
-async def serve(gateway: A2AGateway, host: str, port: int, ready: Callable[[str], None]) -> None:
+def _rpc_path(path: str) -> bool:
+    """Whether ``path`` is an agent's JSON-RPC endpoint (``/agents/<name>``): what a
+    caller must log in for; the index, cards and login metadata are for everyone."""
+    rest = path.removeprefix("/agents/")
+    return rest != path and bool(rest.strip("/")) and "/" not in rest.strip("/")
+
+
+def guarded(gateway: A2AGateway, policy: DoorPolicy, login: GatewayLogin | None) -> ASGIApp:
+    """The gateway's app behind the door of ``policy`` and, with ``login``, the callers'
+    login (its metadata and token endpoint beside the gateway's routes)."""
+    gateway.login = login is not None
+    starlette = gateway.app()
+    app: ASGIApp = starlette
+    if login is not None:
+        starlette.router.routes.extend(login.routes())
+        app = RequireLogin(starlette, login, open_paths=lambda path: not _rpc_path(path))
+    return Door(app, policy)
+
+
+async def serve(
+    gateway: A2AGateway,
+    host: str,
+    port: int,
+    ready: Callable[[str], None],
+    *,
+    policy: DoorPolicy | None = None,
+    login: bool = True,
+) -> None:
     """Serve ``gateway`` on ``host``:``port`` (0: a free port) until SIGINT or SIGTERM;
-    ``ready(url)`` once it listens."""
+    ``ready(url)`` once it listens. Behind the door (``policy``; by default the one of
+    ``host``) and, unless ``login`` is false (on loopback only) or the fabric is open,
+    the callers' login (``reach.http.oauth``)."""
+    checked = login_for(gateway.client, host=host, enabled=login, public_url=gateway.public_url)
+    door = policy or DoorPolicy.for_address(host, form_paths=[TOKEN_PATH])
     sock = listen(host, port)
-    with contextlib.closing(sock):
-        # its index and cards list every agent of the fabric: it follows the whole registry
-        await gateway.client.routes.follow_everything()
-        app = gateway.app()
-        ready(url_of(sock))
-        await serve_http(app, sock)
+    try:
+        with contextlib.closing(sock):
+            # its index and cards list every agent of the fabric: it follows the registry
+            await gateway.client.routes.follow_everything()
+            app = guarded(gateway, door, checked)
+            ready(url_of(sock))
+            await serve_http(app, sock)
+    finally:
+        if checked is not None:
+            await checked.close()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import sys
 import weakref
@@ -37,11 +36,15 @@ from mcp.server.connection import Connection
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from starlette.types import ASGIApp
 
 from reach.client import ReachClient
-from reach.errors import ReachError
+from reach.errors import NotAuthorized, ReachError
 from reach.gateways.mcptools import ToolSpec, answer, catalogue, payload_of, refusal
+from reach.http.guard import Door, DoorPolicy
+from reach.http.oauth import TOKEN_PATH, Caller, GatewayLogin, RequireLogin, login_for
 from reach.models import Instance, Manifest
+from reach.security.fabric import acting_for
 from reach.tasks import cancel_and_wait
 
 __all__ = ["HTTP_PATH", "McpGateway", "serve"]
@@ -52,6 +55,14 @@ log = logging.getLogger("reach.mcp")
 HTTP_PATH = "/mcp"
 #: how long requests still open when told to stop may go on, at most
 STOP_GRACE_SEC = 5
+#: A request over HTTP is answered with one JSON body, not an SSE stream: the SDK's stream
+#: costs each call a task group, memory streams and more writes, and a tool call here sends
+#: nothing before its result (no progress, no request back to the client). A
+#: ``subscriptions/listen`` request is still a stream, and so is the handshake-era GET
+#: stream that carries tool-list changes. What a call gives up: the SDK's keep-alive
+#: comments on a call silent for 15 s, and the call's end when its client goes away (the
+#: call still ends at its deadline).
+JSON_RESPONSES = True
 
 _INSTRUCTIONS = (
     "Each tool is a capability of an agent on the Agent-Reach fabric; calling it routes the"
@@ -102,6 +113,8 @@ class McpGateway:
         self._listen = ListenHandler(self._bus)
         #: the handshake-era connections, told of changes; each goes when its client does
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        #: the callers' login over HTTP (None: stdio, or no login)
+        self.login: GatewayLogin | None = None
         self.server = _GatewayServer(
             "agent-reach",
             version=_reach_version(),
@@ -116,6 +129,25 @@ class McpGateway:
         self.server.add_notification_handler(
             "notifications/initialized", types.NotificationParams, self._initialized
         )
+
+    def http_app(self, policy: DoorPolicy, login: GatewayLogin | None) -> ASGIApp:
+        """The streamable HTTP app at ``HTTP_PATH``, behind the door of ``policy`` and,
+        with ``login``, the callers' login (its metadata and token endpoint beside it)."""
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        self.login = login
+        app: ASGIApp = self.server.streamable_http_app(
+            streamable_http_path=HTTP_PATH,
+            json_response=JSON_RESPONSES,
+            # the door checks Host and Origin for every path, the SDK's own check only its
+            # own path and only for the names of a loopback address
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            max_request_body_size=policy.max_body,
+            custom_starlette_routes=login.routes() if login is not None else None,
+        )
+        if login is not None:
+            app = RequireLogin(app, login, open_paths=lambda path: path != HTTP_PATH)
+        return Door(app, policy)
 
     async def start(self) -> None:
         """Take the tools from the route cache and follow it from now on."""
@@ -195,12 +227,29 @@ class McpGateway:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[spec.tool for spec in self.tools.values()])
+        caller = _caller(ctx)
+        return types.ListToolsResult(
+            tools=[
+                spec.tool
+                for spec in self.tools.values()
+                if caller is None or spec.level <= caller.level
+            ]
+        )
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        caller = _caller(ctx)
         spec = self.tools.get(params.name)
+        if spec is not None and caller is not None and spec.level > caller.level:
+            return refusal(
+                NotAuthorized(
+                    f"{caller.client_id} may not call {spec.capability}: it needs clearance"
+                    f" {spec.level}, {caller.client_id} holds {caller.level}",
+                    level_required=spec.level,
+                    level_held=caller.level,
+                )
+            )
         if spec is None:
             raise MCPError(
                 types.INVALID_PARAMS,
@@ -209,10 +258,21 @@ class McpGateway:
             )
         try:
             payload = payload_of(spec, params.arguments)
-            result = await self.client.call(spec.capability, payload)
+            # the SDK may run the handler outside the HTTP request's task: the caller is
+            # named again here
+            with acting_for(caller.session if caller is not None else None):
+                result = await self.client.call(spec.capability, payload)
         except ReachError as exc:
             return refusal(exc)
         return answer(result.value)
+
+
+def _caller(ctx: ServerRequestContext[Any]) -> Caller | None:
+    """The caller logged in for this request (None over stdio, or without login)."""
+    request = ctx.request
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    return user if isinstance(user, Caller) else None
 
 
 async def serve(
@@ -221,19 +281,32 @@ async def serve(
     *,
     http_port: int | None = None,
     host: str = "127.0.0.1",
+    login: bool = True,
+    policy: DoorPolicy | None = None,
+    public_url: str | None = None,
 ) -> None:
     """Connect to the fabric and serve its capabilities over stdio, or over streamable
-    HTTP on ``host:http_port`` (0: a free port) when a port is given."""
+    HTTP on ``host:http_port`` (0: a free port) when a port is given: behind the door
+    (``policy``; by default the one of ``host``) and, unless ``login`` is false (on
+    loopback only), the callers' login (``reach.http.oauth``)."""
     async with ReachClient(servers=servers, credentials=credentials, name="reach-mcp") as client:
         gateway = McpGateway(client)
+        checked = None
+        if http_port is not None:
+            checked = login_for(
+                client, host=host, enabled=login, resource_path=HTTP_PATH, public_url=public_url
+            )
         await gateway.start()
         try:
             if http_port is None:
                 await _serve_stdio(gateway)
             else:
-                await _serve_http(gateway, host, http_port)
+                door = policy or DoorPolicy.for_address(host, form_paths=[TOKEN_PATH])
+                await _serve_http(gateway, host, http_port, gateway.http_app(door, checked))
         finally:
             await gateway.stop()
+            if checked is not None:
+                await checked.close()
 
 
 async def _serve_stdio(gateway: McpGateway) -> None:
@@ -245,17 +318,16 @@ async def _serve_stdio(gateway: McpGateway) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def _serve_http(gateway: McpGateway, host: str, port: int) -> None:
+async def _serve_http(gateway: McpGateway, host: str, port: int, app: ASGIApp) -> None:
     from reach.http.serve import listen, serve, url_of
 
-    app = gateway.server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
     sock = listen(host, port)  # listening before the URL is printed: a client may connect at once
     with contextlib.closing(sock):
         _say(f"reach mcp: {len(gateway.tools)} tools at {url_of(sock, HTTP_PATH)}")
-        if not _loopback(host):
+        if gateway.login is None:
             _say(
-                f"reach mcp: warning: listening on {host}, beyond this machine: whoever reaches"
-                " the port calls the fabric with this gateway's credential"
+                "reach mcp: no login (an open fabric, or --no-login): every caller on this"
+                " machine calls with this gateway's credential"
             )
         # the SDK's session manager runs in the app's lifespan; told to stop, the listen
         # streams end at once, and the handshake-era GET streams with the session manager
@@ -263,15 +335,6 @@ async def _serve_http(gateway: McpGateway, host: str, port: int) -> None:
         await serve(
             app, sock, lifespan=True, graceful_sec=STOP_GRACE_SEC, stopping=gateway.end_streams
         )
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: it may resolve to anything
-        return False
 
 
 def _say(line: str) -> None:

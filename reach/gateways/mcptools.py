@@ -58,6 +58,8 @@ class ToolSpec:
     tool: Tool
     #: the payload is the ``input`` argument (the capability does not take an object)
     wrapped: bool
+    #: the clearance a caller needs to see and call the tool (the capability's level)
+    level: int = 1
 
 
 def _takes_object(schema: Mapping[str, Any]) -> bool:
@@ -90,7 +92,7 @@ def tool_of(cap: Capability) -> ToolSpec:
         output_schema=dict(output) if output and output.get("type") == "object" else None,
         annotations=ToolAnnotations(idempotent_hint=cap.idempotent),
     )
-    return ToolSpec(cap.name, tool, wrapped)
+    return ToolSpec(cap.name, tool, wrapped, cap.security_level)
 
 
 def _version_key(version: str) -> tuple[int, int, int, int, str]:
