@@ -31,6 +31,7 @@ from a2a.client.auth.interceptor import AuthInterceptor
 from a2a.helpers import get_data_parts, get_message_text, new_data_part, new_text_part
 from a2a.types import (
     AgentCard,
+    GetExtendedAgentCardRequest,
     GetTaskRequest,
     InvalidParamsError,
     Message,
@@ -232,9 +233,9 @@ class Bearer(CredentialService):
         return self.token
 
 
-async def login(http: httpx.AsyncClient, base: str, creds: Path) -> list[AuthInterceptor]:
+async def access_token(http: httpx.AsyncClient, base: str, creds: Path) -> str:
     """Log in at the gateway with an Agent-Reach credential (OAuth client credentials, at
-    the token endpoint its metadata names); the interceptors that carry the token."""
+    the token endpoint its metadata names); the access token."""
     server = (await http.get(f"{base}/.well-known/oauth-authorization-server")).json()
     data = CredentialsFile.read(creds)
     answer = await http.post(
@@ -243,7 +244,12 @@ async def login(http: httpx.AsyncClient, base: str, creds: Path) -> list[AuthInt
         auth=(data.client_id, data.secret),
     )
     answer.raise_for_status()
-    return [AuthInterceptor(Bearer(answer.json()["access_token"]))]
+    return str(answer.json()["access_token"])
+
+
+async def login(http: httpx.AsyncClient, base: str, creds: Path) -> list[AuthInterceptor]:
+    """The SDK's interceptors that carry the access token of ``creds``' login."""
+    return [AuthInterceptor(Bearer(await access_token(http, base, creds)))]
 
 
 def legacy_client(
@@ -264,8 +270,10 @@ async def index(http: httpx.AsyncClient, base: str) -> dict[str, dict[str, Any]]
     return {entry["name"]: entry for entry in response.json()["agents"]}
 
 
-async def card_of(http: httpx.AsyncClient, url: str) -> AgentCard:
-    return await A2ACardResolver(http, url).get_agent_card()
+async def card_of(http: httpx.AsyncClient, url: str, token: str | None = None) -> AgentCard:
+    """An agent's card, as whom ``token`` logged in sees it (anonymous without one)."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return await A2ACardResolver(http, url).get_agent_card(http_kwargs={"headers": headers})
 
 
 async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabric_call(
@@ -284,7 +292,13 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
     ):
         agents = await index(http, base)
         assert set(agents) == {"test", "reporter"}
-        cards = {name: await card_of(http, entry["url"]) for name, entry in agents.items()}
+        # not logged in: the public skills (level 1), and word of an extended card
+        public = await card_of(http, agents["reporter"]["url"])
+        assert [s.id for s in public.skills] == ["summary"]
+        assert public.capabilities.extended_agent_card
+        # logged in at level 4: every skill
+        admin = await access_token(http, base, secured.admin)
+        cards = {name: await card_of(http, e["url"], admin) for name, e in agents.items()}
         assert [s.id for s in cards["test"].skills] == ["echo"]
         assert [s.id for s in cards["reporter"].skills] == ["report", "secret", "summary"]
         report = cards["reporter"].skills[0]
@@ -292,7 +306,11 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
         assert list(report.examples) == ['{"industry":"ev","time_range":"2025"}']
         assert cards["reporter"].version == "2.1.0"
         # the contracts, in a card extension, with their numbers as they were written
-        served = (await http.get(agents["reporter"]["card_url"])).json()
+        served = (
+            await http.get(
+                agents["reporter"]["card_url"], headers={"authorization": f"Bearer {admin}"}
+            )
+        ).json()
         (contracts,) = served["capabilities"]["extensions"]
         assert contracts["params"]["report"]["input_schema"] == REPORT_INPUT
         assert repr(contracts["params"]["secret"]["security_level"]) == "3"
@@ -306,6 +324,9 @@ async def test_each_agent_has_a_card_of_its_capabilities_and_a_message_is_a_fabr
         assert await echo.get_task(GetTaskRequest(id=task.id)) == task  # its call's task
 
         reports = factory.create(cards["reporter"], interceptors=auth)
+        # the extended card: the skills the watcher's level (2) may call
+        extended = await reports.get_extended_agent_card(GetExtendedAgentCardRequest())
+        assert [s.id for s in extended.skills] == ["report", "summary"]
         good = new_text_part('{"industry": "ev", "time_range": "2025"}')
         assert answer_of(await send(reports, message(good, skill="report"))) == {
             "industry": "ev",

@@ -23,6 +23,7 @@ from typing import Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.routes import DefaultServerCallContextBuilder, create_jsonrpc_routes
+from a2a.types import AgentCard
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, VERSION_HEADER
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -44,7 +45,7 @@ from reach.gateways.a2a_cards import (
 from reach.gateways.a2a_handler import AGENT_KEY, FabricRequestHandler
 from reach.gateways.a2a_store import TaskStore
 from reach.http.guard import Door, DoorPolicy
-from reach.http.oauth import TOKEN_PATH, GatewayLogin, RequireLogin, login_for
+from reach.http.oauth import TOKEN_PATH, Caller, GatewayLogin, RequireLogin, login_for
 from reach.http.serve import listen, url_of
 from reach.http.serve import serve as serve_http
 
@@ -52,6 +53,10 @@ __all__ = ["A2AGateway", "guarded", "serve"]
 
 #: where an agent's JSON-RPC endpoint is; its card is under it, at the well-known path
 AGENT_PATH = "/agents/{agent}"
+#: the level of the skills a card shows to whom has not logged in (public, general)
+PUBLIC_LEVEL = 1
+#: the call context's key for the caller logged in (``reach.http.oauth.Caller``)
+CALLER_KEY = "reach.caller"
 
 
 class _AgentContext(DefaultServerCallContextBuilder):
@@ -60,6 +65,7 @@ class _AgentContext(DefaultServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
         context.state[AGENT_KEY] = request.path_params.get("agent", "")
+        context.state[CALLER_KEY] = request.scope.get("user")
         return context
 
 
@@ -87,6 +93,13 @@ class A2AGateway:
         self.public_url = public_url.rstrip("/") if public_url else None
         self.login = login
         self.handler = FabricRequestHandler(client, job_wait=job_wait, tasks=tasks)
+        self.handler.extended_card = self._extended_card
+
+    def _extended_card(self, name: str, context: ServerCallContext) -> AgentCard | None:
+        """``GetExtendedAgentCard``: the card with the skills of the caller who asks."""
+        host = str(context.state.get("headers", {}).get("host", ""))
+        base = self.public_url or f"http://{host}"
+        return self.card_of(name, base, context.state.get(CALLER_KEY))
 
     def _base(self, request: Request) -> str:
         return self.public_url or str(request.base_url).rstrip("/")
@@ -106,13 +119,28 @@ class A2AGateway:
             }
         )
 
-    async def card(self, request: Request) -> Response:
-        name = request.path_params["agent"]
+    def clearance(self, user: object) -> int:
+        """The level whose skills a card shows: the caller's, logged in; without a login
+        to the gateway, every skill (the gateway's own clearance decides); and to a caller
+        not logged in to a gateway that asks for one, the public skills (level 1)."""
+        if isinstance(user, Caller):
+            return user.level
+        return PUBLIC_LEVEL if self.login else 4
+
+    def card_of(self, name: str, base: str, user: object) -> AgentCard | None:
+        """Agent ``name``'s card as ``user`` may see it (None: no such agent is live)."""
         found = agents_of(self.client.routes.find()).get(name)
         if not found:
+            return None
+        security = security_of(base, self.login)
+        url = f"{base}/agents/{name}"
+        return card_for(name, found, url, security, clearance=self.clearance(user))
+
+    async def card(self, request: Request) -> Response:
+        name = request.path_params["agent"]
+        card = self.card_of(name, self._base(request), request.scope.get("user"))
+        if card is None:
             return JSONResponse({"error": f"no agent named {name!r} is live"}, status_code=404)
-        security = security_of(self._base(request), self.login)
-        card = card_for(name, found, self._urls(request, name)[0], security)
         # the version a request names: its header, else the parameter A2A allows for it
         requested = request.headers.get(VERSION_HEADER) or request.query_params.get(VERSION_HEADER)
         version = card_version(requested, request.url.path.endswith(LEGACY_CARD_PATH))

@@ -208,11 +208,18 @@ def security_of(base_url: str, login: bool) -> Security:
 
 
 def card_for(
-    name: str, instances: list[Instance], url: str, security: Security | None = None
+    name: str,
+    instances: list[Instance],
+    url: str,
+    security: Security | None = None,
+    *,
+    clearance: int = 4,
 ) -> AgentCard:
     """The Agent Card of agent ``name``, served by ``instances``, whose JSON-RPC endpoint
-    is ``url``, under ``security`` (none by default)."""
-    caps = capabilities_of(instances)
+    is ``url``, under ``security`` (none by default), with the skills a caller of
+    ``clearance`` may call. Under a login the card says that an extended card, with the
+    skills of the caller who asks, is there (``GetExtendedAgentCard``)."""
+    caps = [cap for cap in capabilities_of(instances) if cap.security_level <= clearance]
     newest = _newest_first(instances)[0].manifest.version if instances else "0.0.0"
     count = f"{len(instances)} live instance{'s' if len(instances) != 1 else ''}"
     description = (
@@ -232,6 +239,7 @@ def card_for(
             streaming=False,
             push_notifications=False,
             extensions=[_contracts(instances, caps)],
+            extended_agent_card=security is not None and bool(security.schemes),
         ),
         default_input_modes=[JSON, TEXT],
         default_output_modes=[JSON],

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.request_handler import RequestHandler
@@ -83,6 +83,9 @@ class FabricRequestHandler(RequestHandler):
         self._client = client
         self.job_wait = job_wait
         self.tasks = tasks if tasks is not None else TaskStore()
+        #: the card of an agent (its name) for the caller of a context, with the skills
+        #: that caller may call; None: extended cards are not served
+        self.extended_card: Callable[[str, ServerCallContext], AgentCard | None] | None = None
 
     def instances(self, agent: str) -> list[Instance]:
         """The live instances of agent ``agent``; none is A2A's InvalidParamsError."""
@@ -217,4 +220,8 @@ class FabricRequestHandler(RequestHandler):
     async def on_get_extended_agent_card(
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
-        raise ExtendedAgentCardNotConfiguredError
+        agent = str(context.state.get(AGENT_KEY, ""))
+        card = self.extended_card(agent, context) if self.extended_card is not None else None
+        if card is None:
+            raise ExtendedAgentCardNotConfiguredError
+        return card

@@ -396,7 +396,15 @@ class RequireLogin:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.open_paths(scope["path"]):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.open_paths(scope["path"]):
+            # for everyone; a caller who shows a valid token is known (a card shows it
+            # the skills of its level), one who shows none or a bad one is anonymous
+            found = self.login.caller_of(scope)
+            if isinstance(found, Caller):
+                scope["user"] = found
             await self.app(scope, receive, send)
             return
         found = self.login.caller_of(scope)
