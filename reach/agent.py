@@ -428,8 +428,9 @@ class Agent:
     # -- calls -----------------------------------------------------------------------
 
     def _audit_denial(
-        self, capability: str, meta: envelope.RequestMeta, code: str, description: str, client: str
-    ) -> None:
+        self, capability: str, meta: envelope.RequestMeta, code: str, description: str,
+        client: str, actor: str | None,
+    ) -> None:  # fmt: skip
         if self.audit is not None:
             self.audit.record(
                 denial_event(
@@ -442,6 +443,7 @@ class Agent:
                     description=description,
                     caller=client,
                     caller_agent=meta.caller,
+                    actor=actor,
                     trace_id=trace_id_of(meta.traceparent),
                 )
             )

@@ -33,6 +33,7 @@ from reach.endpoint import Endpoint, Failure, decode_input, endpoint_for, failur
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.jobs import JobRunner, JobStore
 from reach.replycache import ReplyCache
+from reach.security.claims import Claims
 from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
 from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper, run_eagerly
@@ -84,9 +85,11 @@ class CallServer:
         #: set when the fabric issues tokens: every call must carry a valid one
         self.verifier: TokenVerifier | None = None
         self.denials = 0
-        #: told of every denial (capability, request meta, code, description, client id):
-        #: the agent writes it to the audit stream
-        self.on_denied: Callable[[str, envelope.RequestMeta, str, str, str], None] | None = None
+        #: told of every denial (capability, request meta, code, description, client id,
+        #: the gateway calling for that client): the agent writes it to the audit stream
+        self.on_denied: (
+            Callable[[str, envelope.RequestMeta, str, str, str, str | None], None] | None
+        ) = None
         #: set while the agent writes audit events: a call whose caller does not record
         #: it (its request does not say ``au``) is recorded there, and its ok reply says
         #: so (``aud``)
@@ -181,11 +184,13 @@ class CallServer:
         except CodecError as exc:
             return self._refuse(endpoint, "contract", "bad_envelope", str(exc), exc.path)
         client = ""
+        actor: str | None = None  # the gateway calling for ``client``, if one is
         if self.verifier is not None:
             # before anything else is decoded: no token, no work
-            denied, client = self._check_token(endpoint, meta)
-            if denied is not None:
-                return denied
+            checked = self._check_token(endpoint, meta)
+            if isinstance(checked, bytes):
+                return checked  # denied
+            client, actor = checked.client_id, checked.actor
         # a repeat is the same capability from the same client: keys never leak across them
         key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
         started = self._clock.time()
@@ -197,7 +202,7 @@ class CallServer:
         if seen is not None:
             reply = seen if isinstance(seen, bytes) else await asyncio.shield(seen)
             if self.audit is not None and not meta.audit:  # answered: recorded too
-                self._record(endpoint, meta, client, reply, started, self._clock.time())
+                self._record(endpoint, meta, client, actor, reply, started, self._clock.time())
             return reply
         refused = self._admit(endpoint)
         if refused is not None:
@@ -219,8 +224,10 @@ class CallServer:
                 kind = arg.kind
                 reply, remember = self._fail(endpoint, *arg)
             elif self.jobs is not None:
+                # the job's record is read by whoever holds the connection that called: a
+                # gateway calling for a client (``actor``), else the client
                 reply = await self._job_runner.accept(
-                    self.jobs, endpoint, meta, arg, client, self.job_timeout_sec
+                    self.jobs, endpoint, meta, arg, actor or client, self.job_timeout_sec
                 )
             else:
                 traceparent = meta.traceparent if span is None else traceparent_of(span)
@@ -240,7 +247,7 @@ class CallServer:
         finally:
             done_at = self._finished(endpoint, key, reply, remember, kind, span, started)
             if self.audit is not None and not meta.audit and reply:
-                self._record(endpoint, meta, client, reply, started, done_at, kind)
+                self._record(endpoint, meta, client, actor, reply, started, done_at, kind)
         return reply
 
     def _record(
@@ -248,13 +255,15 @@ class CallServer:
         endpoint: Endpoint,
         meta: envelope.RequestMeta,
         client: str,
+        actor: str | None,
         reply: bytes,
         started: float,
         done_at: float,
         kind: str = "",
     ) -> None:
         """The callee's audit event of a call it answered with ``reply`` (``kind``: "ok"
-        or its error kind; "": read from the reply)."""
+        or its error kind; "": read from the reply), made by ``client``, or for it by the
+        gateway ``actor``."""
         assert self.audit is not None
         code = description = ""
         if kind != "ok":
@@ -277,6 +286,7 @@ class CallServer:
                 kind=kind,
                 code=code,
                 description=description,
+                actor=actor,
             )
         )
 
@@ -357,19 +367,18 @@ class CallServer:
             end_span(span, None if kind == "ok" else kind)
         return done_at
 
-    def _check_token(
-        self, endpoint: Endpoint, meta: envelope.RequestMeta
-    ) -> tuple[bytes | None, str]:
-        """(None, client id) if the call may proceed, else the ``denied`` reply (counted)."""
+    def _check_token(self, endpoint: Endpoint, meta: envelope.RequestMeta) -> bytes | Claims:
+        """The token's claims if the call may proceed (its client, and the gateway that
+        calls for it if any), else the ``denied`` reply (counted)."""
         assert self.verifier is not None
         if meta.token is None:
-            return self._deny(endpoint, meta, "no_token", f"{endpoint.name} requires a token"), ""
+            return self._deny(endpoint, meta, "no_token", f"{endpoint.name} requires a token")
         try:
             # a token for this capability's calls: no other (a fabric token, another
             # capability's) is accepted, so no callee can use what callers sent it elsewhere
             claims = self.verifier.verify(meta.token, endpoint.audience)
         except AuthenticationFailed as exc:
-            return self._deny(endpoint, meta, "authentication_failed", str(exc)), ""
+            return self._deny(endpoint, meta, "authentication_failed", str(exc))
         required = endpoint.capability.security_level
         if claims.level < required:
             return self._deny(
@@ -378,8 +387,8 @@ class CallServer:
                 f"insufficient_level:{required}:{claims.level}",
                 f"{endpoint.name} requires clearance level {required};"
                 f" client {claims.client_id} holds {claims.level}",
-                claims.client_id,
-            ), ""
+                claims,
+            )
         # every call has a deadline not too far ahead (none: the callee's own), and is
         # served once while it lives: a copy is refused here, and late once it passed
         now = self._clock.time()
@@ -387,24 +396,22 @@ class CallServer:
             sla_sec = endpoint.capability.latency_sla_ms / 1000.0
             meta.deadline_ms = int((now + 1.5 * sla_sec) * 1000)
         elif meta.deadline_ms > (now + MAX_AHEAD_SEC) * 1000:
-            denied = self._deny(
+            return self._deny(
                 endpoint,
                 meta,
                 "deadline_too_far",
                 f"call {meta.call_id}: its deadline lies more than {MAX_AHEAD_SEC:g} s ahead",
-                claims.client_id,
+                claims,
             )
-            return denied, ""
         if not self._recent.first_time(meta.call_id, meta.attempt, meta.deadline_ms / 1000.0):
-            denied = self._deny(
+            return self._deny(
                 endpoint,
                 meta,
                 "replayed",
                 f"call {meta.call_id} attempt {meta.attempt} replayed",
-                claims.client_id,
+                claims,
             )
-            return denied, ""
-        return None, claims.client_id
+        return claims
 
     def _deny(
         self,
@@ -412,13 +419,14 @@ class CallServer:
         meta: envelope.RequestMeta,
         code: str,
         description: str,
-        client: str = "",
+        claims: Claims | None = None,
     ) -> bytes:
         self.denials += 1
         endpoint.stats.denied += 1
         log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
         if self.on_denied is not None:
-            self.on_denied(endpoint.name, meta, code, description, client)
+            client, actor = ("", None) if claims is None else (claims.client_id, claims.actor)
+            self.on_denied(endpoint.name, meta, code, description, client, actor)
         return self._refuse(endpoint, "denied", code, description)
 
     def watch_deadline(self, when: float) -> None:

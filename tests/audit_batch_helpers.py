@@ -33,6 +33,7 @@ def events(draw: st.DrawFn) -> CallEvent:
         trace_id=draw(TRACE),
         caller=draw(NAMES),
         caller_agent=draw(st.one_of(st.none(), NAMES)),
+        actor=draw(st.one_of(st.none(), NAMES)),
         callee=callee,
         outcome="ok" if plain else draw(st.sampled_from(["ok", "error"])),
         error=None if plain else draw(st.sampled_from([None, "timeout", "breaker"])),

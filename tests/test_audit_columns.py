@@ -41,6 +41,7 @@ def plain_calls(draw: st.DrawFn) -> CallEvent:
         trace_id=draw(TRACE),
         caller=draw(NAMES),
         caller_agent=draw(st.one_of(st.none(), NAMES)),
+        actor=draw(st.one_of(st.none(), NAMES)),
         callee=callee,
         outcome="ok",
         latency_ms=draw(NUMBER),
@@ -72,9 +73,9 @@ def test_columns_give_back_the_events_they_were_given(calls: list[CallEvent]) ->
     packed = msgpack.packb(columns.encode("q"), use_bin_type=True)
     assert len(packed) <= columns.size + HEAD_BYTES
     decoded = expand_plain(msgpack.unpackb(packed, raw=False))
-    assert [repr(list(map(d.get, ("call_id", "caller", "callee", "ts")))) for d in decoded] == [
-        repr([c.call_id, c.caller, c.callee, c.ts]) for c in calls
-    ]
+    assert [
+        repr(list(map(d.get, ("call_id", "caller", "actor", "callee", "ts")))) for d in decoded
+    ] == [repr([c.call_id, c.caller, c.actor, c.callee, c.ts]) for c in calls]
 
 
 def test_trace_ids_travel_as_raw_bytes_when_they_are_all_hex() -> None:

@@ -410,13 +410,16 @@ class AlertEngine:
 
 def _caller_of(event: Mapping[str, Any], writer: str | None) -> str | None:
     """Who the rules count a caller-side event against; None when its writer is not the
-    caller it names (a forgery: counted for nobody). A named writer is the key itself:
-    an agent id the event claims (``caller_agent``) is not the writer's to choose. On an
-    open fabric (anonymous writer) or off the stream there is nothing to check."""
+    caller it names, nor the gateway it names as calling for that caller (``actor``): a
+    forgery, counted for nobody. A named writer is the key itself: an agent id the event
+    claims (``caller_agent``) or a client a gateway calls for is not the writer's to
+    choose, and a gateway's retries are its own. On an open fabric (anonymous writer) or
+    off the stream there is nothing to check."""
     caller = event.get("caller")
     if writer is None or writer in ("", subjects.ANONYMOUS):
         return str(event.get("caller_agent") or caller or subjects.ANONYMOUS)
-    return writer if caller == writer else None
+    actor = event.get("actor")
+    return writer if (actor or caller) == writer else None
 
 
 def _counted_callee(event: dict[str, Any]) -> bool:

@@ -8,9 +8,11 @@ becomes a slot in the batch's columns (``reach.audit.columns``), and so does a c
 primary event of a call it answered ok (in a second set of columns, ``served``); any
 other event is a packed row in ``EVENT_FIELDS`` order. Readers get maps of
 ``AuditEvent``'s fields back (``decode_events``), from batches of any layout (rows only,
-version 1; a caller's columns beside rows, version 2; a callee's too, version 3), and can
-count a batch's calls without reading its rows (``read_counts``,
-or its headers alone, ``read_header_counts``).
+version 1; a caller's columns beside rows, version 2; a callee's too, version 3; columns
+that may name an actor, version 4), and can count a batch's calls without reading its
+rows (``read_counts``, or its headers alone, ``read_header_counts``). A batch names the
+fields of its rows, so a row written before a field existed (``actor``) reads back
+without it, and ``AuditEvent`` gives it its default.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ __all__ = [
 ]
 
 #: version of a batch's layout: 2 keeps plain calls as columns beside the rows, 3 a
-#: callee's plain calls too
-BATCH_VERSION = 3
+#: callee's plain calls too, 4 an ``actor`` column in them when a call had one
+BATCH_VERSION = 4
 
 
 def event_row(event: CallEvent) -> tuple[Any, ...]:
@@ -61,6 +63,7 @@ def event_row(event: CallEvent) -> tuple[Any, ...]:
         event.trace_id,
         event.caller,
         event.caller_agent,
+        event.actor,
         event.callee,
         event.outcome,
         event.error,

@@ -12,6 +12,11 @@ A callee's plain events (a call it answered ok, counted as the call) take the sa
 columns in a second set with ``side`` "callee": they have no candidates (the empty set),
 no score (NaN) and no attempts (their attempt latency is their latency).
 
+The ``actor`` column (the gateway that made a call for its caller) is written only when
+one of the calls had one: a batch of calls nobody made for another is packed as it was
+before the column existed, and a reader takes a batch without it as calls without an
+actor.
+
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
 row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.records``
 (``schemas/audit-batch.schema.json``).
@@ -37,6 +42,8 @@ __all__ = [
 #: headers), to estimate a batch's size while it fills (from above: a trace id counts as
 #: text, though it usually travels as 16 raw bytes)
 PLAIN_ROW_BYTES: Final = 4 * 8 + 4 * 2 + 2 * 3
+#: what the actor column adds to each of them, once a call of the batch has an actor
+_ACTOR_BYTES: Final = 2
 #: distinct names or candidate sets one batch may index (two-byte indexes)
 MAX_VALUES: Final = 0xFFFF
 _TRACE_HEX: Final = 32
@@ -56,7 +63,10 @@ class Columns:
     """The plain events of one batch being filled (all of one capability)."""
 
     __slots__ = (
+        "_actor_known",
         "_agent_known",
+        "_last_actor",
+        "_last_actor_at",
         "_last_agent",
         "_last_agent_at",
         "_last_callee",
@@ -66,8 +76,11 @@ class Columns:
         "_last_count",
         "_last_names",
         "_last_set",
+        "_row_bytes",
         "_set_index",
         "_value_index",
+        "actor",
+        "any_actor",
         "attempt_latency",
         "call_id",
         "callee",
@@ -95,6 +108,9 @@ class Columns:
         self.trace_hex = True
         self.caller: list[int] = []
         self.caller_agent: list[int] = []
+        self.actor: list[int] = []
+        #: some call had an actor (else the batch carries no actor column)
+        self.any_actor = False
         self.callee: list[int] = []
         self.latency: list[float] = []
         self.candidates: list[int] = []
@@ -112,19 +128,24 @@ class Columns:
         self._last_agent: str | None = None
         self._last_agent_at = 0
         self._agent_known = False
+        self._last_actor: str | None = None
+        self._last_actor_at = 0
+        self._actor_known = False
         self._last_names: tuple[str, ...] = ()
         self._last_count = -1
         self._last_set = 0
-        #: estimated packed size
+        #: estimated packed size, and what each event adds to it besides its ids
         self.size = 0
+        self._row_bytes = PLAIN_ROW_BYTES
 
     def __len__(self) -> int:
         return len(self.ts)
 
     @property
     def full(self) -> bool:
-        """No room for another event's names (indexes are two bytes)."""
-        return len(self.values) > MAX_VALUES - 3 or len(self.sets) >= MAX_VALUES
+        """No room for another event's names (indexes are two bytes; an event names up
+        to four: its caller, the agent it calls from, its actor and its callee)."""
+        return len(self.values) > MAX_VALUES - 4 or len(self.sets) >= MAX_VALUES
 
     def add(self, event: CallEvent) -> None:
         """``event``, a plain call (``reach.audit.batch`` decides which are): answered by
@@ -140,6 +161,7 @@ class Columns:
             trace_id=event.trace_id,
             caller=event.caller,
             caller_agent=event.caller_agent,
+            actor=event.actor,
             callee=event.callee,
             latency_ms=event.latency_ms,
             candidates=event.candidates,
@@ -162,6 +184,7 @@ class Columns:
         n_candidates: int,
         score: float | None,
         attempt_latency_ms: float,
+        actor: str | None = None,
     ) -> None:
         """A plain call by its fields (``CallEvent``'s, by name; ``score`` and
         ``attempt_latency_ms`` its one attempt's): what ``add`` records of an event, for
@@ -169,8 +192,9 @@ class Columns:
         batch's reader would refuse, recording nothing."""
         if not 0 <= n_candidates <= 0xFFFFFFFF:
             raise ValueError("Columns.add: n_candidates must be in [0, 2**32)")
-        # a caller's own id, its callee's and the agent it calls for (None, mostly) are
-        # the same objects call after call: an identity check instead of a lookup
+        # a caller's own id, its callee's, the agent it calls for and the gateway that
+        # calls for it (None, mostly) are the same objects call after call: an identity
+        # check instead of a lookup
         if caller is not self._last_caller:
             self._last_caller_at = self._value(caller)
             self._last_caller = caller
@@ -178,6 +202,15 @@ class Columns:
             self._last_agent_at = self._value(caller_agent)
             self._last_agent = caller_agent
             self._agent_known = True
+        if actor is not self._last_actor or not self._actor_known:
+            self._last_actor_at = self._value(actor)
+            self._last_actor = actor
+            self._actor_known = True
+            if actor is not None and not self.any_actor:
+                # the column is written from now on, for the events before this one too
+                self.any_actor = True
+                self._row_bytes = PLAIN_ROW_BYTES + _ACTOR_BYTES
+                self.size += _ACTOR_BYTES * len(self.ts)
         if callee is not self._last_callee:
             self._last_callee_at = self._value(callee)
             self._last_callee = callee
@@ -201,12 +234,13 @@ class Columns:
             self.trace_hex = False
         self.caller.append(self._last_caller_at)
         self.caller_agent.append(self._last_agent_at)
+        self.actor.append(self._last_actor_at)
         self.callee.append(self._last_callee_at)
         self.latency.append(latency_ms)
         self.candidates.append(at)
         self.score.append(_NAN if score is None else score)
         self.attempt_latency.append(attempt_latency_ms)
-        self.size += PLAIN_ROW_BYTES + _text_bytes(call_id) + _text_bytes(trace_id)
+        self.size += self._row_bytes + _text_bytes(call_id) + _text_bytes(trace_id)
 
     def _value(self, value: str | None) -> int:
         at = self._value_index.get(value)
@@ -223,7 +257,7 @@ class Columns:
         for i in range(len(self.ts)):
             names, count = sets[self.candidates[i]]
             callee = values[self.callee[i]]
-            assert callee is not None  # (only caller_agent may be None)
+            assert callee is not None  # (only caller_agent and actor may be None)
             caller = values[self.caller[i]]
             assert caller is not None
             score = self.score[i]
@@ -237,6 +271,7 @@ class Columns:
                     trace_id=self.trace_id[i],
                     caller=caller,
                     caller_agent=values[self.caller_agent[i]],
+                    actor=values[self.actor[i]],
                     callee=callee,
                     outcome="ok",
                     latency_ms=self.latency[i],
@@ -287,6 +322,8 @@ class Columns:
             "values": self.values,
             "candidate_sets": [[list(names), count] for names, count in self.sets],
         }
+        if self.any_actor:
+            out["actor"] = indexes(*self.actor)
         if self.side != "caller":
             out["side"] = self.side
         return out
@@ -339,8 +376,9 @@ class PlainPart:
     attempt, names as indexes into ``values``, candidate lists into ``sets``."""
 
     __slots__ = (
-        "attempt_latency", "call_id", "callee", "caller", "caller_agent", "candidates",
-        "capability", "latency", "score", "sets", "side", "trace_id", "ts", "values",
+        "actor", "attempt_latency", "call_id", "callee", "caller", "caller_agent",
+        "candidates", "capability", "latency", "score", "sets", "side", "trace_id", "ts",
+        "values",
     )  # fmt: skip
 
     def __init__(self, plain: Any) -> None:
@@ -372,6 +410,9 @@ class PlainPart:
         self.trace_id = _traces(plain.get("trace_id"), n)
         self.caller = _indexes(plain.get("caller"), n, values)
         self.caller_agent = _indexes(plain.get("caller_agent"), n, values)
+        actor = plain.get("actor")
+        #: None: a batch without the column (no call had an actor)
+        self.actor = None if actor is None else _indexes(actor, n, values)
         self.callee = _indexes(plain.get("callee"), n, values)
         self.candidates = _indexes(plain.get("candidates"), n, sets)
 
@@ -381,8 +422,8 @@ def expand_plain(plain: Any) -> list[dict[str, Any]]:
     the order they were recorded; ValueError names what does not fit the format."""
     p = PlainPart(plain)
     return _event_maps(
-        p.side, p.capability, p.ts, p.call_id, p.trace_id, p.caller, p.caller_agent, p.callee,
-        p.latency, p.candidates, p.score, p.attempt_latency, p.values, p.sets,
+        p.side, p.capability, p.ts, p.call_id, p.trace_id, p.caller, p.caller_agent, p.actor,
+        p.callee, p.latency, p.candidates, p.score, p.attempt_latency, p.values, p.sets,
     )  # fmt: skip
 
 
@@ -394,6 +435,7 @@ def _event_maps(
     trace_id: Sequence[str],
     caller: Sequence[int],
     caller_agent: Sequence[int],
+    actor: Sequence[int] | None,
     callee: Sequence[int],
     latency: Sequence[float],
     candidates: Sequence[int],
@@ -402,7 +444,8 @@ def _event_maps(
     values: Sequence[str | None],
     sets: Sequence[tuple[Sequence[str], int]],
 ) -> list[dict[str, Any]]:
-    """Plain events as event maps, from their columns (decoded, or being filled)."""
+    """Plain events as event maps, from their columns (decoded, or being filled);
+    ``actor`` None: no call had one."""
     events: list[dict[str, Any]] = []
     callee_side = side == "callee"
     for i in range(len(ts)):
@@ -417,6 +460,7 @@ def _event_maps(
                 "trace_id": trace_id[i],
                 "caller": values[caller[i]],
                 "caller_agent": values[caller_agent[i]],
+                "actor": None if actor is None else values[actor[i]],
                 "callee": agent,
                 "outcome": "ok",
                 "error": None,

@@ -108,6 +108,7 @@ EVENT_FIELDS: tuple[str, ...] = (
     "trace_id",
     "caller",
     "caller_agent",
+    "actor",
     "callee",
     "outcome",
     "error",
@@ -145,6 +146,7 @@ class CallEvent:
     field)."""
 
     __slots__ = (
+        "actor",
         "attempts",
         "call_id",
         "callee",
@@ -178,6 +180,7 @@ class CallEvent:
         trace_id: str = "",
         caller: str = "",
         caller_agent: str | None = None,
+        actor: str | None = None,
         callee: str = "",
         error: ErrorClass | None = None,
         code: str = "",
@@ -201,6 +204,9 @@ class CallEvent:
         #: client id of the caller, and the agent whose handler made the call, if any
         self.caller: Final = caller
         self.caller_agent: Final = caller_agent
+        #: client id of the gateway that made the call for ``caller`` (an MCP or A2A
+        #: gateway the caller logged in through), None when the caller made it itself
+        self.actor: Final = actor
         #: the instance that answered (or was tried last)
         self.callee: Final = callee
         self.outcome: Final[Outcome] = outcome
@@ -237,6 +243,7 @@ def denial_event(
     description: str,
     caller: str = "",
     caller_agent: str | None = None,
+    actor: str | None = None,
     trace_id: str = "",
 ) -> CallEvent:
     """The audit event of a refusal, written by the side that refused."""
@@ -248,6 +255,7 @@ def denial_event(
         trace_id=trace_id,
         caller=caller,
         caller_agent=caller_agent,
+        actor=actor,
         callee=callee,
         outcome="denied",
         error="denied",
@@ -270,9 +278,11 @@ def served_event(
     kind: str = "ok",
     code: str = "",
     description: str = "",
+    actor: str | None = None,
 ) -> CallEvent:
     """The callee's event of a call it answered whose caller does not record it (the
-    call's primary event): ``kind`` is "ok" or the error kind of its reply."""
+    call's primary event): ``kind`` is "ok" or the error kind of its reply; ``actor``
+    the gateway its call token names as making the call for ``caller``."""
     ok = kind == "ok"
     return CallEvent(
         side="callee",
@@ -282,6 +292,7 @@ def served_event(
         trace_id=trace_id,
         caller=caller,
         caller_agent=caller_agent,
+        actor=actor,
         callee=callee,
         outcome="ok" if ok else "error",
         error=None if ok else _KIND_CLASS.get(kind, "internal"),

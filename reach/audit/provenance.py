@@ -3,9 +3,14 @@
 The server lets each client publish audit batches and notices only under its own client
 id (``reach.v1.audit.<capability>.<client_id>``, see ``callout.permissions_for``), so the
 subject names the writer and the body only makes claims. An event is genuine when its
-writer is the one it says recorded it: a caller's event its ``caller``, a registrar's
-event the registrar's service user, a callee's denial the client bound to its ``callee``
-agent (which only a reader of REACH_CREDENTIALS can tell).
+writer is the one it says recorded it: a caller's event its ``caller``, or its ``actor``
+when it names one (a gateway records the calls it makes for the clients that logged in
+through it), a registrar's event the registrar's service user, a callee's denial the
+client bound to its ``callee`` agent (which only a reader of REACH_CREDENTIALS can tell).
+
+A gateway's event is its own word that it called for ``caller``: the issuer let it do so
+only for a client that logged in through it (the call token it got names both), and the
+callee's events of such calls name the actor from that token.
 """
 
 from __future__ import annotations
@@ -34,14 +39,17 @@ def verdict(
     callee: str,
     writer: str,
     agents: Mapping[str, str | None] | None = None,
+    actor: str | None = None,
 ) -> Verdict:
     """Whether ``writer`` (``subjects.writer_of`` the event's subject) wrote an event of
-    ``side`` about ``caller`` and ``callee``. ``agents``: client id → the agent id its
-    credential is bound to, when the reader could read them."""
+    ``side`` about ``caller`` and ``callee``, made by ``actor`` for ``caller`` if it names
+    one. ``agents``: client id → the agent id its credential is bound to, when the reader
+    could read them."""
     if not writer or writer == ANONYMOUS:
         return "unverified"
     if side == "caller":
-        return "verified" if writer == caller else "forged"
+        # the client that made the call records it: the gateway, when one called for caller
+        return "verified" if writer == (actor or caller) else "forged"
     if side == "registrar":
         return "verified" if writer == REGISTRAR_WRITER else "forged"
     if side == "callee":

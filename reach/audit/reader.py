@@ -57,6 +57,8 @@ class AuditFilter:
     caller: str = ""
     callee: str = ""
     capability: str = ""
+    #: the gateway that made calls for their callers (``AuditEvent.actor``)
+    actor: str = ""
     #: an outcome (ok, error, fallback, denied), an error class (timeout, breaker, ...)
     #: or ``retry`` (calls that needed more than one attempt)
     kind: str = ""
@@ -70,6 +72,8 @@ class AuditFilter:
         if self.capability and event.capability != self.capability:
             return False
         if self.caller and self.caller not in (event.caller, event.caller_agent):
+            return False
+        if self.actor and self.actor != event.actor:
             return False
         if self.callee and self.callee not in {
             # served, tried, or passed over because its breaker was open
@@ -121,7 +125,7 @@ async def read_records(
         for event in events:
             # the stream's time bounds when an event was written; ``since`` is about the call
             if flt.matches(event) and (since is None or event.ts >= since):
-                found = verdict(event.side, event.caller, event.callee, writer, agents)
+                found = verdict(event.side, event.caller, event.callee, writer, agents, event.actor)
                 yield AuditRecord(event, writer, found)
 
 
@@ -166,9 +170,10 @@ def format_event(
     writer: str | None = None,
     found: Verdict = "verified",
 ) -> str:
-    """One line: time, outcome, caller → callee/capability, latency, route, error. With
-    ``writer``: a forged event is marked ``FORGED? writer=<id>`` before what it claims, an
-    unverified one (but an open fabric's) ``unverified writer=<id>`` at the end."""
+    """One line: time, outcome, caller (``via`` the gateway that called for it, if one
+    did) → callee/capability, latency, route, error. With ``writer``: a forged event is
+    marked ``FORGED? writer=<id>`` before what it claims, an unverified one (but an open
+    fabric's) ``unverified writer=<id>`` at the end."""
     import click  # the CLI's styling; only readers format lines
 
     when = datetime.datetime.fromtimestamp(event.ts).strftime("%H:%M:%S.%f")[:-3]
@@ -177,6 +182,8 @@ def format_event(
     if colour:
         label = click.style(label, fg=_COLOURS.get(event.outcome, "white"), bold=True)
     who = event.caller_agent or event.caller or "-"
+    if event.actor:
+        who = f"{who} via {event.actor}"
     where = f"{event.capability}@{event.callee or '?'}"
     parts = [when, label]
     if writer is not None and found == "forged":

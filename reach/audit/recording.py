@@ -4,6 +4,10 @@ A call keeps its trail as it goes (``CallTrail``: where it started, the candidat
 was routed among, every attempt); once it ends, ``CallRecorder`` turns the trail and
 the outcome into a ``CallEvent`` for the audit writer (queued, never waited for), ends
 the call's span and counts it in the call metrics.
+
+A gateway calls for the clients that logged in through it (``acting_for`` of
+``reach.security.fabric``): the event of such a call names that client as its caller and
+the gateway as its actor, so the trail says who asked for the call and who made it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from reach.envelope import RequestMeta
 from reach.errors import ReachError, RemoteError
 from reach.fallback import FallbackInfo
 from reach.routing import RouteEntry
+from reach.security.fabric import acting_session
 from reach.telemetry import Span, Telemetry, end_span, trace_id_of
 
 __all__ = ["CallRecorder", "CallTrail", "FirstNames"]
@@ -70,7 +75,8 @@ class CallRecorder:
     """Turns finished calls into audit events, metrics and ended spans.
 
     ``audit``: the writer (None: no audit); ``caller``: the client id events name as the
-    caller (set once the client knows it); ``names``: the first candidates by name."""
+    caller (set once the client knows it), unless the call is made for another client
+    (``parties``); ``names``: the first candidates by name."""
 
     def __init__(self, telemetry: Telemetry, clock: Clock, names: FirstNames) -> None:
         self.audit: AuditWriter | None = None
@@ -78,6 +84,20 @@ class CallRecorder:
         self.caller = ""
         self._clock = clock
         self._names = names
+
+    def parties(self) -> tuple[str, str | None]:
+        """Who the event of a call made here names: its caller, and its actor. A call
+        made for a client that logged in through this one (a gateway's, in
+        ``acting_for``) names that client as the caller and the gateway as the actor:
+        the client whose session acts for it, else this client, which made the call (no
+        actor when that is the caller itself)."""
+        acting = acting_session()
+        if acting is None:
+            return self.caller, None
+        gateway = acting.actor
+        caller = acting.client_id
+        actor = gateway.client_id if gateway is not None else self.caller
+        return caller, actor if actor != caller else None
 
     def served(
         self, trail: CallTrail, meta: RequestMeta, latency_ms: float, route: tuple[AttemptRow, ...]
@@ -98,12 +118,14 @@ class CallRecorder:
             # (a NaN score would read back as None from the columns: a row keeps it)
             if outcome == "ok" and agent_id == callee and (score is None or score == score):
                 candidates = trail.candidates
+                caller, actor = self.parties()
                 audit.record_plain(
                     capability=trail.capability, ts=trail.started_at, call_id=meta.call_id,
-                    trace_id=trace_id_of(meta.traceparent), caller=self.caller,
+                    trace_id=trace_id_of(meta.traceparent), caller=caller,
                     caller_agent=meta.caller, callee=callee, latency_ms=latency_ms,
                     candidates=self._names(trail.capability, trail.tags, candidates),
                     n_candidates=len(candidates), score=score, attempt_latency_ms=attempt_ms,
+                    actor=actor,
                 )  # fmt: skip
                 return
         audit.record(self.event(trail, meta, latency_ms, route))
@@ -141,11 +163,13 @@ class CallRecorder:
             self._write(event, error, trail.span)
             return
         parent = current_call()
+        caller, actor = self.parties()
         event = CallEvent(
             ts=self._clock.time() - latency_ms / 1000,
             capability=capability,
-            caller=self.caller,
+            caller=caller,
             caller_agent=parent.agent_id if parent is not None else None,
+            actor=actor,
             outcome=outcome,
             error=error,
             code=code,
@@ -171,13 +195,15 @@ class CallRecorder:
         """The caller's audit event of a call (the writer keeps a plain call, answered at
         the first attempt, as a few column slots)."""
         candidates = trail.candidates
+        caller, actor = self.parties()
         return CallEvent(
             ts=trail.started_at,
             capability=trail.capability,
             call_id=meta.call_id,
             trace_id=trace_id_of(meta.traceparent),
-            caller=self.caller,
+            caller=caller,
             caller_agent=meta.caller,  # the agent whose handler made this call, if any
+            actor=actor,
             callee=trail.last_target,
             outcome=outcome,
             error=error,

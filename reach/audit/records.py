@@ -57,6 +57,12 @@ class AuditEvent(_Model):
     trace_id: str = ""
     caller: str = Field("", description="client id of the caller ('' on an open fabric)")
     caller_agent: str | None = Field(None, description="agent id when called from a handler")
+    actor: str | None = Field(
+        None,
+        description="client id of the gateway (reach mcp, reach a2a) that made the call for"
+        " the caller, who logged in through it: the call token names it (RFC 8693 act.sub);"
+        " null when the caller made the call itself",
+    )
     callee: str = Field("", description="agent id that answered (or was last tried)")
     outcome: Outcome
     error: ErrorClass | None = None
@@ -116,6 +122,11 @@ class AuditPlain(_Model):
     )
     caller: bytes = Field(description="n indexes into values")
     caller_agent: bytes = Field(description="n indexes into values (null: not from a handler)")
+    actor: bytes | None = Field(
+        None,
+        description="n indexes into values (null: no gateway made the call for its caller);"
+        " absent when no call of the columns had an actor (from batch version 4)",
+    )
     callee: bytes = Field(description="n indexes into values")
     latency_ms: bytes = Field(description="n doubles")
     candidates: bytes = Field(description="n indexes into candidate_sets")
@@ -134,8 +145,10 @@ class AuditBatch(_Model):
     ``attempts``. From version 2, plain calls are columns in ``plain`` instead, and
     ``positions`` says where each row falls among all the batch's events (the plain ones
     fill the other places, in order); from version 3, a callee's plain events are columns
-    in ``served``, at ``served_positions``. A batch without positions lists the columns'
-    events, then the rows, then the callee's columns'.
+    in ``served``, at ``served_positions``; from version 4, columns may carry ``actor``.
+    A batch without positions lists the columns' events, then the rows, then the
+    callee's columns'. A row has the fields its batch names: a field missing from
+    ``fields`` (``actor`` before version 4) reads as its default.
 
     ``calls`` and ``notable`` come before the events so a reader that only counts (the
     alert watcher) can stop there when no row needs a closer look."""

@@ -150,6 +150,7 @@ class AuditWriter:
         self, *, capability: str, ts: float, call_id: str, trace_id: str, caller: str,
         caller_agent: str | None, callee: str, latency_ms: float, candidates: tuple[str, ...],
         n_candidates: int, score: float | None, attempt_latency_ms: float,
+        actor: str | None = None,
     ) -> None:  # fmt: skip
         """A caller's plain call (answered at its first attempt by the instance it went
         to, nothing skipped, no fallback) by its fields, ``CallEvent``'s: what ``record``
@@ -163,7 +164,7 @@ class AuditWriter:
                 ts=ts, call_id=call_id, trace_id=trace_id, caller=caller,
                 caller_agent=caller_agent, callee=callee, latency_ms=latency_ms,
                 candidates=candidates, n_candidates=n_candidates, score=score,
-                attempt_latency_ms=attempt_latency_ms,
+                attempt_latency_ms=attempt_latency_ms, actor=actor,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:  # a field of the wrong type or range
             self._drop(1)

@@ -96,6 +96,11 @@ def register(main: click.Group) -> None:
     @click.option("-f", "--follow", is_flag=True, help="keep printing new events as they come")
     @click.option("--caller", default="", help="only calls by this client id or agent id")
     @click.option(
+        "--actor",
+        default="",
+        help="only calls this gateway (client id) made for the clients logged in through it",
+    )
+    @click.option(
         "--callee",
         default="",
         help="only calls served, tried, or passed over (open breaker) by this agent id",
@@ -117,6 +122,7 @@ def register(main: click.Group) -> None:
         target: Target,
         follow: bool,
         caller: str,
+        actor: str,
         callee: str,
         capability: str,
         kind: str,
@@ -125,10 +131,15 @@ def register(main: click.Group) -> None:
     ) -> None:
         """Print audit events (all history, or --since), then with -f new ones live.
 
+        A call a gateway (reach mcp, reach a2a) made for a client logged in through it
+        shows as `<caller> via <gateway>`; --actor picks a gateway's calls.
+
         Who wrote an event is the writer named by its subject (the server lets a client
         write only under its own id): an event whose writer is not who it says recorded
         it is marked FORGED? writer=<id> (--json: "writer", "verified": false). A callee's
         denial is verified only with credentials that may read REACH_CREDENTIALS (an
         admin's); on an open fabric nothing is (writer "anonymous")."""
-        flt = AuditFilter(caller=caller, callee=callee, capability=capability, kind=kind)
+        flt = AuditFilter(
+            caller=caller, callee=callee, capability=capability, kind=kind, actor=actor
+        )
         run(_tail(target, flt, since, follow, as_json))
