@@ -41,6 +41,7 @@ from reach.joining import run_step
 from reach.microsvc import MicroService
 from reach.models import Manifest, Readiness, parse_manifest
 from reach.presence import Presence
+from reach.security.claims import Claims
 from reach.security.credentials import CredentialsFile
 from reach.security.fabric import FabricSecurity, connect_as
 from reach.security.tokens import call_audience
@@ -429,8 +430,10 @@ class Agent:
 
     def _audit_denial(
         self, capability: str, meta: envelope.RequestMeta, code: str, description: str,
-        client: str, actor: str | None,
+        claims: Claims | None,
     ) -> None:  # fmt: skip
+        """A call this agent refused, to the audit stream: by the client its token names
+        and the gateway that called for that client, if the token was valid."""
         if self.audit is not None:
             self.audit.record(
                 denial_event(
@@ -441,9 +444,9 @@ class Agent:
                     call_id=meta.call_id,
                     code=code,
                     description=description,
-                    caller=client,
+                    caller=claims.client_id if claims is not None else "",
                     caller_agent=meta.caller,
-                    actor=actor,
+                    actor=claims.actor if claims is not None else None,
                     trace_id=trace_id_of(meta.traceparent),
                 )
             )

@@ -85,10 +85,10 @@ class CallServer:
         #: set when the fabric issues tokens: every call must carry a valid one
         self.verifier: TokenVerifier | None = None
         self.denials = 0
-        #: told of every denial (capability, request meta, code, description, client id,
-        #: the gateway calling for that client): the agent writes it to the audit stream
+        #: told of every denial (capability, request meta, code, description, the token's
+        #: claims if it was valid): the agent writes it to the audit stream
         self.on_denied: (
-            Callable[[str, envelope.RequestMeta, str, str, str, str | None], None] | None
+            Callable[[str, envelope.RequestMeta, str, str, Claims | None], None] | None
         ) = None
         #: set while the agent writes audit events: a call whose caller does not record
         #: it (its request does not say ``au``) is recorded there, and its ok reply says
@@ -262,8 +262,7 @@ class CallServer:
         kind: str = "",
     ) -> None:
         """The callee's audit event of a call it answered with ``reply`` (``kind``: "ok"
-        or its error kind; "": read from the reply), made by ``client``, or for it by the
-        gateway ``actor``."""
+        or its error kind; "": read from the reply), by ``client`` or its gateway ``actor``."""
         assert self.audit is not None
         code = description = ""
         if kind != "ok":
@@ -425,8 +424,7 @@ class CallServer:
         endpoint.stats.denied += 1
         log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
         if self.on_denied is not None:
-            client, actor = ("", None) if claims is None else (claims.client_id, claims.actor)
-            self.on_denied(endpoint.name, meta, code, description, client, actor)
+            self.on_denied(endpoint.name, meta, code, description, claims)
         return self._refuse(endpoint, "denied", code, description)
 
     def watch_deadline(self, when: float) -> None:
