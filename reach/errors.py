@@ -11,6 +11,7 @@ contract mismatch from a routing failure without reading logs::
     │   ├── NotFound                             no instance offers the capability
     │   ├── NoHealthyInstance                    instances exist, none can take the call
     │   └── RegistrationRefused                  the registrar refused an announce
+    │       └── ClearanceExceeded                a capability above the credential's clearance
     ├── TransportError                           (retryable)
     │   ├── NoResponders                         nobody listens on the subject
     │   ├── ReachTimeout (also TimeoutError)     no reply before the deadline
@@ -38,6 +39,7 @@ __all__ = [
     "AuthenticationFailed",
     "BusinessError",
     "CircuitOpen",
+    "ClearanceExceeded",
     "CodecError",
     "ConfigurationError",
     "ContractError",
@@ -123,6 +125,30 @@ class RegistrationRefused(DiscoveryError):
         self.reason = reason
         self.agent_id = agent_id
         super().__init__(f"registration of {agent_id or 'agent'} refused: {reason}")
+
+
+class ClearanceExceeded(RegistrationRefused):
+    """The registrar refused an announce because the manifest offers ``capability`` at
+    ``security_level``, above the ``clearance`` of the credential announcing it: an agent
+    serves no capability above its credential's level. Never retried: serve the
+    capability with a credential of that level, or lower the capability's level."""
+
+    layer = "security"
+    kind = "denied"
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        capability: str,
+        security_level: int,
+        clearance: int,
+        agent_id: str = "",
+    ) -> None:
+        self.capability = capability
+        self.security_level = security_level
+        self.clearance = clearance
+        super().__init__(reason, agent_id=agent_id)
 
 
 class TransportError(ReachError):

@@ -242,6 +242,13 @@ class Manifest(_Model):
         return None
 
     @functools.cached_property
+    def highest_level(self) -> int:
+        """The highest ``security_level`` among its capabilities (0 with none): the
+        clearance a credential needs to serve them all (computed once: the registrar asks
+        on every heartbeat)."""
+        return max((cap.security_level for cap in self.capabilities), default=0)
+
+    @functools.cached_property
     def stable(self) -> bool:
         """A release version (no pre-release part) is preferred by routing (computed once:
         routing asks for every candidate of every call)."""

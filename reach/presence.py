@@ -21,7 +21,14 @@ from collections.abc import Awaitable, Callable
 
 from reach import envelope, subjects
 from reach.clock import Clock
-from reach.errors import DiscoveryError, NoResponders, ReachError, ReachTimeout, RegistrationRefused
+from reach.errors import (
+    ClearanceExceeded,
+    DiscoveryError,
+    NoResponders,
+    ReachError,
+    ReachTimeout,
+    RegistrationRefused,
+)
 from reach.modelcodec import decode_model, encode_model
 from reach.models import (
     FEATURES,
@@ -49,6 +56,29 @@ def _memory_bytes() -> int:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _refusal(reply: envelope.Reply, agent_id: str) -> RegistrationRefused:
+    """The error of an announce the registrar answered with an error: ClearanceExceeded
+    for ``denied``/``above_clearance:<capability>:<level>:<held>``, else
+    RegistrationRefused."""
+    name, _, args = reply.code.partition(":")
+    parts = args.split(":")
+    if (
+        reply.kind == "denied"
+        and name == "above_clearance"
+        and len(parts) == 3
+        and parts[1].isdigit()
+        and parts[2].isdigit()
+    ):
+        return ClearanceExceeded(
+            reply.description,
+            capability=parts[0],
+            security_level=int(parts[1]),
+            clearance=int(parts[2]),
+            agent_id=agent_id,
+        )
+    return RegistrationRefused(f"{reply.kind}: {reply.description}", agent_id=agent_id)
 
 
 class Presence:
@@ -98,7 +128,8 @@ class Presence:
 
     async def announce(self) -> None:
         """Announce the manifest until a registrar answers (DiscoveryError after
-        ``announce_timeout``); RegistrationRefused if it refuses."""
+        ``announce_timeout``); RegistrationRefused if it refuses (ClearanceExceeded for a
+        capability above the clearance of the agent's credential)."""
         request = AnnounceRequest(
             manifest=self.manifest,
             instance_id=self.instance_id,
@@ -131,7 +162,7 @@ class Presence:
             delay = min(delay * 2, 1.0)
         reply = envelope.unpack_reply(raw)
         if not reply.ok:
-            raise RegistrationRefused(f"{reply.kind}: {reply.description}", agent_id=self.agent_id)
+            raise _refusal(reply, self.agent_id)
         answer = decode_model(AnnounceReply, reply.body)
         if not answer.accepted:
             raise RegistrationRefused(answer.reason, agent_id=self.agent_id)
@@ -156,6 +187,9 @@ class Presence:
                 await self.send_heartbeat()
             except asyncio.CancelledError:
                 raise
+            except RegistrationRefused as exc:
+                # forgotten and announced again, refused: no calls are routed here now
+                log.warning("%s is not registered: %s", self.agent_id, exc)
             except ReachError as exc:
                 log.debug("heartbeat of %s failed: %s", self.agent_id, exc)
             except Exception:

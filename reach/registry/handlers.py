@@ -4,7 +4,10 @@
 Each message is checked (:mod:`reach.registry.message_auth`), turned into a change of the
 instance's record by the health policy (:mod:`reach.registry.health`) and written with
 compare-and-set (:mod:`reach.registry.records`). A live agent_id is never shared: an
-announce of another instance replaces the record only once its instance is dead.
+announce of another instance replaces the record only once its instance is dead. No
+record serves a capability above the clearance of the token that speaks for it: such an
+announce is refused, and a record that does (one written before announces were checked
+for it) is removed at its next heartbeat.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from reach.models import (
 )
 from reach.registry.budget import ControlBudget
 from reach.registry.health import HealthPolicy, UnwrittenProbe
-from reach.registry.message_auth import Denied, MessageAuth
+from reach.registry.message_auth import Denied, MessageAuth, above_clearance
 from reach.registry.probe import probe
 from reach.registry.records import CAS_ATTEMPTS, RecordView
 from reach.security.refusals import RefusalLog
+from reach.security.tokens import Claims
 from reach.transport import Connection, KVConflict, Message
 
 __all__ = ["ControlHandlers", "MessageHandler"]
@@ -292,9 +296,19 @@ class ControlHandlers:
         if not self._admitted(subject_id, current, msg):
             return
         try:
-            hb = self._auth.decode(Heartbeat, msg)
+            hb, claims = self._auth.decode_with_claims(Heartbeat, msg)
         except (CodecError, ContractError, Denied) as exc:
             self._spawn(self.reply_bad_message(msg, exc), msg.subject, counted=True)
+            return
+        if (
+            claims is not None
+            and current is not None
+            and claims.level < current[0].manifest.highest_level
+            and current[0].instance_id == hb.instance_id
+            and hb.agent_id == subject_id
+        ):
+            work = self._refuse_above_clearance(msg, hb, claims, current[0])
+            self._spawn(work, msg.subject, counted=True)
             return
         write = self._heartbeat_now(hb, subject_id, current)
         if write is None:
@@ -336,6 +350,22 @@ class ControlHandlers:
             return HeartbeatReply(ok=False, reannounce=True, reason="not registered")
         self._policy.probe_written(agent_id, probed)
         return HeartbeatReply(ok=True)
+
+    async def _refuse_above_clearance(
+        self, msg: Message, hb: Heartbeat, claims: Claims, inst: Instance
+    ) -> None:
+        """A heartbeat keeping alive a record that serves above the clearance of its token
+        (a record its announce could no longer write): the record is removed, so no call
+        is routed there, and the heartbeat refused as its announce would be."""
+        denied = above_clearance(claims, inst.manifest)
+        assert denied is not None
+        await self._view.remove(
+            hb.agent_id,
+            hb.instance_id,
+            f"serves above its clearance: {denied}",
+            still=lambda record: record.manifest.highest_level > claims.level,
+        )
+        await self.reply_bad_message(msg, denied)
 
     async def _answer_heartbeat(
         self, msg: Message, answer: Callable[[], Coroutine[Any, Any, HeartbeatReply]]

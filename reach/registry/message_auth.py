@@ -4,13 +4,15 @@ control message, made before its body is decoded and before anything is applied.
 On a secured fabric (one with a token verifier) a control message on
 ``reach.v1.<kind>.<agent_id>`` needs a token bound to that agent_id (operators and the
 local dev credential, admins, may speak for any), and an announce may offer only the
-capabilities the client's credential lists. A refused message raises :class:`Denied`,
-which the registrar answers ``denied`` and audits.
+capabilities the client's credential lists, each at a ``security_level`` no higher than
+the clearance of the token it carries (an agent serves nothing above its credential's
+level: it would be handed the payloads of callers cleared for more). A refused message
+raises :class:`Denied`, which the registrar answers ``denied`` and audits.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from reach import envelope, subjects
 from reach.codec import Limits
@@ -22,9 +24,13 @@ from reach.security.fabric import FabricSecurity
 from reach.security.tokens import Claims
 from reach.transport import Connection, Message
 
-__all__ = ["ControlMessage", "Denied", "MessageAuth"]
+__all__ = ["ABOVE_CLEARANCE", "ControlMessage", "Denied", "MessageAuth", "above_clearance"]
 
 ControlMessage = TypeVar("ControlMessage", AnnounceRequest, Heartbeat, Bye)
+
+#: the code of a refusal to serve above the credential's clearance, with its arguments
+#: ``above_clearance:<capability>:<security_level>:<clearance>``
+ABOVE_CLEARANCE: Final = "above_clearance"
 
 
 class Denied(AuthError):
@@ -92,9 +98,19 @@ class MessageAuth:
         """Denied unless the client may serve what ``manifest`` offers: an agent
         credential serves the capabilities it lists (``reach creds add --cap``) and no
         others; one that lists none serves none. Only admins (and the registrar) may
-        announce anything. NATS permissions hold the same line on the subscription side."""
-        if claims is None or claims.has_role(ROLE_REGISTRAR) or claims.has_role(ROLE_ADMIN):
+        announce any capability. NATS permissions hold the same line on the subscription
+        side. Every credential, admins' too, serves only capabilities at or below its
+        clearance. An open fabric (no claims) checks nothing."""
+        if claims is None:
             return
+        if not (claims.has_role(ROLE_REGISTRAR) or claims.has_role(ROLE_ADMIN)):
+            await self._check_listed(claims, manifest)
+        denied = above_clearance(claims, manifest)
+        if denied is not None:
+            raise denied
+
+    async def _check_listed(self, claims: Claims, manifest: Manifest) -> None:
+        """Denied unless the client's credential lists every capability of ``manifest``."""
         if self._credentials is None:
             self._credentials = await CredentialStore.open(self._conn, create=False)
         record = await self._credentials.get(claims.client_id)
@@ -107,3 +123,21 @@ class MessageAuth:
                 f"client {claims.client_id} may serve {may}; not {', '.join(extra)}",
                 client_id=claims.client_id,
             )
+
+
+def above_clearance(claims: Claims, manifest: Manifest) -> Denied | None:
+    """The refusal of an instance whose ``manifest`` offers a capability above the
+    clearance of the token ``claims`` (code ``above_clearance:<capability>:<level>:<held>``,
+    naming the first such capability; the message names them all), or None."""
+    held = claims.level
+    if manifest.highest_level <= held:
+        return None
+    above = [cap for cap in manifest.capabilities if cap.security_level > held]
+    first = above[0]
+    named = ", ".join(f"{cap.name} at security_level {cap.security_level}" for cap in above)
+    return Denied(
+        f"{ABOVE_CLEARANCE}:{first.name}:{first.security_level}:{held}",
+        f"client {claims.client_id} holds clearance {held} and may not serve {named}:"
+        " an agent serves no capability above its credential's level",
+        client_id=claims.client_id,
+    )

@@ -85,8 +85,9 @@ class UpFabric:
         self, agent_id: str, capability_name: str, *, level: int = 1
     ) -> tuple[Agent, Behaviour, Path]:
         """A test agent serving ``capability_name`` (at security ``level``) with a
-        credential of its own bound to it; (agent, its behaviour, its credentials file)."""
-        _, creds = await self.add_client(agent_id=agent_id, caps=(capability_name,))
+        credential of its own bound to it, of that level (an agent serves nothing above
+        its clearance); (agent, its behaviour, its credentials file)."""
+        _, creds = await self.add_client(level=level, agent_id=agent_id, caps=(capability_name,))
         agent, served = make_agent(self.url, agent_id, capability(capability_name, level=level))
         agent.credentials = creds
         return agent, served, creds

@@ -44,7 +44,7 @@ async def test_a_job_result_is_the_caller_and_the_agent_s_alone(
     victim_id, victim = await up_fabric.add_client(level=4, roles=("jobs",))
     _, snoop = await up_fabric.add_client(level=1, roles=("jobs",))
     _, exporter = await up_fabric.add_client(
-        agent_id="exp-1", caps=("bulk_export",), roles=("jobs",)
+        level=4, agent_id="exp-1", caps=("bulk_export",), roles=("jobs",)
     )
     _, forger = await up_fabric.add_client(agent_id="evil-1", caps=("other",), roles=("jobs",))
     agent = export_agent(up_fabric.url, "exp-1")

@@ -146,7 +146,9 @@ async def test_an_agent_cannot_speak_for_another(
     up_fabric: UpFabric, refusals: Refusals, vault: tuple[Agent, Behaviour]
 ) -> None:
     before = await fabric_state(up_fabric)
-    client_id, creds = await up_fabric.add_client(agent_id="eve-2", caps=("vault",), level=1)
+    # of the vault's level: `reach creds add` makes no credential for a capability served
+    # above its level
+    client_id, creds = await up_fabric.add_client(agent_id="eve-2", caps=("vault",), level=3)
     _, secret = up_fabric.secret_of(creds)
     nc = await attacker(up_fabric, creds, error_cb=refusals.on_error)
     try:
@@ -203,7 +205,7 @@ async def test_payload_bombs_get_typed_errors_and_the_agent_and_registrar_keep_s
         for data in bombs.values():  # the issuer answers anyone
             reply = await ask(nc, subjects.TOKEN, data)
             assert reply.get("ok") is False
-        _bomber_id, bomber = await up_fabric.add_client(agent_id="bomb-1", caps=("vault",))
+        _bomber_id, bomber = await up_fabric.add_client(agent_id="bomb-1", caps=("vault",), level=3)
         agent_nc = await attacker(up_fabric, bomber)
         try:
             for data in bombs.values():  # the registrar answers agents

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.long
 
 
 async def raw_agent(up: UpFabric, agent_id: str, capability: str, level: int = 1) -> RawAgent:
-    _, creds = await up.add_client(agent_id=agent_id, caps=(capability,))
+    _, creds = await up.add_client(level=level, agent_id=agent_id, caps=(capability,))
     agent = RawAgent(Creds.load(creds), agent_id, adder(capability, level), add)
     await agent.start()
     return agent
@@ -52,7 +52,7 @@ async def routable(caller: RawCaller, capability: str, timeout: float = 10.0) ->
 @pytest.fixture
 async def py_agent(up: UpFabric) -> AsyncIterator[str]:
     """A ``reach.Agent`` serving ``add`` (level 2) as ``py-add-1``."""
-    _, creds = await up.add_client(agent_id="py-add-1", caps=("add",))
+    _, creds = await up.add_client(level=2, agent_id="py-add-1", caps=("add",))
     agent, _ = make_agent(up.url, "py-add-1", adder("add", level=2), handler=add)
     agent.credentials = creds
     async with agent:

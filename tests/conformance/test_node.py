@@ -70,7 +70,7 @@ async def node_agent(
 ) -> AsyncIterator[str]:
     """``node agent.js`` serving ``capability`` as ``agent_id``, until the block ends."""
     assert NODE is not None
-    _, creds = await up.add_client(agent_id=agent_id, caps=(capability,))
+    _, creds = await up.add_client(level=level, agent_id=agent_id, caps=(capability,))
     proc = await asyncio.create_subprocess_exec(
         NODE, "agent.js", str(creds), agent_id, capability, str(level),
         cwd=EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -97,7 +97,7 @@ async def _stderr(proc: asyncio.subprocess.Process) -> str:
 
 
 async def test_the_node_caller_calls_a_reach_agent(up: UpFabric) -> None:
-    _, agent_creds = await up.add_client(agent_id="py-plus-1", caps=("plus",))
+    _, agent_creds = await up.add_client(level=2, agent_id="py-plus-1", caps=("plus",))
     _, creds = await up.add_client(level=2)
     _, low = await up.add_client(level=1)
     agent, _ = make_agent(up.url, "py-plus-1", adder("plus", level=2), handler=add)
