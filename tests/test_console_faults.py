@@ -137,9 +137,12 @@ async def test_the_nats_server_killed_under_the_console(
         assert (await http.get("/agents")).status_code == 200
 
 
-def columns_batch(caller: str, callee: str, n: int, latency: float = 1.0) -> bytes:
+def columns_batch(
+    caller: str, callee: str, n: int, latency: float = 1.0, actor: str | None = None
+) -> bytes:
     """A batch of ``n`` plain calls in columns, as the documented format has them
-    (schemas/audit-batch.schema.json), written by hand."""
+    (schemas/audit-batch.schema.json), written by hand; ``actor``: the gateway that made
+    them for ``caller``."""
     now = time.time()
     plain = {
         "n": n,
@@ -157,6 +160,9 @@ def columns_batch(caller: str, callee: str, n: int, latency: float = 1.0) -> byt
         "values": [caller, callee, None],
         "candidate_sets": [[[callee], 1]],
     }
+    if actor is not None:
+        plain["values"] = [caller, callee, None, actor]
+        plain["actor"] = struct.pack(f"<{n}H", *[3] * n)
     return msgpack.packb(
         {"v": 2, "fields": ["ts"], "attempt_fields": ["agent_id"], "events": [], "plain": plain},
         use_bin_type=True,
@@ -182,9 +188,14 @@ async def test_forged_and_hostile_columns_are_not_counted(
         broken["plain"]["callee"] = struct.pack("<5H", 1, 1, 1, 1, 7)  # past the names
         await js.publish("reach.v1.audit.evil.mallory", msgpack.packb(broken))
         await js.publish("reach.v1.audit.evil.mallory", columns_batch("mallory", "x-1", 3))
-        await until(lambda: rollup.capability("evil", time.time()).calls == 3, "mallory's own")
+        # a gateway's calls for its caller are the gateway's to write, and no one else's
+        await js.publish("reach.v1.audit.evil.gw", columns_batch("alice", "x-1", 2, actor="gw"))
+        await js.publish(
+            "reach.v1.audit.evil.mallory", columns_batch("alice", "x-1", 4, actor="gw")
+        )
+        await until(lambda: rollup.capability("evil", time.time()).calls == 5, "the genuine")
         await outsider.close()
-        assert console.view.bad_events == 50 + 1 + 5
-        assert rollup.instance("x-1", time.time()).calls == 3
+        assert console.view.bad_events == 50 + 1 + 5 + 4
+        assert rollup.instance("x-1", time.time()).calls == 5
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             assert (await http.get("/capability/evil")).status_code == 200

@@ -180,14 +180,25 @@ class FabricView:
 def _forged(item: dict[str, Any], writer: str) -> bool:
     """Whether the subject's writer is not who the event says recorded it (as
     ``read_events`` leaves such events out; a callee's denial is not verified here)."""
-    side, caller, callee = (
+    side, caller, callee, actor = (
         item.get("side", "caller"),
         item.get("caller", ""),
         item.get("callee", ""),
+        item.get("actor"),
     )
     if not (isinstance(side, str) and isinstance(caller, str) and isinstance(callee, str)):
         return True
-    return verdict(side, caller, callee, writer) == "forged"
+    if actor is not None and not isinstance(actor, str):
+        return True
+    return verdict(side, caller, callee, writer, actor=actor) == "forged"
+
+
+def _genuine_plain(side: str, caller: object, actor: object, writer: str) -> bool:
+    """Whether a plain call's caller (and the gateway that made the call for it, if one
+    did) are names, and ``writer`` may have recorded it."""
+    if type(caller) is not str or (actor is not None and type(actor) is not str):
+        return False
+    return verdict(side, caller, "", writer, actor=actor) != "forged"
 
 
 def _plain_calls(
@@ -197,23 +208,25 @@ def _plain_calls(
     window), and how many are not counted: forged as ``_forged`` tells, or with a name,
     time or latency that ``Rollup.add_map`` would refuse."""
     values = part.values
+    # (caller, actor) index pairs; a batch without the actor column names no actor
+    actors = part.actor if part.actor is not None else [-1] * len(part.caller)
     genuine = {
-        i: type(name := values[i]) is str and verdict(part.side, name, "", writer) != "forged"
-        for i in set(part.caller)
+        (i, a): _genuine_plain(part.side, values[i], values[a] if a >= 0 else None, writer)
+        for i, a in set(zip(part.caller, actors, strict=True))
     }
     answers = part.attempt_latency if part.side == "caller" else part.latency
     isfinite = math.isfinite
     calls: list[tuple[float, str, float]] = []
     bad = 0
-    for ts, caller, callee, latency, answer in zip(
-        part.ts, part.caller, part.callee, part.latency, answers, strict=True
+    for ts, caller, actor, callee, latency, answer in zip(
+        part.ts, part.caller, actors, part.callee, part.latency, answers, strict=True
     ):
         if ts < window_start:
             continue  # a call that started before the window
         agent_id = values[callee]
         if (
             agent_id is None
-            or not genuine[caller]
+            or not genuine[caller, actor]
             or not (isfinite(ts) and isfinite(latency) and isfinite(answer))
         ):
             bad += 1
