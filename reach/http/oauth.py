@@ -55,6 +55,7 @@ from reach.http.guard import is_loopback
 from reach.http.tokenendpoint import basic_credentials, oauth_error, token_response
 from reach.security.credentials import ROLE_GATEWAY, CredentialsFile
 from reach.security.fabric import acting_for
+from reach.security.ratelimit import RateByKey
 from reach.security.session import TokenSession
 from reach.transport import Connection
 
@@ -80,6 +81,11 @@ AS_METADATA_PATH = "/.well-known/oauth-authorization-server"
 ACCESS_TTL_SEC = 3600.0
 #: callers logged in at once (the one unseen longest is logged out beyond this)
 MAX_CALLERS = 10_000
+#: logins a second one address may ask for, and at once: every login is a request to the
+#: fabric's issuer under the gateway's own name, whose rate the issuer bounds, so one
+#: address flooding the token endpoint must not spend the logins of everyone else
+LOGIN_RATE = 2.0
+LOGIN_BURST = 20.0
 _ALG = "EdDSA"
 
 
@@ -138,6 +144,7 @@ class GatewayLogin:
         self._key = OKPKey.generate_key("Ed25519", auto_kid=True)
         #: client id → its session and level, the one used longest ago first
         self._callers: OrderedDict[str, Caller] = OrderedDict()
+        self._logins_by_address = RateByKey(LOGIN_BURST)
         self._logins = asyncio.Lock()
 
     # -- where things are ------------------------------------------------------------------
@@ -224,6 +231,11 @@ class GatewayLogin:
         client_id, secret = basic_credentials(headers)
         if client_id is None:
             client_id, secret = form.get("client_id"), form.get("client_secret")
+        address = request.client.host if request.client is not None else ""
+        if not self._logins_by_address.take(address, LOGIN_RATE):
+            return oauth_error(
+                429, "slow_down", f"more than {LOGIN_RATE:g} logins a second from this address"
+            )
         if form.get("grant_type") != "client_credentials":
             return oauth_error(
                 400, "unsupported_grant_type", "only grant_type=client_credentials is taken"

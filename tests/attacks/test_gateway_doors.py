@@ -248,6 +248,20 @@ async def test_a2a_refuses_browser_tricks_and_strangers_and_runs_calls_as_their_
         assert "authorization" in text, text
         assert runs == {"lookup": 1, "export_all": 0}
 
+        # a flood of logins from one address is slowed at the gateway, before the fabric's
+        # issuer (whose rate it would spend for every caller of this gateway)
+        flood = [
+            await http.post(
+                "/oauth/token", data={"grant_type": "client_credentials"}, auth=("x", "y")
+            )
+            for _ in range(30)
+        ]
+        assert {a.status_code for a in flood} == {401, 429}
+        assert flood[-1].json()["error"] == "slow_down"
+        # calls of a caller already logged in go on
+        again = await http.post(rpc, content=json.dumps(_send("lookup")), headers=bearer)
+        assert again.status_code == 200
+
 
 async def test_a_gateway_credential_without_the_gateway_role_does_not_start(
     secured: Secured,
