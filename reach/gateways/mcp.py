@@ -312,10 +312,14 @@ async def serve(
 async def _serve_stdio(gateway: McpGateway) -> None:
     from mcp.server.stdio import stdio_server
 
+    from reach.gateways.mcpstdio import pipes
+
     _say(f"reach mcp: {len(gateway.tools)} tools over stdio")
-    async with stdio_server() as (read_stream, write_stream):
-        server = gateway.server
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    async with pipes() as wire:
+        stdin, stdout = wire if wire is not None else (None, None)
+        async with stdio_server(stdin, stdout) as (read_stream, write_stream):
+            server = gateway.server
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 async def _serve_http(gateway: McpGateway, host: str, port: int, app: ASGIApp) -> None:
