@@ -158,9 +158,9 @@ demo: $(RUNNABLE)
 up: $(RUNNABLE)
 	@$(BIN)/reach up
 
-# Every suite, one after the other (about 25 minutes on 2 cores): call path, discovery,
-# failover, growth, cold path, faults. Each writes bench/results/<suite>.json (+ PNG, or
-# faults.md) and prints its table.
+# Every suite, one after the other (about 30 minutes on 2 cores): call path, discovery,
+# failover, growth, cold path, faults, gateways. Each writes bench/results/<suite>.json
+# (+ PNG, or faults.md) and prints its table.
 bench: $(NATIVE)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.discovery
@@ -168,6 +168,7 @@ bench: $(NATIVE)
 	$(BIN)/python -m bench.growth
 	$(BIN)/python -m bench.coldpath
 	$(BIN)/python -m bench.faults
+	$(BIN)/python -m bench.gateways
 
 schemas: $(STAMP)
 	$(BIN)/reach schema export schemas
