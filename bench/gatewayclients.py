@@ -305,13 +305,24 @@ class Wire:
         self._open: list[asyncio.StreamWriter] = []
 
     async def post(self, body: bytes) -> bytes:
-        """The answer's body (CallFailed unless 200)."""
-        if self._idle:
+        """The answer's body (CallFailed unless 200). A kept-alive connection the server
+        has closed meanwhile (uvicorn closes one idle for 5 s) is replaced, as client
+        libraries do."""
+        request = self._head + f"\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+        while self._idle:
             reader, writer = self._idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection(self._host, self._port)
-            self._open.append(writer)
-        writer.write(self._head + f"\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+            try:
+                return await self._exchange(reader, writer, request)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()  # closed by the server while idle: another one
+        reader, writer = await asyncio.open_connection(self._host, self._port)
+        self._open.append(writer)
+        return await self._exchange(reader, writer, request)
+
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+    ) -> bytes:
+        writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         status = head.split(b" ", 2)[1]
         fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
