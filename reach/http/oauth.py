@@ -34,7 +34,6 @@ import asyncio
 import json
 import logging
 import secrets
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reach.client import ReachClient
+from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, ConfigurationError, ReachError
 from reach.http.guard import is_loopback
 from reach.http.tokenendpoint import basic_credentials, oauth_error, token_response
@@ -135,6 +135,7 @@ class GatewayLogin:
         access_ttl_sec: float = ACCESS_TTL_SEC,
         max_callers: int = MAX_CALLERS,
         name: str = "Agent-Reach gateway",
+        clock: Clock = system_clock,
     ) -> None:
         if access_ttl_sec <= 0:
             raise ConfigurationError("access_ttl_sec must be positive")
@@ -145,6 +146,7 @@ class GatewayLogin:
         self.access_ttl_sec = access_ttl_sec
         self.max_callers = max_callers
         self.name = name
+        self._clock = clock
         self._key = OKPKey.generate_key("Ed25519", auto_kid=True)
         #: client id → its session and level, the one used longest ago first
         self._callers: OrderedDict[str, Caller] = OrderedDict()
@@ -294,8 +296,8 @@ class GatewayLogin:
         return max(0, len(self._callers) - self.max_callers)
 
     def _access_token(self, caller: Caller, resource: str) -> dict[str, Any]:
-        now = int(time.time())
-        life = int(min(self.access_ttl_sec, caller.session.expires_at - time.time()))
+        now = int(self._clock.time())
+        life = int(min(self.access_ttl_sec, caller.session.expires_at - self._clock.time()))
         claims = {
             "iss": resource[: len(resource) - len(self.resource_path)] or resource,
             "aud": resource,
@@ -319,13 +321,14 @@ class GatewayLogin:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return ""
-        now = time.time()
+        now = self._clock.time()
         resource = self.resource(scope)
         known = self._verified.get(token)
         if known is None or known[1] <= now or known[2] != resource:
             try:
                 decoded = jwt.decode(token, self._key, algorithms=[_ALG])
                 jwt.JWTClaimsRegistry(
+                    now=int(now),
                     leeway=5,
                     aud={"essential": True, "value": resource},
                     exp={"essential": True},
