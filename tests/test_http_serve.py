@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import signal
 import socket
 import statistics
@@ -25,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from reach.errors import ConfigurationError
 from reach.http.serve import listen, serve, url_of
 
-from .cli_helpers import CLEAN_ENV, REACH
+from .cli_helpers import reach_serving
 from .conftest import Fabric
 
 
@@ -133,18 +132,11 @@ def test_an_ipv6_address_is_in_brackets() -> None:
 async def test_reach_console_names_its_real_port_and_a_sigterm_ends_its_live_feeds(
     fabric: Fabric,
 ) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        REACH, "console", "--port", "0", "--servers", fabric.url,
-        "--creds", str(fabric.creds["auditor"]),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE, env=CLEAN_ENV,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
-        found = re.search(r"reach console on (http://127\.0\.0\.1:(\d+)/) ", line)
-        assert found, line
-        assert found.group(2) != "0", line
+    creds = str(fabric.creds["auditor"])
+    args = ("console", "--port", "0", "--servers", fabric.url, "--creds", creds)
+    ready = r"reach console on (http://127\.0\.0\.1:(\d+)/) "
+    async with reach_serving(*args, ready=ready) as (proc, found):
+        assert found.group(2) != "0"
         async with (
             httpx.AsyncClient(base_url=found.group(1), timeout=10) as http,
             http.stream("GET", "/live/agents") as feed,
@@ -159,7 +151,3 @@ async def test_reach_console_names_its_real_port_and_a_sigterm_ends_its_live_fee
                 pass
             assert time.monotonic() - start < 1.5
         assert await asyncio.wait_for(proc.wait(), 20) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()

@@ -54,7 +54,7 @@ from reach.models import Capability, Manifest
 from reach.security.credentials import CredentialsFile
 
 from .calls_helpers import capability, make_agent
-from .cli_helpers import CLEAN_ENV, REACH, reach_cli
+from .cli_helpers import CLEAN_ENV, REACH, reach_cli, reach_serving
 from .up_helpers import Secured
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
@@ -174,20 +174,9 @@ async def _http_gateway(fabric: Secured) -> AsyncIterator[str]:
         str(gateway_creds), "--servers", fabric.url, "--creds", str(fabric.admin),
     )  # fmt: skip
     assert code == 0, stdout + stderr
-    proc = await asyncio.create_subprocess_exec(
-        REACH, "mcp", "--servers", fabric.url, "--creds", str(gateway_creds), "--http", "0",
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE, env=CLEAN_ENV,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
-        assert " tools at http://127.0.0.1:" in line, line
-        yield line.rsplit(" ", 1)[1].strip()
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        await asyncio.wait_for(proc.wait(), 20)
+    args = ("mcp", "--servers", fabric.url, "--creds", str(gateway_creds), "--http", "0")
+    async with reach_serving(*args, ready=r" tools at (http://127\.0\.0\.1:\S+)") as (_, found):
+        yield found.group(1)
 
 
 class _Memory:

@@ -24,7 +24,7 @@ from reach.registry import Registrar
 from reach.testing import NatsServer
 
 from .calls_helpers import capability, make_agent
-from .cli_helpers import CLEAN_ENV, REACH
+from .cli_helpers import reach_serving
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
 pytestmark = pytest.mark.long
@@ -45,20 +45,9 @@ async def _agent(url: str, agent_id: str, cap: str) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def _gateway(url: str) -> AsyncIterator[str]:
-    proc = await asyncio.create_subprocess_exec(
-        REACH, "mcp", "--servers", url, "--http", "0",
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE, env=CLEAN_ENV,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
-        assert " tools at http://127.0.0.1:" in line, line
-        yield line.split(" tools at ", 1)[1].split()[0]
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        await asyncio.wait_for(proc.wait(), 20)
+    args = ("mcp", "--servers", url, "--http", "0")
+    async with reach_serving(*args, ready=r" tools at (http://\S+)") as (_, found):
+        yield found.group(1)
 
 
 def _recording(kinds: list[str]) -> httpx2.AsyncClient:
