@@ -181,7 +181,9 @@ class Door:
             return
         raw_origin = headers.get("origin")
         origin = None if raw_origin is None else _origin(raw_origin)
-        allowed_origin = origin is not None and self._allowed_origin(origin, scheme=scope)
+        allowed_origin = origin is not None and self._allowed_origin(
+            origin, f"{scope.get('scheme', 'http')}://{host.strip().lower()}"
+        )
         if origin is not None and not allowed_origin:
             await _refuse(send, 403, "cross-origin request refused: this origin is not allowed")
             return
@@ -213,14 +215,14 @@ class Door:
                 return
         await self._pass(scope, receive, send, origin if allowed_origin else None)
 
-    def _allowed_origin(self, origin: str, *, scheme: Scope) -> bool:
+    def _allowed_origin(self, origin: str, asked: str) -> bool:
+        """Whether a request from ``origin`` to ``asked`` (scheme://Host) may pass: an
+        origin the policy allows, or the door's own (a page it served, the console's)."""
         if not origin:
             return False
         if origin in self.policy.origins:
             return True
-        # its own origin: a page the door served itself (the console's)
-        host = next((v for k, v in scheme["headers"] if k == b"host"), b"").decode("latin-1")
-        own = _origin(f"{scheme.get('scheme', 'http')}://{host.strip().lower()}")
+        own = _origin(asked)
         return bool(own) and origin == own
 
     async def _preflight(self, send: Send, origin: str | None) -> None:

@@ -163,8 +163,7 @@ class GatewayLogin:
         if self.public_url:
             return self.public_url
         scope = request.scope if isinstance(request, Request) else request
-        host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
-        return f"{scope.get('scheme', 'http')}://{host}"
+        return f"{scope.get('scheme', 'http')}://{_header(scope, b'host')}"
 
     def resource(self, request: Request | Scope) -> str:
         return self.base(request) + self.resource_path
@@ -316,7 +315,7 @@ class GatewayLogin:
 
     def caller_of(self, scope: Scope) -> Caller | str:
         """The caller a request's bearer token names, or why there is none."""
-        header = _header({k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
+        header = _header(scope, b"authorization")
         scheme, _, token = header.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -456,8 +455,10 @@ class RequireLogin:
             await self.app(scope, receive, send)
 
 
-def _header(headers: dict[str, str]) -> str:
-    return headers.get("authorization", "")
+def _header(scope: Scope, name: bytes) -> str:
+    """A request header's value ('' without one): a look along the list, with no map made
+    of every header on each request."""
+    return next((v for k, v in scope["headers"] if k == name), b"").decode("latin-1")
 
 
 def _quoted(text: str) -> str:
