@@ -21,9 +21,40 @@ from pathlib import Path
 
 from reach.errors import ConfigurationError, Disconnected
 
-__all__ = ["EmbeddedServer", "find_nats_server", "free_port", "port_in_use", "private_dir"]
+__all__ = [
+    "EmbeddedServer",
+    "find_nats_server",
+    "free_port",
+    "port_in_use",
+    "private_dir",
+    "wait_stopped",
+]
 
 _PR_SET_PDEATHSIG = 1
+
+
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Return once every thread of process ``pid`` is stopped (after a SIGSTOP), or has
+    exited; at once where ``/proc`` does not list threads. :class:`TimeoutError` when
+    ``timeout`` seconds pass first."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return
+    end = time.monotonic() + timeout
+    while not all(_thread_stopped(task) for task in tasks.iterdir()):
+        if time.monotonic() > end:
+            raise TimeoutError(f"process {pid} did not stop within {timeout} s")
+        time.sleep(0.001)
+
+
+def _thread_stopped(task: Path) -> bool:
+    try:
+        stat = (task / "stat").read_text()
+    except OSError:  # the thread (or the process) is gone
+        return True
+    # the state follows the command name, which is in parentheses and may hold spaces
+    state = stat[stat.rindex(")") + 2 :][:1]
+    return state in ("T", "t", "Z", "X")
 
 
 def find_nats_server() -> str:
@@ -243,11 +274,16 @@ class EmbeddedServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def pause(self) -> None:
-        """SIGSTOP the server (a hang, for tests)."""
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP the server (a hang, for tests), and return once it has stopped.
+
+        The kernel stops a process's threads one after the other: the one it chose for the
+        signal stops the others once it runs, and until then, on a busy machine, another
+        thread may go on answering. So this waits until every thread is stopped."""
         if self.running:
             assert self._proc is not None
             self._proc.send_signal(signal.SIGSTOP)
+            wait_stopped(self._proc.pid, timeout)
 
     def resume(self) -> None:
         if self.running:
