@@ -41,6 +41,7 @@ COMPILED = [
     "reach/console/rollup.py",
     "reach/context.py",
     "reach/contract.py",
+    "reach/deadline.py",
     "reach/endpoint.py",
     "reach/envelope.py",
     "reach/peers.py",
