@@ -441,9 +441,11 @@ class ReachClient:
             recorder.failed(capability, state, meta, self._since(started), failure)
             raise failure
         missed: ReachError | None = None
+        # the call's deadline bounds its backup where the caller gave a timeout
+        deadline = state.deadline if state is not None and timeout is not None else None
         try:
             result = await self._fallbacks.answer(
-                capability, payload, fb, failure, timeout, started
+                capability, payload, fb, failure, deadline, started
             )
         except ReachError as exc:  # no fallback applied (a cache miss, a backup failed)
             missed = exc

@@ -2,27 +2,38 @@
 
 A handler that calls another capability needs no plumbing: the client reads the
 current call's deadline and never waits past it (A → B → C never runs past A's budget).
+A handler reads its own time left as ``current_call().deadline.remaining()``.
 """
 
 from __future__ import annotations
 
-import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-__all__ = ["CallContext", "current_call", "remaining_seconds"]
+from reach.deadline import Deadline
+
+__all__ = ["CallContext", "current_call"]
 
 
 @dataclass(frozen=True, slots=True)
 class CallContext:
+    """The call being served: its id, capability and instance, its deadline, which
+    attempt this is, the agent that called (if one did) and its W3C trace context."""
+
     call_id: str
     capability: str
     agent_id: str
-    #: absolute deadline, Unix milliseconds (None: the caller set none)
-    deadline_ms: int | None
+    #: by when the caller must be answered, on the agent's clock (None: the caller set none)
+    deadline: Deadline | None
     attempt: int = 1
     caller: str | None = None
     traceparent: str | None = None
+
+    @property
+    def deadline_ms(self) -> int | None:
+        """The deadline as the request carried it: absolute, Unix milliseconds."""
+        deadline = self.deadline
+        return None if deadline is None else deadline.to_wire()
 
 
 class _Pending:
@@ -31,7 +42,9 @@ class _Pending:
 
     __slots__ = ("_ctx", "args")
 
-    def __init__(self, args: tuple[str, str, str, int | None, int, str | None, str | None]):
+    def __init__(
+        self, args: tuple[str, str, str, Deadline | None, int, str | None, str | None]
+    ) -> None:
         self.args = args
         self._ctx: CallContext | None = None
 
@@ -53,12 +66,6 @@ def current_call() -> CallContext | None:
     return ctx.get()  # type: ignore[union-attr]
 
 
-def remaining_seconds(deadline_ms: int | None, now: float | None = None) -> float | None:
-    if deadline_ms is None:
-        return None
-    return deadline_ms / 1000.0 - (time.time() if now is None else now)
-
-
 def set_current(ctx: CallContext | None) -> None:
     # set, never reset by token: a call's first step may run eagerly in one context and
     # finish in a task with a copy of it, where the token would not be valid
@@ -69,12 +76,10 @@ def enter_call(
     call_id: str,
     capability: str,
     agent_id: str,
-    deadline_ms: int | None,
+    deadline: Deadline | None,
     attempt: int,
     caller: str | None,
     traceparent: str | None,
 ) -> None:
     """``set_current`` for the call path: the CallContext is built on first use."""
-    _current.set(
-        _Pending((call_id, capability, agent_id, deadline_ms, attempt, caller, traceparent))
-    )
+    _current.set(_Pending((call_id, capability, agent_id, deadline, attempt, caller, traceparent)))

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reach import codec, envelope, subjects
 from reach.clock import Clock
+from reach.deadline import Deadline
 from reach.endpoint import Endpoint, Failure
 from reach.errors import (
     BusinessError,
@@ -217,9 +218,9 @@ class ClientJobs:
         self._store = None
 
 
-#: a handler run under a deadline (Unix ms): the encoded and plain result, or a Failure
+#: a handler run under a deadline: the encoded and plain result, or a Failure
 Invoke = Callable[
-    [Endpoint, envelope.RequestMeta, Any, int | None], Awaitable[tuple[bytes, Any] | Failure]
+    [Endpoint, envelope.RequestMeta, Any, Deadline | None], Awaitable[tuple[bytes, Any] | Failure]
 ]
 
 
@@ -275,8 +276,7 @@ class JobRunner:
         record: JobRecord,
         limit: float,
     ) -> None:
-        deadline_ms = int((self._clock.time() + limit) * 1000)
-        outcome = await self._invoke(endpoint, meta, arg, deadline_ms)
+        outcome = await self._invoke(endpoint, meta, arg, Deadline.after(limit, self._clock))
         finished = self._clock.time()
         if isinstance(outcome, Failure):
             done = _failed(record, finished, outcome.kind, outcome.code, outcome.description)

@@ -29,6 +29,7 @@ from reach.audit.events import served_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock
 from reach.context import enter_call, set_current
+from reach.deadline import Deadline
 from reach.endpoint import Endpoint, Failure, decode_input, endpoint_for, failure_of
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.jobs import JobRunner, JobStore
@@ -194,7 +195,9 @@ class CallServer:
         # a repeat is the same capability from the same client: keys never leak across them
         key = f"{endpoint.name}/{client}/{meta.idempotency_key or meta.call_id}"
         started = self._clock.time()
-        if meta.deadline_ms is not None and meta.deadline_ms <= started * 1000:
+        dl = meta.deadline_ms  # on this agent's clock from here: handler, nested calls, reaper
+        deadline = None if dl is None else Deadline.from_wire(dl, self._clock)
+        if deadline is not None and deadline.expired():
             return self._refuse(
                 endpoint, "timeout", "deadline_passed", "the caller's deadline had passed"
             )
@@ -231,7 +234,7 @@ class CallServer:
                 )
             else:
                 traceparent = meta.traceparent if span is None else traceparent_of(span)
-                outcome = await self._invoke(endpoint, meta, arg, meta.deadline_ms, traceparent)
+                outcome = await self._invoke(endpoint, meta, arg, deadline, traceparent)
                 audited = self.audit is not None and not meta.audit
                 reply, remember, kind = self._reply_of(endpoint, outcome, audited)
         except asyncio.CancelledError:
@@ -427,8 +430,10 @@ class CallServer:
             self.on_denied(endpoint.name, meta, code, description, claims)
         return self._refuse(endpoint, "denied", code, description)
 
-    def watch_deadline(self, when: float) -> None:
-        """Cancel the running call at loop time ``when`` (its task may not exist yet)."""
+    def watch_deadline(self, deadline: Deadline) -> None:
+        """Cancel the running call at its deadline (its task may not exist yet), by the
+        reaper's timer: on the event loop's clock, the time left from now."""
+        when = asyncio.get_running_loop().time() + deadline.remaining()
         if EAGER.get():
             PENDING_DEADLINE.set(when)  # run_eagerly hands it over with the task it creates
             return
@@ -451,7 +456,7 @@ class CallServer:
         endpoint: Endpoint,
         meta: envelope.RequestMeta,
         arg: Any,
-        deadline_ms: int | None,
+        deadline: Deadline | None,
         traceparent: str | None = None,
     ) -> tuple[bytes, Any] | Failure:
         """Run the handler under the deadline: the encoded and plain result, or a failure.
@@ -460,20 +465,14 @@ class CallServer:
             meta.call_id,
             endpoint.name,
             self.agent_id,
-            deadline_ms,
+            deadline,
             meta.attempt,
             meta.caller,
             traceparent or meta.traceparent,
         )
         try:
-            if deadline_ms is not None:
-                # the time left as the server's clock sees it, on the event loop's clock
-                left = deadline_ms / 1000.0 - self._clock.time()
-                when = asyncio.get_running_loop().time() + left
-                if EAGER.get():
-                    PENDING_DEADLINE.set(when)  # run_eagerly hands it over with its task
-                else:
-                    self.watch_deadline(when)
+            if deadline is not None:
+                self.watch_deadline(deadline)
             result = await endpoint.handler(arg)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

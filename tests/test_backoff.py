@@ -1,4 +1,5 @@
-"""Tenacity strategies for the retry rule, run through tenacity itself without sleeping."""
+"""Tenacity strategies for the retry rule, run through tenacity itself on a manual clock
+(its sleeps move the clock: nothing waits)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception_type
 
 from reach.clock import ManualClock
+from reach.deadline import Deadline
 from reach.errors import ConfigurationError, NoResponders, ReachTimeout
 from reach.resilience import stop_at_deadline, stop_for_call, wait_backoff
 
@@ -48,14 +50,17 @@ def test_negative_base_is_refused() -> None:
 
 def test_stop_at_deadline_looks_at_the_end_of_the_coming_sleep() -> None:
     clock = ManualClock()
-    deadline = clock.monotonic() + 1.0
-    stop = stop_at_deadline(lambda: deadline, clock=clock)
+    deadline = Deadline.after(1.0, clock)
+    stop = stop_at_deadline(deadline)
     assert not stop(state(1, upcoming_sleep=0.99))
     assert stop(state(1, upcoming_sleep=1.0))
     assert stop(state(1, upcoming_sleep=1.5))
-    assert not stop_at_deadline(lambda: None, clock=clock)(state(1, upcoming_sleep=1e9))
-    with_margin = stop_at_deadline(lambda: deadline, clock=clock, min_attempt_sec=0.5)
+    assert not stop_at_deadline(None)(state(1, upcoming_sleep=1e9))
+    with_margin = stop_at_deadline(deadline, min_attempt_sec=0.5)
     assert with_margin(state(1, upcoming_sleep=0.6))
+    clock.advance(0.5)  # the deadline comes nearer as its clock moves
+    assert stop(state(1, upcoming_sleep=0.5))
+    assert not stop(state(1, upcoming_sleep=0.49))
 
 
 class Flaky:
@@ -72,61 +77,54 @@ class Flaky:
         return "ok"
 
 
-def retrying(clock: ManualClock, deadline: float | None, slept: list[float]) -> AsyncRetrying:
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        clock.advance(seconds)
-
+def retrying(clock: ManualClock, deadline: Deadline | None) -> AsyncRetrying:
     return AsyncRetrying(
         wait=wait_backoff(rng=itertools.cycle([0.0, 0.5, 1.0]).__next__),
-        stop=stop_for_call(lambda: deadline, clock=clock),
+        stop=stop_for_call(deadline),
         retry=retry_if_exception_type((NoResponders, ReachTimeout)),
-        sleep=sleep,
+        sleep=clock.sleep,
     )
 
 
 async def test_at_most_three_retries() -> None:
     clock = ManualClock()
-    slept: list[float] = []
     call = Flaky(*(NoResponders("nobody") for _ in range(10)))
     with pytest.raises(RetryError) as info:
-        await retrying(clock, None, slept)(call)
+        await retrying(clock, None)(call)
     assert call.attempts == 4
-    assert slept == pytest.approx([0.2, 0.45, 0.9])
+    assert clock.slept == pytest.approx([0.2, 0.45, 0.9])
     assert isinstance(info.value.last_attempt.exception(), NoResponders)
 
 
 async def test_a_retry_that_succeeds_returns_its_result() -> None:
     clock = ManualClock()
-    slept: list[float] = []
     call = Flaky(ReachTimeout("slow"))
-    assert await retrying(clock, None, slept)(call) == "ok"
+    assert await retrying(clock, None)(call) == "ok"
     assert call.attempts == 2
-    assert slept == pytest.approx([0.2])
+    assert clock.slept == pytest.approx([0.2])
 
 
 async def test_no_retry_whose_sleep_would_end_past_the_deadline() -> None:
     clock = ManualClock()
-    slept: list[float] = []
     # attempts take no time here; sleeps 0.2 + 0.45 end at 0.65, the third (0.9) would not fit
-    deadline = clock.monotonic() + 1.0
+    deadline = Deadline.after(1.0, clock)
     call = Flaky(*(NoResponders("nobody") for _ in range(10)))
     with pytest.raises(RetryError):
-        await retrying(clock, deadline, slept)(call)
+        await retrying(clock, deadline)(call)
     assert call.attempts == 3
-    assert slept == pytest.approx([0.2, 0.45])
-    assert clock.monotonic() < deadline
+    assert clock.slept == pytest.approx([0.2, 0.45])
+    assert not deadline.expired()
+    assert deadline.remaining() == pytest.approx(1.0 - 0.65)  # the sleeps moved the clock
 
 
 async def test_past_the_deadline_there_is_no_retry_at_all() -> None:
     clock = ManualClock()
-    slept: list[float] = []
     call = Flaky(NoResponders("nobody"))
     with pytest.raises(RetryError):
-        await retrying(clock, clock.monotonic(), slept)(call)
-    assert (call.attempts, slept) == (1, [])
+        await retrying(clock, Deadline.after(0.0, clock))(call)
+    assert (call.attempts, clock.slept) == (1, [])
 
 
 def test_max_retries_must_not_be_negative() -> None:
     with pytest.raises(ConfigurationError):
-        stop_for_call(lambda: None, max_retries=-1)
+        stop_for_call(None, max_retries=-1)

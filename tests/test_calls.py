@@ -272,6 +272,7 @@ async def test_nested_call_stops_the_innermost_handler_at_the_outer_deadline(
     async def step_b(req: Any) -> Any:
         ctx = current_call()
         seen["b_deadline"] = ctx.deadline_ms if ctx else None
+        seen["b_left"] = ctx.deadline.remaining() if ctx and ctx.deadline else None
         inner = ReachClient(servers=nats_server.url)
         async with inner:
             await wait_routable(inner, "step_c", 1)
@@ -291,6 +292,7 @@ async def test_nested_call_stops_the_innermost_handler_at_the_outer_deadline(
     assert bc.finished == 0
     assert seen["b_deadline"] is not None
     assert abs(seen["b_deadline"] / 1000 - (started + 1.0)) < 0.2
+    assert 0.8 < seen["b_left"] <= 1.0  # the handler reads its time left
 
 
 async def test_a_repeated_call_id_gets_the_first_result_and_runs_the_handler_once(

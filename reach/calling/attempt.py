@@ -20,6 +20,7 @@ from reach.audit.events import error_class
 from reach.calling.remote import remote_error
 from reach.calling.state import CallState
 from reach.clock import Clock
+from reach.deadline import Deadline
 from reach.errors import (
     AuthenticationFailed,
     AuthError,
@@ -169,10 +170,14 @@ class AttemptRunner:
     def _time_left(self, state: CallState, meta: envelope.RequestMeta) -> float:
         """The attempt's time: the call's time left, at most its attempt timeout; the
         callee stops working when this attempt's caller stops waiting."""
-        now = self._clock.time()
-        remaining = min(state.deadline - now, state.attempt_timeout)
-        meta.deadline_ms = int((now + remaining) * 1000)
-        return remaining
+        deadline = state.deadline
+        remaining = deadline.remaining()
+        limit = state.attempt_timeout
+        if remaining <= limit:
+            meta.deadline_ms = deadline.to_wire()
+            return remaining
+        meta.deadline_ms = deadline.to_wire_within(limit)
+        return limit
 
     def _choose(self, state: CallState) -> RouteEntry | None:
         route, state.score = choose(
@@ -199,11 +204,11 @@ class AttemptRunner:
                 breaker.release()
             raise
 
-    async def call_token(self, capability: str, instance: str, deadline: float) -> str | None:
+    async def call_token(self, capability: str, instance: str, deadline: Deadline) -> str | None:
         """A token for calls to ``capability`` at ``instance`` (none: its queue group) from
         the issuer, within the call's deadline (ReachTimeout after it; Unavailable if the
         issuer does not answer)."""
-        remaining = deadline - self._clock.time()
+        remaining = deadline.remaining()
         fetched: str | None = None
         late = remaining <= 0
         if not late:
@@ -291,7 +296,7 @@ class AttemptRunner:
                     f"{state.capability}: NATS refuses this client's login"
                     f" ({conn.login_refused}): its credentials were revoked or changed"
                 )
-            left = state.deadline - self._clock.time()
+            left = state.deadline.remaining()
             if conn.is_closed or left <= 0:
                 raise Disconnected(
                     f"{state.capability}: the client's connection is closed"

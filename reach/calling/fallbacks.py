@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from reach import codec
 from reach.calling.result import CallResult
 from reach.clock import Clock
+from reach.deadline import Deadline
 from reach.errors import CircuitOpen, DiscoveryError, ReachError, RetriesExhausted
 from reach.fallback import MISSING, NO_FALLBACK, Fallback, FallbackInfo, ResultCache
 
@@ -57,11 +58,12 @@ class Fallbacks:
         payload: Any,
         fb: Fallback,
         exc: ReachError,
-        timeout: float | None,
+        deadline: Deadline | None,
         started: float,
     ) -> CallResult:
-        """The fallback's answer to a call that failed with ``exc`` (``started``: its
-        start on the clock's ``perf_counter``); ``exc`` raised when none applies."""
+        """The fallback's answer to a call that failed with ``exc`` (``deadline``: the
+        call's, if its caller gave a timeout; ``started``: its start on the clock's
+        ``perf_counter``); ``exc`` raised when none applies."""
         reason = f"{type(exc).__name__}: {exc}"
         if fb.cache_max_age_sec is not None:
             body = codec.encode(payload)
@@ -72,7 +74,7 @@ class Fallbacks:
         # A timeout the caller gave bounds the whole call: the backup has what is left of
         # it (none left: no backup). Without one the backup has its own SLA's, as a call
         # of its own would (a served call's deadline still bounds it, as it bounds any).
-        left = None if timeout is None else timeout - (self._clock.perf_counter() - started)
+        left = None if deadline is None else deadline.remaining()
         if (fb.backup_capability is not None or fb.backup_tags) and (left is None or left > 0):
             backup = fb.backup_capability or capability
             backup_error: ReachError | None = None

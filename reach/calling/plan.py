@@ -18,6 +18,7 @@ from reach.calling.state import CallState
 from reach.clock import Clock
 from reach.context import CallContext, current_call
 from reach.contract import ROOT, Validator, compile_schema
+from reach.deadline import Deadline
 from reach.envelope import RequestMeta
 from reach.errors import ConfigurationError, ContractError
 from reach.models import Capability
@@ -102,12 +103,14 @@ class CallPlanner:
     ) -> CallState:
         """The call's deadline: the timeout, else 1.5 × SLA, within the served call's."""
         sla_ms = spec.latency_sla_ms if spec is not None else DEFAULT_SLA_MS
-        now = self._clock.time()
+        clock = self._clock
         attempt_timeout = 1.5 * sla_ms / 1000.0
-        deadline = now + (timeout if timeout is not None else attempt_timeout)
-        if parent is not None and parent.deadline_ms is not None:
-            deadline = min(deadline, parent.deadline_ms / 1000.0)
-        return CallState(capability, deadline, attempt_timeout, now, candidates, tags)
+        seconds = timeout if timeout is not None else attempt_timeout
+        if parent is not None and parent.deadline is not None:
+            # the served call's time left: its deadline may be on another clock than ours
+            seconds = min(seconds, parent.deadline.remaining())
+        deadline = Deadline.after(seconds, clock)
+        return CallState(capability, deadline, attempt_timeout, clock.time(), candidates, tags)
 
     def _body(self, capability: str, spec: Capability | None, payload: Any) -> bytes:
         """The payload checked and encoded; a ContractError for one that cannot go."""
@@ -143,7 +146,7 @@ class CallPlanner:
             # the token of the instance each attempt goes to (``reach.calling.attempt``):
             # the fabric's own never goes to a callee
             token=None,
-            deadline_ms=int(state.deadline * 1000),
+            deadline_ms=state.deadline.to_wire(),
             idempotency_key=idempotency_key,
             caller=parent.agent_id if parent is not None else None,
             traceparent=traceparent,

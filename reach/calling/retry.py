@@ -82,7 +82,7 @@ class RetryPolicy:
             return False
         if isinstance(exc, ReachTimeout) and not state.retry_timeouts:
             return False
-        return self._clock.time() < state.deadline
+        return not state.deadline.expired()
 
     async def retry(
         self, first_error: ReachError, state: CallState, meta: RequestMeta, body: bytes
@@ -96,7 +96,6 @@ class RetryPolicy:
         # the budget pays for a retry as it starts (the first one was paid above): a retry
         # that tenacity's stop rules (count, deadline) never start costs nothing
         refused = [False]
-        clock = self._clock
 
         def should_retry(exc: BaseException) -> bool:
             return (
@@ -107,10 +106,7 @@ class RetryPolicy:
             )
 
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries)
-            | stop_at_deadline(
-                lambda: state.deadline - clock.time() + clock.monotonic(), clock=clock
-            ),
+            stop=stop_after_attempt(self.max_retries) | stop_at_deadline(state.deadline),
             wait=wait_backoff(base=2 * _BACKOFF_BASE),
             retry=retry_if_exception(should_retry),
             reraise=True,
@@ -153,7 +149,7 @@ class RetryPolicy:
             # calls now (not ready, at capacity): another instance may take it at once,
             # and waiting only spends the deadline
             first_wait = 0.0
-        if self._clock.time() + first_wait >= state.deadline:
+        if first_wait >= state.deadline.remaining():
             return None
         return first_wait
 
@@ -169,7 +165,7 @@ class RetryPolicy:
         runner = self._runner
         pause = _SETTLE_PAUSE
         while waits_for_instance(error, state) and runner.settling() and not runner.closing:
-            left = state.deadline - self._clock.time()
+            left = state.deadline.remaining()
             if left <= 0:
                 break  # the last error says why, not a deadline passed
             if not has_other(state):

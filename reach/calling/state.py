@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reach.audit.recording import CallTrail
+from reach.deadline import Deadline
 from reach.routing import Aperture, RouteEntry
 
 __all__ = ["CallState", "has_other"]
@@ -27,14 +28,14 @@ class CallState(CallTrail):
     def __init__(
         self,
         capability: str,
-        deadline: float,
+        deadline: Deadline,
         attempt_timeout: float,
         started_at: float,
         candidates: Sequence[RouteEntry],
         tags: tuple[str, ...] = (),
     ) -> None:
         super().__init__(capability, started_at, candidates, tags)
-        #: wall time by which the call must be answered
+        #: by when the call must be answered (every attempt, every retry's wait)
         self.deadline = deadline
         #: one attempt waits at most 1.5 × SLA, so a slow instance leaves time for another
         self.attempt_timeout = attempt_timeout

@@ -5,8 +5,9 @@ retries, never past the deadline".
 
     AsyncRetrying(
         wait=wait_backoff(),
-        stop=stop_for_call(lambda: deadline),  # = stop_after_attempt(4) | stop_at_deadline(...)
+        stop=stop_for_call(deadline),  # = stop_after_attempt(4) | stop_at_deadline(deadline)
         retry=retry_if_exception(lambda e: isinstance(e, ReachError) and e.retryable),
+        sleep=clock.sleep,  # the deadline's clock: a ManualClock in tests, no real waiting
     )
 
 :class:`stop_at_deadline` reads ``retry_state.upcoming_sleep``, which tenacity sets before it
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from tenacity.stop import stop_after_attempt, stop_base
 from tenacity.wait import wait_base
 
-from reach.clock import Clock, system_clock
+from reach.deadline import Deadline
 from reach.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -61,40 +62,27 @@ class stop_at_deadline(stop_base):
     """Stop when the coming sleep would end at or past the deadline, or would leave less than
     ``min_attempt_sec`` for the attempt.
 
-    ``deadline_getter`` returns the call's deadline on ``clock``'s monotonic scale, or None
-    for no deadline; it is read on every check, so a deadline can tighten while retrying.
+    ``deadline`` None: no deadline, never stop for it.
     """
 
-    def __init__(
-        self,
-        deadline_getter: Callable[[], float | None],
-        *,
-        clock: Clock = system_clock,
-        min_attempt_sec: float = 0.0,
-    ) -> None:
-        self.deadline_getter = deadline_getter
-        self.clock = clock
+    def __init__(self, deadline: Deadline | None, *, min_attempt_sec: float = 0.0) -> None:
+        self.deadline = deadline
         self.min_attempt_sec = min_attempt_sec
 
     def __call__(self, retry_state: RetryCallState) -> bool:
-        deadline = self.deadline_getter()
+        deadline = self.deadline
         if deadline is None:
             return False
-        sleep_ends = self.clock.monotonic() + retry_state.upcoming_sleep
-        return sleep_ends + self.min_attempt_sec >= deadline
+        return retry_state.upcoming_sleep + self.min_attempt_sec >= deadline.remaining()
 
 
 def stop_for_call(
-    deadline_getter: Callable[[], float | None],
-    *,
-    max_retries: int = 3,
-    clock: Clock = system_clock,
-    min_attempt_sec: float = 0.0,
+    deadline: Deadline | None, *, max_retries: int = 3, min_attempt_sec: float = 0.0
 ) -> stop_base:
     """Our stop rule: after ``max_retries`` retries (``max_retries + 1`` attempts) or at the
     deadline, whichever comes first."""
     if max_retries < 0:
         raise ConfigurationError(f"max_retries must be >= 0, got {max_retries}")
     return stop_after_attempt(max_retries + 1) | stop_at_deadline(
-        deadline_getter, clock=clock, min_attempt_sec=min_attempt_sec
+        deadline, min_attempt_sec=min_attempt_sec
     )
