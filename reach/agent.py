@@ -23,7 +23,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ from reach import envelope, subjects
 from reach.audit.events import denial_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock, system_clock
+from reach.deadline import Deadline
 from reach.errors import ConfigurationError, LoginUnanswered, ReachError
 from reach.jobs import JobStore
 from reach.joining import run_step
@@ -232,7 +232,8 @@ class Agent:
         presence = self._presence
         presence.manifest = self.manifest  # with the schemas its handlers brought
         presence.started_at = self._clock.time()
-        deadline = time.monotonic() + self._join_timeout  # (run_step's clock)
+        # real time, whatever the agent's clock: joining waits for other processes to answer
+        deadline = Deadline.after(self._join_timeout, system_clock)
         conn, creds = await self._connect(deadline)
         self._conn = presence.conn = conn
         conn.on_reconnect(presence.wake.set)
@@ -250,7 +251,7 @@ class Agent:
         self._heartbeat_task = asyncio.create_task(presence.heartbeat_loop(), name="heartbeat")
         log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
 
-    async def _connect(self, deadline: float) -> tuple[Connection, CredentialsFile | None]:
+    async def _connect(self, deadline: Deadline) -> tuple[Connection, CredentialsFile | None]:
         """The connection given, or one opened and logged in; the credentials with it."""
         if self._given is not None:
             conn = adopt(self._given)
@@ -270,7 +271,7 @@ class Agent:
             (LoginUnanswered,),
         )
 
-    async def _join(self, creds: CredentialsFile | None, deadline: float) -> None:
+    async def _join(self, creds: CredentialsFile | None, deadline: Deadline) -> None:
         """Token session and key follow, audit writer, job store, announce, then
         subscriptions."""
         conn = self.connection

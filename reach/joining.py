@@ -1,16 +1,16 @@
 """Joining the fabric step by step (an agent's ``start``): a step that fails for a
 transient reason (a timeout, a lost connection, a login no gate answered) is tried again
-until the join's deadline, and the error that ends the join names the step."""
+until the join's deadline, sleeping on the deadline's clock between tries, and the error
+that ends the join names the step."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from reach.deadline import Deadline
 from reach.errors import ReachError, ReachTimeout, TransportError
 
 __all__ = ["TRANSIENT", "at_step", "run_step"]
@@ -26,13 +26,13 @@ TRANSIENT: tuple[type[BaseException], ...] = (TransportError, TimeoutError)
 async def run_step(
     who: str,
     step: str,
-    deadline: float,
+    deadline: Deadline,
     attempt: Callable[[], Awaitable[T]],
     transient: tuple[type[BaseException], ...] = TRANSIENT,
 ) -> T:
-    """``attempt()``, tried again after a ``transient`` failure until ``deadline``
-    (monotonic, with jittered back-off); the error that ends it names ``who`` and
-    ``step`` (a bare timeout becomes ReachTimeout)."""
+    """``attempt()``, tried again after a ``transient`` failure until ``deadline`` (with
+    jittered back-off); the error that ends it names ``who`` and ``step`` (a bare timeout
+    becomes ReachTimeout)."""
     delay = 0.1
     while True:
         # no await inside the except blocks: compiled by mypyc, an await there loses track
@@ -45,10 +45,10 @@ async def run_step(
         except (ReachError, TimeoutError) as exc:
             failure = exc
             final = True
-        if final or time.monotonic() + delay > deadline:
+        if final or delay > deadline.remaining():
             raise at_step(who, step, failure)
         log.info("%s: %s failed (%s); trying again", who, step, failure)
-        await asyncio.sleep(delay * (0.5 + random.random()))
+        await deadline.clock.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, 2.0)
 
 

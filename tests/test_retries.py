@@ -56,6 +56,12 @@ async def _until(condition: Callable[[], bool], what: str, timeout: float = SETT
         await asyncio.sleep(0.02)
 
 
+def _backoff_clock() -> ManualClock:
+    """The clock of a client whose backoff must not wait: each sleep moves it at once. Its
+    wall clock starts at the real one, since callees read the deadlines it sends."""
+    return ManualClock(wall=time.time())
+
+
 def _prefer(client: ReachClient, first: str, second: str) -> None:
     """Make ``client`` route to ``first`` before ``second`` (far better measured latency)."""
     client.peers.observe(first, 1)
@@ -66,12 +72,13 @@ def _prefer(client: ReachClient, first: str, second: str) -> None:
 
 
 async def test_slow_instance_times_out_and_an_idempotent_call_moves_to_another(
-    nats_server: NatsServer, client: ReachClient
+    nats_server: NatsServer, registrar: Registrar
 ) -> None:
     slow, bs = make_agent(nats_server.url, "slow-2", capability(sla_ms=300, idempotent=True))
     fast, _bf = make_agent(nats_server.url, "fast-2", capability(sla_ms=300, idempotent=True))
     bs.sleep = 5.0
-    async with slow, fast:
+    clock = _backoff_clock()
+    async with slow, fast, ReachClient(servers=nats_server.url, clock=clock) as client:
         await wait_routable(client, "work", 2)
         client.peers.observe("slow-2", 1)
         client.peers.observe("fast-2", 250)
@@ -79,24 +86,33 @@ async def test_slow_instance_times_out_and_an_idempotent_call_moves_to_another(
     assert result.agent_id == "fast-2"
     assert result.attempts == 2
     assert bs.calls == 1
+    (backoff,) = clock.slept  # a timeout is retried after the first backoff
+    assert 0.2 <= backoff <= 0.3
 
 
 async def test_retries_back_off_200ms_doubling_and_stop_after_three(
-    nats_server: NatsServer, client: ReachClient
+    nats_server: NatsServer, registrar: Registrar
 ) -> None:
     agent, b = make_agent(nats_server.url, "down-1", readiness=lambda: False)
-    async with agent:
+    clock = _backoff_clock()
+    async with agent, ReachClient(servers=nats_server.url, clock=clock) as client:
         await client.routes.wait_for(lambda c: c.get("down-1") is not None, timeout=5)
         client.retry_budget = RetryBudget(min_retries=100)
-        started = time.monotonic()
+        started = clock.monotonic()
+        really_started = time.monotonic()
         with pytest.raises((RetriesExhausted, Unavailable)) as err:
             await client.call("work", {}, timeout=5.0)
-        elapsed = time.monotonic() - started
+        elapsed = clock.monotonic() - started
+        really_elapsed = time.monotonic() - really_started
     if isinstance(err.value, RetriesExhausted):
         assert err.value.attempts == 4
         assert isinstance(err.value.__cause__, Unavailable)
-        # 0.2 + 0.4 + 0.8 plus jitter of at most 3 × 0.1
-        assert 1.4 <= elapsed <= 1.4 + 0.3 + 0.5
+        # 0.2 + 0.4 + 0.8 plus jitter of at most 3 × 0.1, slept on the client's clock
+        assert 1.4 <= elapsed <= 1.4 + 0.3
+        assert len(clock.slept) == 3
+        for slept, base in zip(clock.slept, (0.2, 0.4, 0.8), strict=True):
+            assert base <= slept <= base + 0.1
+        assert really_elapsed < 1.4  # no real waiting
     else:  # the registrar already marked it degraded → routed but unavailable
         pytest.fail(f"expected RetriesExhausted, got {err.value!r}")
     assert b.calls == 0
@@ -143,6 +159,7 @@ async def test_the_retry_budget_is_charged_only_for_retries_made(
     agent, _ = make_agent(nats_server.url, "a-1", handler=busy)
     # breakers out of the way: every attempt reaches the instance
     patient = BreakerConfig(min_calls=1000, consecutive_failures=1000)
+    clock = _backoff_clock()
     async with (
         agent,
         ReachClient(
@@ -152,7 +169,10 @@ async def test_the_retry_budget_is_charged_only_for_retries_made(
             retry_budget=RetryBudget(min_retries=100),
         ) as never,
         ReachClient(
-            servers=nats_server.url, breaker=patient, retry_budget=RetryBudget(min_retries=100)
+            servers=nats_server.url,
+            breaker=patient,
+            retry_budget=RetryBudget(min_retries=100),
+            clock=clock,
         ) as thrice,
     ):
         await wait_routable(never, "work", 1)
@@ -167,6 +187,7 @@ async def test_the_retry_budget_is_charged_only_for_retries_made(
             await thrice.call("work", {}, timeout=5)
         assert exhausted.value.attempts == 4
         assert thrice.retry_budget.retries == 3
+        assert len(clock.slept) == 3  # a backoff before each retry
 
 
 # -- an answer met on a retry is the call's answer -------------------------------------
@@ -192,7 +213,8 @@ async def test_a_business_error_met_on_a_retry_is_raised_as_it_is_and_never_fall
     ran: list[int] = []
     handler = _unavailable_then(BusinessError("no data for 1999", code="no_data"), ran)
     agent, _ = make_agent(nats_server.url, "a-1", handler=handler)
-    async with agent, ReachClient(servers=nats_server.url) as client:
+    clock = _backoff_clock()
+    async with agent, ReachClient(servers=nats_server.url, clock=clock) as client:
         await wait_routable(client, "work", 1)
         with pytest.raises(BusinessError) as plain:
             await client.call("work", {}, timeout=5)
@@ -203,6 +225,7 @@ async def test_a_business_error_met_on_a_retry_is_raised_as_it_is_and_never_fall
         assert refused.code == "no_data"
         assert refused.agent_id == "a-1"
     assert ran == [1, 2, 1, 2]  # answered on the retry, not retried again
+    assert len(clock.slept) == 2  # one backoff per call
 
 
 async def test_a_contract_error_met_on_a_retry_is_raised_as_it_is(
@@ -211,7 +234,7 @@ async def test_a_contract_error_met_on_a_retry_is_raised_as_it_is(
     ran: list[int] = []
     handler = _unavailable_then(ContractError("n: must be positive", path="n", rule="min"), ran)
     agent, _ = make_agent(nats_server.url, "a-1", handler=handler)
-    async with agent, ReachClient(servers=nats_server.url) as client:
+    async with agent, ReachClient(servers=nats_server.url, clock=_backoff_clock()) as client:
         await wait_routable(client, "work", 1)
         with pytest.raises(ContractError) as refused:
             await client.call("work", {}, timeout=5, fallback=Fallback(default={"fb": True}))
@@ -241,7 +264,10 @@ async def test_errors_of_a_nested_call_reach_the_caller_as_the_handlers_own(
 
     # B's own client: one retry, so that C being down ends quickly in RetriesExhausted
     inner = ReachClient(
-        servers=nats_server.url, max_retries=1, retry_budget=RetryBudget(min_retries=100)
+        servers=nats_server.url,
+        max_retries=1,
+        retry_budget=RetryBudget(min_retries=100),
+        clock=_backoff_clock(),
     )
 
     async def b_handler(req: Any) -> Any:
@@ -267,7 +293,11 @@ async def test_errors_of_a_nested_call_reach_the_caller_as_the_handlers_own(
         c,
         b,
         inner,
-        ReachClient(servers=nats_server.url, retry_budget=RetryBudget(min_retries=100)) as client,
+        ReachClient(
+            servers=nats_server.url,
+            retry_budget=RetryBudget(min_retries=100),
+            clock=_backoff_clock(),
+        ) as client,
     ):
         await wait_routable(client, "step_b", 1)
         await wait_routable(inner, "step_c", 1)

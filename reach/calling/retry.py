@@ -4,7 +4,8 @@ Only retryable errors are retried (reachability, never contract, business or aut
 timed-out attempt only when the capability is idempotent or the call carries an
 idempotency key, never past the call's deadline, at most ``max_retries`` times, and only
 while the client's retry budget allows (retries are a bounded share of calls, so a
-failing fabric is not hit by a retry storm). Backoff is 200 ms × 2^n plus jitter; after
+failing fabric is not hit by a retry storm). Backoff is 200 ms × 2^n plus jitter, slept
+on the client's clock (``Clock.sleep``: a test's ``ManualClock`` runs it at once); after
 "no responders" the first retry goes to another instance at once (the request reached
 nobody: waiting spares no one).
 
@@ -14,7 +15,6 @@ instance within its deadline instead (``wait_for_instance``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
@@ -91,8 +91,9 @@ class RetryPolicy:
         first_wait = self._first_wait(first_error, state)
         if first_wait is None or not self.budget.try_spend():  # paid for a retry made
             raise first_error
+        clock = self._clock
         if first_wait:
-            await asyncio.sleep(first_wait)
+            await clock.sleep(first_wait)
         # the budget pays for a retry as it starts (the first one was paid above): a retry
         # that tenacity's stop rules (count, deadline) never start costs nothing
         refused = [False]
@@ -109,6 +110,7 @@ class RetryPolicy:
             stop=stop_after_attempt(self.max_retries) | stop_at_deadline(state.deadline),
             wait=wait_backoff(base=2 * _BACKOFF_BASE),
             retry=retry_if_exception(should_retry),
+            sleep=clock.sleep,
             reraise=True,
         )
         latest = first_error
@@ -171,7 +173,7 @@ class RetryPolicy:
             if not has_other(state):
                 if left <= pause:
                     break
-                await asyncio.sleep(pause)
+                await self._clock.sleep(pause)
                 pause = min(pause * 2, _SETTLE_PAUSE_MAX)
                 state.failed.clear()  # every candidate is worth another try
             try:
