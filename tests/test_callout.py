@@ -191,9 +191,9 @@ def _counter() -> tuple[list[Msg], Callable[[Msg], Awaitable[None]]]:
 
 
 def test_nkey_matches_the_nats_docs_vector() -> None:
-    key = natsconf.NKey.from_seed("SAANDLKMXL6CUS3CP52WIXBEDN6YJ545GDKC65U5JZPPV6WH6ESWUA6YAI")
+    key = natsconf.NKey("SAANDLKMXL6CUS3CP52WIXBEDN6YJ545GDKC65U5JZPPV6WH6ESWUA6YAI")
     assert key.public_key == "ABJHLOVMPA4CI6R5KLNGOB4GSLNIY7IOUPAJC4YFNDLQVIOBYQGUWVLA"
-    assert natsconf.NKey.from_seed(key.seed).public_key == key.public_key
+    assert natsconf.NKey(key.seed).public_key == key.public_key
     assert natsconf.verify_signature(key.public_key, b"x", key.sign(b"x"))
     assert not natsconf.verify_signature(key.public_key, b"y", key.sign(b"x"))
 

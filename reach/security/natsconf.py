@@ -18,8 +18,8 @@ returns a user JWT with its subject permissions and the account it is placed in.
   hears of disconnects (``reach.security.revocation``).
 
 The issuer is an account nkey (ed25519) whose seed stays under the store directory (0600):
-the server accepts a callout answer only if it is signed by it. Nkeys are encoded here with
-``cryptography`` (base32 of prefix + key + CRC-16/XMODEM, as nats-io/nkeys does).
+the server accepts a callout answer only if it is signed by it. Nkeys are made, encoded and
+used to sign by nats-io's own ``nkeys`` package.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import nkeys
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from reach import subjects
 from reach.security import accounts
@@ -88,44 +88,29 @@ CLUSTER_NAME = "reach"
 LOG_SIZE_LIMIT = 10 * 1024 * 1024
 LOG_MAX_FILES = 3
 
-#: nkey prefix bytes (first base32 character of the encoded key)
-PREFIX_SEED = 18 << 3  # S
-PREFIX_SERVER = 13 << 3  # N
-PREFIX_ACCOUNT = 0  # A
-PREFIX_USER = 20 << 3  # U
-_PUBLIC_PREFIXES = {PREFIX_SERVER, PREFIX_ACCOUNT, PREFIX_USER, 14 << 3, 2 << 3}
-
-
-def _crc16(data: bytes) -> int:
-    """CRC-16/XMODEM (polynomial 0x1021, initial 0), the nkeys checksum."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def _encode(raw: bytes) -> str:
-    raw += _crc16(raw).to_bytes(2, "little")
-    return base64.b32encode(raw).decode().rstrip("=")
+#: the kinds of nkey in use, by their prefix byte (the first character of the encoded key)
+PREFIX_SERVER: int = nkeys.PREFIX_BYTE_SERVER  # N
+PREFIX_ACCOUNT: int = nkeys.PREFIX_BYTE_ACCOUNT  # A
+PREFIX_USER: int = nkeys.PREFIX_BYTE_USER  # U
 
 
 def _decode(text: str) -> bytes:
+    """The bytes of an encoded nkey (a seed or a public key), its checksum checked."""
     try:
         raw = base64.b32decode(text + "=" * (-len(text) % 8))
     except (ValueError, TypeError) as exc:
         raise ValueError("not an nkey") from exc
-    if len(raw) < 3 or _crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little"):
+    if len(raw) < 3 or nkeys.crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little"):
         raise ValueError("nkey checksum mismatch")
     return raw[:-2]
 
 
 def decode_public_key(text: str, prefix: int | None = None) -> bytes:
-    """The raw ed25519 key of an encoded public nkey; ValueError if malformed or wrong kind."""
+    """The raw ed25519 key of an encoded public nkey; ValueError if malformed or wrong kind.
+
+    (nkeys signs with a seed; checking a signature by a public key alone is done here.)"""
     raw = _decode(text)
-    if len(raw) != 33 or raw[0] not in _PUBLIC_PREFIXES:
+    if len(raw) != 33 or not nkeys.valid_public_prefix_byte(raw[0]):
         raise ValueError("not a public nkey")
     if prefix is not None and raw[0] != prefix:
         raise ValueError("public nkey of the wrong kind")
@@ -150,36 +135,32 @@ def verify_signature(public_key: str, data: bytes, signature: bytes) -> bool:
 
 
 class NKey:
-    """An ed25519 nkey pair (account, user or server) known by its seed."""
+    """An ed25519 nkey pair (account, user or server) known by its seed: nkeys' key pair."""
 
-    def __init__(self, prefix: int, raw_seed: bytes) -> None:
-        if prefix not in _PUBLIC_PREFIXES or len(raw_seed) != 32:
-            raise ValueError("invalid nkey seed")
-        self.prefix = prefix
-        self._key = Ed25519PrivateKey.from_private_bytes(raw_seed)
-        self._raw_seed = raw_seed
-        raw_public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        self.public_key = _encode(bytes([prefix]) + raw_public)
+    def __init__(self, seed: str) -> None:
+        """The key pair of an encoded seed (``S…``); ValueError if it is not one."""
+        text = seed.strip()
+        # nkeys reads a seed without checking its checksum: a damaged one is refused here
+        if len(_decode(text)) != 34:
+            raise ValueError("not an nkey seed")
+        try:
+            prefix, _ = nkeys.decode_seed(text.encode())
+            self._pair = nkeys.from_seed(text.encode())
+        except (nkeys.NkeysError, ValueError) as exc:
+            raise ValueError("not an nkey seed") from exc
+        self.prefix: int = prefix
+        self.seed = text
+        self.public_key: str = self._pair.public_key.decode()
 
     @classmethod
     def create(cls, prefix: int = PREFIX_ACCOUNT) -> NKey:
-        return cls(prefix, secrets.token_bytes(32))
-
-    @classmethod
-    def from_seed(cls, seed: str) -> NKey:
-        raw = _decode(seed.strip())
-        if len(raw) != 34 or raw[0] & 0xF8 != PREFIX_SEED:
-            raise ValueError("not an nkey seed")
-        prefix = (raw[0] & 0x07) << 5 | (raw[1] & 0xF8) >> 3
-        return cls(prefix, raw[2:])
-
-    @property
-    def seed(self) -> str:
-        header = bytes([PREFIX_SEED | self.prefix >> 5, (self.prefix & 0x1F) << 3])
-        return _encode(header + self._raw_seed)
+        """A new random key pair of the kind ``prefix``."""
+        seed: bytes = nkeys.encode_seed(secrets.token_bytes(32), prefix)
+        return cls(seed.decode())
 
     def sign(self, data: bytes) -> bytes:
-        return self._key.sign(data)
+        signature: bytes = self._pair.sign(data)
+        return signature
 
     def __repr__(self) -> str:
         return f"NKey({self.public_key})"
@@ -202,7 +183,7 @@ def load_or_create_seed(path: str | os.PathLike[str], prefix: int = PREFIX_ACCOU
     file = Path(path)
     if not file.exists():
         _write_secret(file, NKey.create(prefix).seed)  # a racing creator wins: reread below
-    key = NKey.from_seed(file.read_text())
+    key = NKey(file.read_text())
     if key.prefix != prefix:
         raise ValueError(f"{file} holds an nkey of the wrong kind")
     return key
