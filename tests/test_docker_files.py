@@ -94,6 +94,7 @@ def _generated(index: int) -> dict[str, Any]:
         issuer=natsconf.NKey.create(),
         callout_user=natsconf.ServiceUser("reach-auth", "p1", natsconf.AUTH_ACCOUNT),
         registrar_user=natsconf.ServiceUser("reach-registrar", "p2", natsconf.APP_ACCOUNT),
+        system_user=natsconf.ServiceUser("reach-system", "p3", natsconf.SYSTEM_ACCOUNT),
     )
     nodes = [natsconf.ClusterNode(f"reach-{i}", "127.0.0.1", 4222 + i, 6222 + i) for i in (1, 2, 3)]
     text = natsconf.render_config(

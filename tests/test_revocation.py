@@ -205,7 +205,6 @@ def test_a_disconnect_event_names_server_and_connection() -> None:
 
 def test_the_system_user_is_in_the_generated_config(tmp_path: Path) -> None:
     setup = natsconf.prepare(tmp_path)
-    assert setup.system_user is not None
     assert setup.system_user.account == natsconf.SYSTEM_ACCOUNT
     assert natsconf.prepare(tmp_path).system_user == setup.system_user  # kept in the store
     text = natsconf.render_auth(setup)
@@ -213,12 +212,10 @@ def test_the_system_user_is_in_the_generated_config(tmp_path: Path) -> None:
     assert f'"{natsconf.SYSTEM_USER}" ]' in text  # among the auth_users: no callout for it
 
 
-def test_a_store_configured_before_the_system_user_loads_without_it(tmp_path: Path) -> None:
+def test_a_store_without_the_system_password_is_not_loaded(tmp_path: Path) -> None:
+    """The servers of a store are configured with the system user: loading the store
+    without creating (``reach up --auth-callout``) names the missing password file."""
     natsconf.prepare(tmp_path)
     (tmp_path / "auth" / "system.pass").unlink()
-    setup = natsconf.prepare(tmp_path, create=False)
-    assert setup.system_user is None
-    assert not (tmp_path / "auth" / "system.pass").exists()
-    text = natsconf.render_auth(setup)
-    assert natsconf.SYSTEM_USER not in text
-    assert f"{natsconf.SYSTEM_ACCOUNT}: {{}}" in text
+    with pytest.raises(FileNotFoundError, match=r"system\.pass"):
+        natsconf.prepare(tmp_path, create=False)

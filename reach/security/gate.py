@@ -99,18 +99,18 @@ class LoginGate:
 
     async def _start_revocations(self, servers: list[str]) -> None:
         """Follow revocations, to close the connections of revoked clients (through the
-        system account; without its user they stay open until their login expires)."""
+        system account; while its user cannot connect they stay open until their login
+        expires)."""
         sys_user = self._setup.system_user
-        if sys_user is not None:
-            try:
-                self._system = await connect(
-                    servers,
-                    name="reach-revocations",
-                    user=sys_user.name,
-                    password=sys_user.password,
-                )
-            except ReachError as exc:
-                log.warning("revocations cannot close open connections: %s", exc)
+        try:
+            self._system = await connect(
+                servers,
+                name="reach-revocations",
+                user=sys_user.name,
+                password=sys_user.password,
+            )
+        except ReachError as exc:
+            log.warning("revocations cannot close open connections: %s", exc)
         cache = self._credentials.cache
         if not isinstance(cache, CredentialCache):  # none beside this gate: one of our own
             cache = self._own_cache = CredentialCache(self._credentials.bucket)

@@ -216,33 +216,25 @@ class SecureSetup:
     issuer: NKey
     callout_user: ServiceUser
     registrar_user: ServiceUser
+    #: the login gate's system-account user: it closes the connections of revoked clients
+    system_user: ServiceUser
     #: seconds the server waits for a client's CONNECT, and so for the callout's answer
     auth_timeout: float = 5.0
-    #: the gate's system-account user; None for servers configured before it existed
-    #: (a revocation then voids tokens but leaves open connections to their login's end)
-    system_user: ServiceUser | None = None
 
 
-_SECRETS = ("issuer.nk", "callout.pass", "registrar.pass")
-_SYSTEM_SECRET = "system.pass"
+_SECRETS = ("issuer.nk", "callout.pass", "registrar.pass", "system.pass")
 
 
 def prepare(store_dir: str | os.PathLike[str], *, create: bool = True) -> SecureSetup:
     """Create (once) or load the issuer seed and service passwords under ``<store>/auth``.
 
     ``create=False``: load only; ``FileNotFoundError`` names the first one missing (the
-    servers were configured from another store, or not by ``reach nats-auth`` at all). The
-    system user's password may be missing then (a config written before it existed): no
-    system user."""
+    servers were configured from another store, or not by ``reach nats-auth`` at all)."""
     auth = Path(store_dir) / "auth"
     if not create:
         for name in _SECRETS:
             if not (auth / name).is_file():
                 raise FileNotFoundError(f"{auth / name} does not exist")
-    system_user = None
-    if create or (auth / _SYSTEM_SECRET).is_file():
-        password = load_or_create_password(auth / _SYSTEM_SECRET)
-        system_user = ServiceUser(SYSTEM_USER, password, SYSTEM_ACCOUNT)
     return SecureSetup(
         issuer=load_or_create_seed(auth / "issuer.nk", PREFIX_ACCOUNT),
         callout_user=ServiceUser(
@@ -251,7 +243,9 @@ def prepare(store_dir: str | os.PathLike[str], *, create: bool = True) -> Secure
         registrar_user=ServiceUser(
             REGISTRAR_USER, load_or_create_password(auth / "registrar.pass"), APP_ACCOUNT
         ),
-        system_user=system_user,
+        system_user=ServiceUser(
+            SYSTEM_USER, load_or_create_password(auth / "system.pass"), SYSTEM_ACCOUNT
+        ),
     )
 
 
@@ -408,8 +402,7 @@ def render_auth(setup: SecureSetup) -> str:
     clients. ``render_config`` embeds it; a server ``reach up`` did not start includes it
     (``reach nats-auth``) and ``reach up --servers URL --auth-callout`` answers its logins."""
     call, reg, sys_user = setup.callout_user, setup.registrar_user, setup.system_user
-    system = f"{{\n    users: [ {_user(sys_user)} ]\n  }}" if sys_user else "{}"
-    service_users = [call.name, reg.name, *([sys_user.name] if sys_user else [])]
+    service_users = [call.name, reg.name, sys_user.name]
     return f"""accounts {{
   {AUTH_ACCOUNT}: {{
     users: [ {_user(call)} ]
@@ -423,7 +416,9 @@ def render_auth(setup: SecureSetup) -> str:
   {CLIENT_ACCOUNT}: {{
 {accounts.client_links(APP_ACCOUNT, CLIENT_ACCOUNT)}
   }}
-  {SYSTEM_ACCOUNT}: {system}
+  {SYSTEM_ACCOUNT}: {{
+    users: [ {_user(sys_user)} ]
+  }}
 }}
 system_account: {SYSTEM_ACCOUNT}
 authorization {{
