@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 
@@ -16,14 +15,10 @@ from reach.modelcodec import encode_model
 from reach.security import (
     ClientRecord,
     CredentialCache,
-    CredentialsFile,
     CredentialsRejected,
     CredentialStore,
     RefusalLog,
-    new_secret,
 )
-from reach.security.issuer import _upgrade_from
-from reach.security.verifiers import is_slow, scrypt_hash
 from reach.testing import NatsServer
 from reach.transport import Connection, KVEntry
 
@@ -253,24 +248,6 @@ def test_long_ids_are_cut_and_nonsense_settings_refused(
     assert len(_lines(caplog)[0]) < 120
     with pytest.raises(ValueError, match="interval_sec"):
         RefusalLog(logging.getLogger("x"), interval_sec=0)
-
-
-async def test_reach_up_upgrades_its_own_credentials_at_start(
-    store: CredentialStore, tmp_path: Path
-) -> None:
-    record, secret = await store.add("dev", 4, roles=["admin"])
-    old = record.model_copy(update={"secret_hash": scrypt_hash(secret)})
-    await store.bucket.put("client.dev", encode_model(old))
-    path = tmp_path / "dev.creds"
-    CredentialsFile(url="nats://h:1", client_id="dev", secret=secret).write(path)
-    await _upgrade_from(store, path)
-    upgraded = await store.get("dev")
-    assert upgraded is not None
-    assert not is_slow(upgraded.secret_hash)
-    # a stale file changes nothing and stops nothing
-    CredentialsFile(url="nats://h:1", client_id="dev", secret=new_secret()).write(path)
-    await _upgrade_from(store, path)
-    assert await store.get("dev") == upgraded
 
 
 # -- a watch that calls itself caught up too early (a failover) -------------------------

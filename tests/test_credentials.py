@@ -1,10 +1,9 @@
-"""Credentials: secret hashes, the rate limiter (no sleeps), the REACH_CREDENTIALS store
-(against a real nats-server) and credentials files, whose url says where to connect when
-nothing else does."""
+"""Credentials: secret verifiers, the REACH_CREDENTIALS store (against a real
+nats-server) and credentials files, whose url says where to connect when nothing else
+does."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -18,19 +17,15 @@ from reach.agent import Agent
 from reach.client import ReachClient
 from reach.clock import ManualClock
 from reach.errors import AuthenticationFailed, ConfigurationError
-from reach.modelcodec import encode_model
 from reach.security import (
     ClientRecord,
     CredentialsFile,
     CredentialsRejected,
     CredentialStore,
-    FailureLimiter,
-    TooManyAttempts,
     hash_secret,
     new_secret,
     verify_secret,
 )
-from reach.security.verifiers import is_slow, scrypt_hash
 from reach.settings import DEFAULT_URL, resolve_servers
 from reach.transport import Connection
 
@@ -46,7 +41,6 @@ def test_a_fast_verifier_verifies_its_secret_and_nothing_else() -> None:
     assert not verify_secret("", encoded)
     assert not verify_secret("\ud800" * 40, encoded)  # a lone surrogate cannot be encoded
     assert not verify_secret("x" * 5000, encoded)
-    assert not is_slow(encoded)
 
 
 def test_a_fast_verifier_is_salted_and_names_its_scheme() -> None:
@@ -67,21 +61,6 @@ def test_only_random_secrets_get_a_fast_verifier(secret: str) -> None:
         hash_secret(secret)
 
 
-def test_scrypt_hashes_of_older_records_still_verify() -> None:
-    encoded = scrypt_hash("correct horse")
-    assert encoded.split("$")[:4] == ["scrypt", "16384", "8", "1"]
-    assert is_slow(encoded)
-    assert verify_secret("correct horse", encoded)
-    assert not verify_secret("correct hors", encoded)
-    assert not verify_secret("\ud800", encoded)
-
-
-@functools.cache
-def _legacy() -> tuple[str, str]:
-    secret = new_secret()
-    return secret, scrypt_hash(secret)
-
-
 @functools.cache
 def _fast() -> tuple[str, str]:
     secret = new_secret()
@@ -93,27 +72,8 @@ def _fast() -> tuple[str, str]:
     [
         lambda e: "",
         lambda e: "garbage",
-        lambda e: e.replace("scrypt$", "bcrypt$"),
-        lambda e: e + "$extra",
-        lambda e: e.replace("$16384$", "$1000$"),  # n not a power of two
-        lambda e: e.replace("$16384$", "$4294967296$"),  # n too large: would pin a CPU
-        lambda e: e.replace("$8$1$", "$0$1$"),
-        lambda e: e.replace("$8$1$", "$8$x$"),
-        lambda e: e.rsplit("$", 1)[0] + "$!!notbase64!!",
-        lambda e: e.rsplit("$", 1)[0] + "$",
-        lambda e: e.rsplit("$", 1)[0] + "$AAAA",  # digest too short
-    ],
-)
-def test_a_malformed_scrypt_hash_never_verifies_and_never_raises(mangle: object) -> None:
-    secret, encoded = _legacy()
-    assert callable(mangle)
-    assert verify_secret(secret, mangle(encoded)) is False
-
-
-@pytest.mark.parametrize(
-    "mangle",
-    [
         lambda e: e.replace("hs256$", "hs512$"),
+        lambda e: e.replace("hs256$", "scrypt$16384$8$1$"),  # a scheme no record has
         lambda e: e + "$extra",
         lambda e: e.split("$", 1)[0],
         lambda e: "hs256$$" + e.rsplit("$", 1)[1],  # no salt
@@ -141,7 +101,7 @@ def _record(**overrides: object) -> ClientRecord:
     fields: dict[str, object] = {
         "client_id": "report-gen",
         "level": 2,
-        "secret_hash": "scrypt$...",
+        "secret_hash": "hs256$...",
         "created_at": 1.0,
         **overrides,
     }
@@ -174,90 +134,12 @@ def test_invalid_records_are_refused(overrides: dict[str, object]) -> None:
         _record(**overrides)
 
 
-# -- rate limiting (manual clock, no sleeps) ---------------------------------------------
+# -- the store (real nats-server) --------------------------------------------------------
 
 
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
-
-
-def test_fewer_failures_than_the_limit_are_not_slowed_down(clock: ManualClock) -> None:
-    limiter = FailureLimiter(max_failures=5, clock=clock)
-    for _ in range(4):
-        assert limiter.failure("c") == 0.0
-        assert limiter.retry_after("c") == 0.0
-
-
-def test_a_wrong_secret_tried_many_times_is_slowed_down_with_doubling_back_off(
-    clock: ManualClock,
-) -> None:
-    limiter = FailureLimiter(max_failures=5, base_delay_sec=1, max_delay_sec=300, clock=clock)
-    for _ in range(4):
-        limiter.failure("c")
-    assert limiter.failure("c") == 1.0
-    assert limiter.retry_after("c") == pytest.approx(1.0)
-    clock.advance(0.5)
-    assert limiter.retry_after("c") == pytest.approx(0.5)
-    delays = []
-    for _ in range(12):
-        clock.advance(limiter.retry_after("c"))
-        assert limiter.retry_after("c") == 0.0
-        delays.append(limiter.failure("c"))
-    assert delays[:9] == [2, 4, 8, 16, 32, 64, 128, 256, 300]
-    assert delays[9:] == [300, 300, 300]
-    # other client ids are unaffected
-    assert limiter.retry_after("other") == 0.0
-
-
-def test_a_success_resets_the_back_off(clock: ManualClock) -> None:
-    limiter = FailureLimiter(max_failures=2, clock=clock)
-    limiter.failure("c")
-    limiter.failure("c")
-    assert limiter.retry_after("c") > 0
-    clock.advance(1)
-    limiter.success("c")
-    assert limiter.retry_after("c") == 0.0
-    assert limiter.failure("c") == 0.0  # counting starts over
-    assert len(limiter) == 1
-
-
-def test_failures_are_forgotten_after_a_quiet_window(clock: ManualClock) -> None:
-    limiter = FailureLimiter(max_failures=3, window_sec=60, clock=clock)
-    limiter.failure("c")
-    limiter.failure("c")
-    clock.advance(61)
-    assert limiter.failure("c") == 0.0  # a new streak: 1 failure
-    assert limiter.failure("c") == 0.0
-    assert limiter.failure("c") == 1.0
-    clock.advance(62)
-    assert limiter.retry_after("c") == 0.0
-    assert len(limiter) == 0
-
-
-def test_memory_is_bounded_by_evicting_the_oldest_failure(clock: ManualClock) -> None:
-    limiter = FailureLimiter(max_failures=1, max_tracked=3, clock=clock)
-    for key in ("a", "b", "c"):
-        limiter.failure(key)
-        clock.advance(0.01)
-    limiter.failure("a")  # "a" is now the most recent
-    limiter.failure("d")
-    assert len(limiter) == 3
-    assert limiter.retry_after("b") == 0.0  # evicted
-    assert limiter.retry_after("a") > 0
-    assert limiter.retry_after("d") > 0
-
-
-def test_limiter_rejects_nonsense_settings() -> None:
-    with pytest.raises(ValueError, match="at least 1"):
-        FailureLimiter(max_failures=0)
-    with pytest.raises(ValueError, match="base_delay_sec"):
-        FailureLimiter(base_delay_sec=10, max_delay_sec=1)
-    with pytest.raises(ValueError, match="window_sec"):
-        FailureLimiter(window_sec=0)
-
-
-# -- the store (real nats-server) --------------------------------------------------------
 
 
 @pytest.fixture
@@ -343,15 +225,6 @@ async def test_list_returns_every_client_sorted(store: CredentialStore) -> None:
     assert [r.revoked for r in listed] == [False, True, False]
 
 
-async def _add_legacy(store: CredentialStore, client_id: str, level: int = 2) -> str:
-    """A client whose record holds an scrypt hash, as records written before the fast
-    verifier; returns its secret."""
-    record, secret = await store.add(client_id, level)
-    old = record.model_copy(update={"secret_hash": scrypt_hash(secret)})
-    await store.bucket.put(f"client.{client_id}", encode_model(old))
-    return secret
-
-
 async def test_the_right_secret_gets_in_however_many_wrong_ones_came(
     store: CredentialStore,
 ) -> None:
@@ -362,7 +235,6 @@ async def test_the_right_secret_gets_in_however_many_wrong_ones_came(
         assert exc.value.reason == "bad_secret"
     assert (await store.authenticate("target", secret)).client_id == "target"
     assert store.refusals["bad_secret"] == 50
-    assert len(store.limiter) == 0  # a fast verifier is never rate limited
 
 
 async def test_unknown_client_ids_cost_no_state(store: CredentialStore) -> None:
@@ -373,77 +245,7 @@ async def test_unknown_client_ids_cost_no_state(store: CredentialStore) -> None:
     with pytest.raises(CredentialsRejected) as exc:
         await store.authenticate("no.such id" * 50, "x")
     assert exc.value.client_id == "<invalid>"  # an attacker's string is not echoed
-    assert len(store.limiter) == 0
-    assert not store._checking
     assert store.refusals["unknown_client"] == 201
-
-
-async def test_an_scrypt_record_becomes_fast_on_its_first_good_login(
-    store: CredentialStore,
-) -> None:
-    secret = await _add_legacy(store, "old-timer")
-    before = await store.bucket.get("client.old-timer")
-    assert before is not None
-    assert b"scrypt$" in before.value
-    record = await store.authenticate("old-timer", secret)
-    assert record.client_id == "old-timer"
-    after = await store.get("old-timer")
-    assert after is not None
-    assert after.secret_hash.startswith("hs256$")
-    assert after.model_dump(exclude={"secret_hash"}) == record.model_dump(exclude={"secret_hash"})
-    assert (await store.authenticate("old-timer", secret)).client_id == "old-timer"
-    with pytest.raises(CredentialsRejected):
-        await store.authenticate("old-timer", "guess")
-
-
-async def test_an_scrypt_record_changed_meanwhile_is_not_overwritten(
-    store: CredentialStore,
-) -> None:
-    secret = await _add_legacy(store, "racer")
-    record = await store.get("racer")
-    assert record is not None
-    await store.revoke("racer")  # lands between the check and the upgrade
-    await store._upgrade(record, secret)
-    after = await store.get("racer")
-    assert after is not None
-    assert after.revoked
-    assert after.secret_hash == record.secret_hash
-
-
-async def test_a_revoked_scrypt_record_stays_revoked_and_slow(store: CredentialStore) -> None:
-    secret = await _add_legacy(store, "leaver-2")
-    await store.revoke("leaver-2")
-    with pytest.raises(CredentialsRejected, match="revoked"):
-        await store.authenticate("leaver-2", secret)
-    after = await store.get("leaver-2")
-    assert after is not None
-    assert is_slow(after.secret_hash)
-
-
-async def test_a_wrong_secret_for_an_scrypt_record_is_refused_without_checking(
-    store: CredentialStore, clock: ManualClock
-) -> None:
-    """The limiter bounds the CPU an scrypt record costs; it stays in force only for
-    records no one has logged in to since the fast verifier."""
-    secret = await _add_legacy(store, "target")
-    for _ in range(5):
-        with pytest.raises(CredentialsRejected, match="invalid client id or secret"):
-            await store.authenticate("target", "guess")
-    with pytest.raises(TooManyAttempts) as exc:
-        await store.authenticate("target", secret)
-    assert exc.value.reason == "rate_limited"
-    assert exc.value.retry_after == pytest.approx(1.0)
-    _, other_secret = await store.add("bystander", 1)
-    assert (await store.authenticate("bystander", other_secret)).client_id == "bystander"
-    clock.advance(1.0)
-    with pytest.raises(CredentialsRejected):
-        await store.authenticate("target", "guess again")
-    with pytest.raises(TooManyAttempts) as exc:
-        await store.authenticate("target", secret)
-    assert exc.value.retry_after == pytest.approx(2.0)
-    clock.advance(2.0)
-    assert (await store.authenticate("target", secret)).client_id == "target"
-    assert store.limiter.retry_after("target") == 0.0
 
 
 # -- credentials files -------------------------------------------------------------------
@@ -521,23 +323,6 @@ def test_bad_credentials_files_are_explained(tmp_path: Path, content: str, messa
 def test_missing_credentials_file_is_explained(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="not found"):
         CredentialsFile.read(tmp_path / "nope.creds")
-
-
-async def test_guesses_sent_in_parallel_meet_the_failure_limit(store: CredentialStore) -> None:
-    """For an scrypt record the limiter was asked before the slow hash: 40 wrong guesses
-    sent at once all had their secret checked (against a limit of 5). Checks of one
-    client id take turns."""
-    secret = await _add_legacy(store, "target", 3)
-    outcomes = await asyncio.gather(
-        *(store.authenticate("target", f"guess-{i}") for i in range(40)), return_exceptions=True
-    )
-    checked = [o for o in outcomes if type(o) is CredentialsRejected]
-    refused = [o for o in outcomes if isinstance(o, TooManyAttempts)]
-    assert len(checked) == store.limiter.max_failures
-    assert len(checked) + len(refused) == 40
-    with pytest.raises(TooManyAttempts):  # the right secret waits out the back-off too
-        await store.authenticate("target", secret)
-    assert not store._checking  # nothing left behind
 
 
 # -- where a credentials file says to connect ------------------------------------------

@@ -35,7 +35,7 @@ from .token_helpers import WALL
 
 
 def record(client_id: str = "spy") -> ClientRecord:
-    return ClientRecord(client_id=client_id, level=2, secret_hash="scrypt$unused", created_at=WALL)
+    return ClientRecord(client_id=client_id, level=2, secret_hash="hs256$unused", created_at=WALL)
 
 
 def reason(verifier: TokenVerifier, token: str) -> str:

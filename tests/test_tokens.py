@@ -44,7 +44,7 @@ def record(level: int = 2, agent_id: str | None = "report-gen-001", **extra: Any
         client_id="report-gen",
         level=level,
         agent_id=agent_id,
-        secret_hash="scrypt$unused",
+        secret_hash="hs256$unused",
         created_at=WALL,
         **extra,
     )

@@ -1,4 +1,4 @@
-"""Security core: credentials, rate limiting of wrong secrets, Ed25519 tokens.
+"""Security core: credentials, Ed25519 tokens.
 
 Pure building blocks; the agent, client, registrar and CLI wire them together::
 
@@ -35,14 +35,12 @@ if _typing.TYPE_CHECKING:
         CredentialsFile,
         CredentialsRejected,
         CredentialStore,
-        TooManyAttempts,
         hash_secret,
         new_secret,
         read_private_file,
         verify_secret,
         write_private_file,
     )
-    from reach.security.ratelimit import FailureLimiter
     from reach.security.refusals import RefusalLog
     from reach.security.tokens import (
         ALGORITHM,
@@ -77,7 +75,6 @@ __all__ = [
     "CredentialStore",
     "CredentialsFile",
     "CredentialsRejected",
-    "FailureLimiter",
     "KeyChange",
     "KeyRing",
     "KeyStore",
@@ -87,7 +84,6 @@ __all__ = [
     "TokenIssuer",
     "TokenRejected",
     "TokenVerifier",
-    "TooManyAttempts",
     "hash_secret",
     "new_secret",
     "read_private_file",
@@ -112,7 +108,6 @@ _EXPORTS: dict[str, str] = {
     "CredentialStore": "reach.security.credentials",
     "CredentialsFile": "reach.security.credentials",
     "CredentialsRejected": "reach.security.credentials",
-    "FailureLimiter": "reach.security.ratelimit",
     "KeyChange": "reach.security.tokens",
     "KeyRing": "reach.security.tokens",
     "KeyStore": "reach.security.tokens",
@@ -122,7 +117,6 @@ _EXPORTS: dict[str, str] = {
     "TokenIssuer": "reach.security.tokens",
     "TokenRejected": "reach.security.tokens",
     "TokenVerifier": "reach.security.tokens",
-    "TooManyAttempts": "reach.security.credentials",
     "hash_secret": "reach.security.credentials",
     "new_secret": "reach.security.credentials",
     "read_private_file": "reach.security.credentials",

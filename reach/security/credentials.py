@@ -5,8 +5,7 @@ random secret. The store keeps only a verifier of the secret (see ``verifiers``)
 reading the KV bucket does not reveal secrets. ``CredentialStore.authenticate`` says the
 same thing for an unknown client and a wrong secret (no enumeration of client ids) and
 does the same work for both. The right secret always gets in (unless revoked): wrong
-guesses at a 256-bit secret cost the guesser, not its owner. Only records still holding
-an scrypt hash are rate limited per client id, to bound the CPU the slow hash costs.
+guesses at a 256-bit secret cost the guesser, not its owner, so none is rate limited.
 """
 
 from __future__ import annotations
@@ -33,14 +32,7 @@ from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError, ReachError
 from reach.modelcodec import decode_record, encode_model
 from reach.models import SubjectToken, format_validation_error
-from reach.security.ratelimit import FailureLimiter
-from reach.security.verifiers import (
-    dummy_verifier,
-    hash_secret,
-    is_slow,
-    new_secret,
-    verify_secret,
-)
+from reach.security.verifiers import dummy_verifier, hash_secret, new_secret, verify_secret
 from reach.transport import Connection, KVBucket, KVConflict, KVEntry
 
 __all__ = [
@@ -54,7 +46,6 @@ __all__ = [
     "CredentialsFile",
     "CredentialsRejected",
     "RecordCache",
-    "TooManyAttempts",
     "hash_secret",
     "new_secret",
     "read_private_file",
@@ -146,26 +137,14 @@ class CredentialsRejected(AuthenticationFailed):
     """A client id + secret was refused; ``reason`` is for logs, the message for the client.
 
     Reasons: ``unknown_client`` and ``bad_secret`` (same message), ``revoked`` (said only
-    to a client that knows the secret), ``rate_limited`` (see ``TooManyAttempts``),
-    ``unconfirmed`` (an id not in memory that the bucket could not confirm in time).
+    to a client that knows the secret), ``unconfirmed`` (an id not in memory that the
+    bucket could not confirm in time).
     """
 
     def __init__(self, message: str, *, reason: str, client_id: str = "") -> None:
         self.reason = reason
         self.client_id = client_id
         super().__init__(message)
-
-
-class TooManyAttempts(CredentialsRejected):
-    """Too many wrong secrets for this client id; ``retry_after`` seconds to wait."""
-
-    def __init__(self, client_id: str, retry_after: float) -> None:
-        self.retry_after = retry_after
-        super().__init__(
-            f"too many failed attempts for client {client_id}; retry in {retry_after:.0f}s",
-            reason="rate_limited",
-            client_id=client_id,
-        )
 
 
 # -- the store ---------------------------------------------------------------------------
@@ -202,19 +181,12 @@ class CredentialStore:
         bucket: KVBucket,
         *,
         clock: Clock = system_clock,
-        limiter: FailureLimiter | None = None,
         cache: RecordCache | None = None,
     ) -> None:
         self.bucket = bucket
         self._clock = clock
-        #: wrong secrets per client id, for records still holding a slow (scrypt) hash
-        self.limiter = limiter if limiter is not None else FailureLimiter(clock=clock)
         self.cache = cache
         self.refusals: Counter[str] = Counter()
-        #: per client id with an scrypt record: the check under way, and how many wait
-        #: for it. One at a time per id, so guesses sent in parallel meet the failure
-        #: limit too. Keys are ids of existing records only, so it stays small
-        self._checking: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     @classmethod
     async def open(
@@ -224,10 +196,9 @@ class CredentialStore:
         create: bool = True,
         replicas: int = 1,
         clock: Clock = system_clock,
-        limiter: FailureLimiter | None = None,
     ) -> CredentialStore:
         bucket = await conn.key_value(subjects.CREDENTIALS_BUCKET, create=create, replicas=replicas)
-        return cls(bucket, clock=clock, limiter=limiter)
+        return cls(bucket, clock=clock)
 
     @staticmethod
     def _key(client_id: str) -> str:
@@ -345,69 +316,19 @@ class CredentialStore:
     ) -> ClientRecord:
         """The client's record if the secret is right; CredentialsRejected otherwise.
 
-        Never TooManyAttempts for a record with a fast verifier: its right secret always
-        gets in, however many wrong ones were tried. ``read_timeout``: a record not in
-        the cache is read from the bucket within this many seconds, else refused with
-        reason ``unconfirmed`` (None: wait as long as the bucket takes)."""
+        The right secret always gets in, however many wrong ones were tried.
+        ``read_timeout``: a record not in the cache is read from the bucket within this
+        many seconds, else refused with reason ``unconfirmed`` (None: wait as long as the
+        bucket takes)."""
         record = await self._lookup(client_id, read_timeout)
         if record is None:
             verify_secret(secret, dummy_verifier())  # the work a wrong secret costs
             raise self._refuse(client_id, "unknown_client")
-        if is_slow(record.secret_hash):
-            ok = await self._check_slow(record, secret)
-        else:
-            ok = verify_secret(secret, record.secret_hash)
-        if not ok:
+        if not verify_secret(secret, record.secret_hash):
             raise self._refuse(client_id, "bad_secret")
         if record.revoked:
             raise self._refuse(client_id, "revoked")
         return record
-
-    async def _check_slow(self, record: ClientRecord, secret: str) -> bool:
-        """An scrypt record: one check at a time per id, refused beyond the failure
-        limit (CPU protection); a success replaces the hash with a fast verifier."""
-        client_id = record.client_id
-        lock, waiting = self._checking.setdefault(client_id, (asyncio.Lock(), [0]))
-        waiting[0] += 1
-        try:
-            async with lock:
-                wait = self.limiter.retry_after(client_id)
-                if wait > 0:
-                    self.refusals["rate_limited"] += 1
-                    raise TooManyAttempts(client_id, wait)
-                ok = await asyncio.to_thread(verify_secret, secret, record.secret_hash)
-                if not ok:
-                    self.limiter.failure(client_id)
-                    return False
-                self.limiter.success(client_id)
-        finally:
-            waiting[0] -= 1
-            if not waiting[0]:
-                del self._checking[client_id]
-        if not record.revoked:
-            await self._upgrade(record, secret)
-        return True
-
-    async def _upgrade(self, record: ClientRecord, secret: str) -> None:
-        """Store a fast verifier in place of ``record``'s scrypt hash, if the record is
-        still the one checked (compare-and-set; a conflict leaves it for next time)."""
-        key = self._key(record.client_id)
-        try:
-            fast = hash_secret(secret)
-            entry = await self.bucket.get(key)
-            if entry is None or not entry.value:
-                return
-            current = _decode_record(entry.value)
-            if current.secret_hash != record.secret_hash or current.revoked:
-                return
-            upgraded = current.model_copy(update={"secret_hash": fast})
-            await self.bucket.update(key, encode_model(upgraded), entry.revision)
-        except KVConflict:
-            return
-        except ReachError as exc:  # a short secret (kept on scrypt), the bucket away
-            log.info("credential %s keeps its scrypt hash for now: %s", record.client_id, exc)
-            return
-        log.info("credential %s now has a fast verifier", record.client_id)
 
 
 # -- private files -----------------------------------------------------------------------

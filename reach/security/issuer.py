@@ -33,7 +33,6 @@ from reach.security.credentials import (
     CredentialsFile,
     CredentialsRejected,
     CredentialStore,
-    TooManyAttempts,
 )
 from reach.security.ratelimit import RateByKey
 from reach.security.refusals import RefusalLog
@@ -55,8 +54,6 @@ __all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentia
 
 log = logging.getLogger("reach.issuer")
 
-#: at most this many secret checks at once (a legacy scrypt record's check is slow)
-_CONCURRENT_CHECKS = 4
 #: token requests a second one client may make, and at once
 TOKEN_RATE = 50.0
 TOKEN_BURST = 500.0
@@ -121,7 +118,6 @@ class TokenService:
         self._replicas = replicas
         self._ttl = ttl_sec
         self._clock = clock
-        self._checks = asyncio.Semaphore(_CONCURRENT_CHECKS)
         self._sub: Subscription | None = None
         self._rotate_sub: Subscription | None = None
         self._verifier: TokenVerifier | None = None
@@ -231,13 +227,8 @@ class TokenService:
                 token, claims = await self._exchange(req)
             else:
                 assert req.secret is not None
-                async with self._checks:
-                    record = await self.credentials.authenticate(req.client_id, req.secret)
+                record = await self.credentials.authenticate(req.client_id, req.secret)
                 token, claims = self.issuer.issue_with_claims(record)
-        except TooManyAttempts as exc:
-            self.refusals.refused(req.client_id, exc.reason)
-            await self._conn.respond(msg, envelope.pack_error("denied", "rate_limited", str(exc)))
-            return
         except AuthenticationFailed as exc:
             reason = exc.reason if isinstance(exc, CredentialsRejected) else str(exc)
             self.refusals.refused(req.client_id, reason)
@@ -316,7 +307,6 @@ async def ensure_first_credentials(service: TokenService, store: Path, url: str)
     for client_id, name in (("admin", "admin.creds"), ("dev", "dev.creds")):
         path = store / name
         if path.exists():
-            await _upgrade_from(service.credentials, path)
             continue
         if await service.credentials.get(client_id) is not None:
             log.warning("credential %s exists but %s is missing: not recreated", client_id, path)
@@ -327,13 +317,3 @@ async def ensure_first_credentials(service: TokenService, store: Path, url: str)
         CredentialsFile(url=url, client_id=client_id, secret=secret).write(path)
         created.append(path)
     return created
-
-
-async def _upgrade_from(credentials: CredentialStore, path: Path) -> None:
-    """Log in once with a credentials file of the store: a record still holding an
-    scrypt hash gets its fast verifier now, before anyone can flood its logins."""
-    try:
-        creds = CredentialsFile.read(path)
-        await credentials.authenticate(creds.client_id, creds.secret)
-    except ReachError as exc:  # a stale file, a revoked client: nothing to upgrade
-        log.info("credentials %s not checked at start: %s", path, exc)

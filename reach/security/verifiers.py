@@ -6,10 +6,6 @@ chose. A slow hash protects guessable passwords by making each guess expensive; 
 do at will. So a record stores a fast verifier, ``hs256$<salt>$<digest>``: HMAC-SHA-256
 of the secret keyed with a per-record random salt (reading the bucket still reveals no
 secret, and equal secrets never look equal).
-
-Records written before stored an scrypt hash (``scrypt$n$r$p$<salt>$<digest>``); those
-still verify, slowly (``is_slow``), and the store replaces them with a fast verifier on
-their first successful login.
 """
 
 from __future__ import annotations
@@ -29,28 +25,16 @@ __all__ = [
     "MIN_SECRET_CHARS",
     "dummy_verifier",
     "hash_secret",
-    "is_slow",
     "new_secret",
-    "scrypt_hash",
     "verify_secret",
 ]
 
 FAST_SCHEME: Final = "hs256"
-_SCRYPT_SCHEME: Final = "scrypt"
 #: ``new_secret()`` makes 43 characters; anything much shorter was not made by it
 MIN_SECRET_CHARS: Final = 32
 _MAX_SECRET_CHARS: Final = 1024
 _SALT_BYTES: Final = 16
 _HASH_BYTES: Final = 32
-
-# scrypt parameters of the records written before the fast verifier (16 MiB per hash)
-_SCRYPT_N: Final = 2**14
-_SCRYPT_R: Final = 8
-_SCRYPT_P: Final = 1
-# bounds on parameters read back from a stored hash, so a crafted record cannot pin a CPU
-_MAX_N: Final = 2**20
-_MAX_R: Final = 32
-_MAX_P: Final = 16
 
 
 def new_secret() -> str:
@@ -91,27 +75,6 @@ def hash_secret(secret: str) -> str:
     return f"{FAST_SCHEME}${_b64(salt)}${_b64(_hs256(data, salt))}"
 
 
-def _scrypt(secret: bytes, salt: bytes, n: int, r: int, p: int, dklen: int) -> bytes:
-    return hashlib.scrypt(
-        secret, salt=salt, n=n, r=r, p=p, dklen=dklen, maxmem=128 * n * r * p + 1024 * 1024
-    )
-
-
-def scrypt_hash(secret: str) -> str:
-    """An scrypt hash as records stored before the fast verifier (tests, migrations)."""
-    data = _encode(secret)
-    if data is None:
-        raise ConfigurationError("a secret must be non-empty valid Unicode text")
-    salt = secrets.token_bytes(_SALT_BYTES)
-    digest = _scrypt(data, salt, _SCRYPT_N, _SCRYPT_R, _SCRYPT_P, _HASH_BYTES)
-    return f"{_SCRYPT_SCHEME}${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${_b64(salt)}${_b64(digest)}"
-
-
-def is_slow(encoded: str) -> bool:
-    """Whether checking a secret against ``encoded`` costs an scrypt hash."""
-    return encoded.startswith(_SCRYPT_SCHEME + "$")
-
-
 def _b64decode(text: str) -> bytes | None:
     try:
         return base64.b64decode(text, validate=True)
@@ -128,39 +91,16 @@ def _verify_fast(secret: bytes, parts: list[str]) -> bool:
     return hmac.compare_digest(_hs256(secret, salt), expected)
 
 
-def _verify_scrypt(secret: bytes, parts: list[str]) -> bool:
-    if len(parts) != 6:
-        return False
-    try:
-        n, r, p = (int(x) for x in parts[1:4])
-    except ValueError:
-        return False
-    salt, expected = _b64decode(parts[4]), _b64decode(parts[5])
-    if not (1 < n <= _MAX_N and n & (n - 1) == 0 and 1 <= r <= _MAX_R and 1 <= p <= _MAX_P):
-        return False
-    if not salt or expected is None or not 16 <= len(expected) <= 64:
-        return False
-    try:
-        actual = _scrypt(secret, salt, n, r, p, len(expected))
-    except (ValueError, MemoryError):
-        return False
-    return hmac.compare_digest(actual, expected)
-
-
 def verify_secret(secret: str, encoded: str) -> bool:
-    """Whether ``secret`` matches ``encoded`` (either scheme); False, never an error, for
-    a malformed verifier or secret."""
+    """Whether ``secret`` matches the verifier ``encoded``; False, never an error, for a
+    malformed verifier or secret."""
     if not isinstance(encoded, str):
         return False
     data = _encode(secret)
     if data is None:
         return False
     parts = encoded.split("$")
-    if parts[0] == FAST_SCHEME:
-        return _verify_fast(data, parts)
-    if parts[0] == _SCRYPT_SCHEME:
-        return _verify_scrypt(data, parts)
-    return False
+    return parts[0] == FAST_SCHEME and _verify_fast(data, parts)
 
 
 @functools.cache
