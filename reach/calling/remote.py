@@ -5,8 +5,7 @@ The kind decides the error; a few ``denied`` codes decide it within the kind (wh
 make the call, rather than who made it). A code is a name, optionally followed by
 arguments after colons (``insufficient_level:3:2``); the table is looked up by the name.
 A code this side does not know stands for its kind's error, so a callee may add codes
-without breaking callers. A contract error names its field in the reply's ``err.path``;
-a callee that says it only in the description's ``<path>: <reason>`` form is still read.
+without breaking callers. A contract error names its field in the reply's ``err.path``.
 """
 
 from __future__ import annotations
@@ -49,17 +48,7 @@ def code_name(code: str) -> str:
 
 
 def _contract(reply: Reply, by: str) -> ReachError:
-    desc = reply.description
-    path = reply.path or _path_in(desc)
-    return ContractError(f"{desc} (at {by})", path=path, rule=reply.code)
-
-
-def _path_in(desc: str) -> str:
-    """The field of a description ``<path>: <reason>`` from a callee that sends no
-    ``err.path``; "" when it has no such prefix."""
-    head, sep, _ = desc.partition(": ")
-    # a path has no spaces but in a quoted key (``a["b c"]``); "output of x" is no path
-    return head if sep and head and (" " not in head or '["' in head) else ""
+    return ContractError(f"{reply.description} (at {by})", path=reply.path, rule=reply.code)
 
 
 def _business(reply: Reply, by: str) -> ReachError:
