@@ -26,6 +26,7 @@ COMPILED = [
     "reach/agent.py",
     "reach/audit/batch.py",
     "reach/audit/columns.py",
+    "reach/audit/decode.py",
     "reach/audit/events.py",
     "reach/audit/recording.py",
     "reach/audit/split.py",

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach.audit.alerts import AlertEngine, AlertRules, decode_alert, encode_alert
-from reach.audit.batch import RowSummary, encode_batch, read_counts
+from reach.audit.batch import RowSummary, encode_batch
+from reach.audit.decode import read_counts
 from reach.audit.events import CallEvent
 from reach.clock import ManualClock
 from reach.errors import ConfigurationError
@@ -200,10 +201,9 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
         RowSummary,
         encode_batch,
         event_row,
-        read_counts,
-        read_header_counts,
         summary_headers,
     )
+    from reach.audit.decode import read_counts, read_header_counts
     from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS
     from tests.audit_helpers import make_event
 
@@ -258,7 +258,8 @@ def test_a_batch_counts_calls_and_notable_rows_whether_kept_as_rows_or_columns(
     rows: list[Any],
 ) -> None:
     """Plain calls become columns, the rest rows; the batch's summary counts them all."""
-    from reach.audit.batch import BatchBuilder, read_counts
+    from reach.audit.batch import BatchBuilder
+    from reach.audit.decode import read_counts
     from tests.audit_helpers import make_event
 
     events = [

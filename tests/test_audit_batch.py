@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach.audit.alerts import AlertEngine
-from reach.audit.batch import BatchBuilder, decode_events, encode_batch, event_row, read_counts
+from reach.audit.batch import BatchBuilder, encode_batch, event_row
+from reach.audit.decode import decode_events, read_counts
 from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
 from reach.audit.records import AuditBatch, decode_batch
 from reach.clock import ManualClock

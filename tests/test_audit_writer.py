@@ -301,7 +301,7 @@ async def test_rows_of_any_size_never_make_a_batch_over_its_limit_nor_stall_the_
 async def test_a_batch_carries_its_summary_in_headers_for_headers_only_readers(
     conn: Connection,
 ) -> None:
-    from reach.audit.batch import read_counts, read_header_counts
+    from reach.audit.decode import read_counts, read_header_counts
 
     await ensure_streams(conn)
     writer = AuditWriter(conn, WriterConfig(flush_interval=0.01))

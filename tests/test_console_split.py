@@ -12,7 +12,8 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach.audit.batch import decode_events, encode_batch
+from reach.audit.batch import encode_batch
+from reach.audit.decode import decode_events
 from reach.audit.events import CallEvent
 from reach.audit.split import split_batch
 from reach.console.rollup import Rollup

@@ -32,7 +32,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach import subjects
-from reach.audit.batch import decode_raw, read_counts
+from reach.audit.decode import decode_raw, read_counts
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError
 from reach.models import Instance

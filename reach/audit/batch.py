@@ -6,27 +6,21 @@ the writer's record (``reach.audit.events.CallEvent``) to the batch format: a pl
 (answered at the first attempt by the instance it went to, nothing skipped, no fallback)
 becomes a slot in the batch's columns (``reach.audit.columns``), and so does a callee's
 primary event of a call it answered ok (in a second set of columns, ``served``); any
-other event is a packed row in ``EVENT_FIELDS`` order. Readers get maps of
-``AuditEvent``'s fields back (``decode_events``), from batches of any layout (rows only,
-version 1; a caller's columns beside rows, version 2; a callee's too, version 3; columns
-that may name an actor, version 4), and can count a batch's calls without reading its
-rows (``read_counts``, or its headers alone, ``read_header_counts``). A batch names the
-fields of its rows, so a row written before a field existed (``actor``) reads back
-without it, and ``AuditEvent`` gives it its default.
+other event is a packed row in ``EVENT_FIELDS`` order. ``reach.audit.decode`` reads
+batches back.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping, Sequence
-from itertools import pairwise
-from typing import Any, TypeGuard
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 
-from reach.audit.columns import Columns, expand_plain
-from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, EVENT_VERSION, CallEvent
+from reach.audit.columns import Columns
+from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
 from reach.codec import packb
 
 __all__ = [
@@ -34,16 +28,11 @@ __all__ = [
     "CALLS_HEADER",
     "NOTABLE_HEADER",
     "BatchBuilder",
-    "DecodedBatch",
     "RowSummary",
-    "decode_events",
-    "decode_raw",
     "encode_batch",
     "encode_notice",
     "event_row",
     "pack_event",
-    "read_counts",
-    "read_header_counts",
     "summary_headers",
 ]
 
@@ -337,159 +326,3 @@ def encode_notice(seq: int, summary: RowSummary, dropped: int = 0) -> bytes:
     if dropped:
         notice["dropped"] = dropped
     return json.dumps(notice, separators=(",", ":")).encode()
-
-
-def read_header_counts(headers: Mapping[str, str]) -> dict[str, int] | None:
-    """``read_counts`` from a batch's headers alone; None when its rows must be read."""
-    try:
-        notable = int(headers[NOTABLE_HEADER])
-        calls = json.loads(headers[CALLS_HEADER])
-    except (KeyError, ValueError, TypeError):
-        return None
-    return _plain_counts(calls) if notable == 0 else None
-
-
-def _plain_counts(calls: Any) -> dict[str, int] | None:
-    if type(calls) is not dict:
-        return None
-    if not all(type(k) is str and k and type(n) is int and n > 0 for k, n in calls.items()):
-        return None
-    return calls
-
-
-def read_counts(data: bytes) -> dict[str, int] | None:
-    """The calls per capability of a batch in which no row is notable, read without
-    unpacking its rows; None when the rows must be read (notable rows, an older writer
-    that sends no summary, or anything unexpected)."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(data) or 1)
-    try:
-        unpacker.feed(data)
-        calls: Any = None
-        notable: Any = None
-        for _ in range(unpacker.read_map_header()):
-            key = unpacker.unpack()
-            if key == "events":
-                break
-            if key == "calls":
-                calls = unpacker.unpack()
-            elif key == "notable":
-                notable = unpacker.unpack()
-            else:
-                unpacker.skip()
-    except Exception:
-        return None
-    return _plain_counts(calls) if notable == 0 else None
-
-
-def _row_to_map(row: Any, fields: Sequence[str], attempt_fields: Sequence[str]) -> Any:
-    if not isinstance(row, list) or len(row) != len(fields):
-        return None
-    event = dict(zip(fields, row, strict=True))
-    attempts = event.get("attempts")
-    if isinstance(attempts, list):
-        event["attempts"] = [
-            dict(zip(attempt_fields, a, strict=False)) if isinstance(a, list) else a
-            for a in attempts
-        ]
-    event["v"] = EVENT_VERSION
-    return event
-
-
-class DecodedBatch:
-    """A batch's events as maps, unvalidated, in the order they were recorded."""
-
-    __slots__ = ("bad", "events")
-
-    def __init__(self, events: list[dict[str, Any]], bad: int) -> None:
-        self.events = events
-        #: rows and columns that do not fit the format (left out of ``events``)
-        self.bad = bad
-
-
-def decode_events(data: bytes) -> DecodedBatch:
-    """The events of one stream message as maps (``AuditEvent``'s fields), unvalidated,
-    and how many could not be read. Reads both layouts: rows only (batch version 1) and
-    plain calls as columns beside rows (version 2)."""
-    try:
-        batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception:
-        return DecodedBatch([], 1)
-    if not isinstance(batch, dict):
-        return DecodedBatch([], 1)
-    fields, attempt_fields, rows = (
-        batch.get("fields"),
-        batch.get("attempt_fields"),
-        batch.get("events"),
-    )
-    if not (_names(fields) and _names(attempt_fields)):
-        return DecodedBatch([], 1)
-    if not isinstance(rows, list):
-        return DecodedBatch([], 1)
-    full: list[Any] = [_row_to_map(row, fields, attempt_fields) for row in rows]
-    bad = full.count(None)
-    plain, bad_plain = _expand(batch.get("plain"))
-    served, bad_served = _expand(batch.get("served"))
-    bad += bad_plain + bad_served
-    if bad_plain or bad_served:  # the places of the rest no longer add up
-        return DecodedBatch(plain + [e for e in full if e is not None] + served, bad)
-    order = _order(
-        len(plain), batch.get("positions"), len(full), batch.get("served_positions"), len(served)
-    )
-    if order is None:
-        return DecodedBatch(plain + [e for e in full if e is not None] + served, bad)
-    sources = (iter(plain), iter(full), iter(served))
-    picked = [next(sources[i]) for i in order]  # a list: mypyc compiles no generator here
-    events = [event for event in picked if event is not None]
-    return DecodedBatch(events, bad)
-
-
-def _expand(part: Any) -> tuple[list[dict[str, Any]], int]:
-    """The events of a set of columns (none: no events), and how many could not be read."""
-    if part is None:
-        return [], 0
-    try:
-        events = expand_plain(part)
-    except ValueError:
-        n = part.get("n") if isinstance(part, dict) else None
-        return [], n if type(n) is int and n > 0 else 1
-    for event in events:
-        event["v"] = EVENT_VERSION
-    return events, 0
-
-
-def _names(value: Any) -> TypeGuard[list[str]]:
-    return type(value) is list and all(type(name) is str for name in value)
-
-
-def _order(
-    n_plain: int, positions: Any, n_rows: int, served_positions: Any, n_served: int
-) -> list[int] | None:
-    """Where each event of a batch comes from, in recorded order (0: the caller's columns,
-    1: the rows, 2: the callee's columns): rows at ``positions``, the callee's plain
-    events at ``served_positions``, the caller's filling the other places. None when the
-    places do not fit (then the reader takes the columns, the rows, then the callee's)."""
-    total = n_plain + n_rows + n_served
-    if n_served == 0 and served_positions is None:
-        served_positions = []
-    if n_plain + n_served == 0 and positions is None:
-        positions = list(range(n_rows))
-    places: list[int | None] = [None] * total
-    for source, at, n in ((1, positions, n_rows), (2, served_positions, n_served)):
-        if not (
-            type(at) is list
-            and len(at) == n
-            and all(type(p) is int and 0 <= p < total for p in at)
-            and all(a < b for a, b in pairwise(at))
-        ):
-            return None
-        for p in at:
-            if places[p] is not None:
-                return None
-            places[p] = source
-    return [0 if source is None else source for source in places]
-
-
-def decode_raw(data: bytes) -> list[dict[str, Any]]:
-    """The events of one stream message as maps, unvalidated (for fast consumers that
-    read a few keys with ``.get``); events that do not fit the format are left out."""
-    return decode_events(data).events

@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach.audit.batch import BATCH_VERSION, decode_events
+from reach.audit.batch import BATCH_VERSION
+from reach.audit.decode import decode_events
 from reach.audit.events import EVENT_VERSION, ErrorClass, Outcome, Side
 
 __all__ = [

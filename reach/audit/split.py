@@ -1,6 +1,6 @@
 """Audit batches read for counting: rows as maps, plain calls left in their columns.
 
-``reach.audit.batch.decode_events`` makes a map of every event, which is what a reader
+``reach.audit.decode.decode_events`` makes a map of every event, which is what a reader
 that shows events needs. A reader that counts every call of a busy fabric (the console)
 needs only a plain call's time, names and latencies: ``split_batch`` checks a batch as
 ``decode_events`` does (the same events are read, the same are refused) but leaves its
@@ -13,8 +13,8 @@ from typing import Any
 
 import msgpack
 
-from reach.audit.batch import _names, _row_to_map
 from reach.audit.columns import PlainPart
+from reach.audit.decode import _names, _row_to_map
 
 __all__ = ["ColumnPart", "SplitBatch", "split_batch"]
 

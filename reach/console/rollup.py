@@ -139,7 +139,7 @@ class Rollup:
         )  # fmt: skip
 
     def add_map(self, item: Mapping[str, Any]) -> bool:
-        """One event as ``reach.audit.batch.decode_events`` gives it (a map, unvalidated:
+        """One event as ``reach.audit.decode.decode_events`` gives it (a map, unvalidated:
         what the console reads on a busy fabric, a few times cheaper than a model per
         event); False, and nothing counted, when a field is not of its type."""
         try:
