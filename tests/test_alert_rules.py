@@ -188,7 +188,7 @@ def test_batches_from_the_stream_count_like_single_events() -> None:
     alerts = engine.observe_batch(encode_batch([row(False, "breaker")] * 7))
     assert [a.rule for a in alerts] == ["breaker_rejections"]
     assert engine.observe_batch(b"\xc1") == []
-    short = {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": [["x"]]}
+    short = {"v": 4, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": [["x"]]}
     assert engine.observe_batch(msgpack.packb(short)) == []
 
 
@@ -214,11 +214,11 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
     plain = encode_batch([row()] * 30 + [row(capability="other")] * 2)
     assert read_counts(plain) == {"query": 30, "other": 2}
     assert read_counts(encode_batch([row("breaker")])) is None  # its rows must be read
-    old_writer = msgpack.packb(
-        {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS,
+    rows_only = msgpack.packb(
+        {"v": 4, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS,
          "events": [event_row(row())] * 30}
     )  # fmt: skip
-    assert read_counts(old_writer) is None
+    assert read_counts(rows_only) is None  # a writer that sends no summary
     assert read_counts(b"\xc1") is None
     # the same summary as headers, for readers that ask the server for headers only
     summary = RowSummary()
@@ -227,11 +227,11 @@ def test_batches_without_notable_rows_are_counted_from_their_summary() -> None:
     assert read_header_counts(summary_headers(summary)) == {"query": 30, "other": 2}
     summary.add(row("breaker"))
     assert read_header_counts(summary_headers(summary)) is None
-    assert read_header_counts({}) is None  # an older writer: no headers
+    assert read_header_counts({}) is None  # a writer that sends no headers
     assert read_header_counts({CALLS_HEADER: "[1]", NOTABLE_HEADER: "0"}) is None
     assert read_header_counts({CALLS_HEADER: "{", NOTABLE_HEADER: "0"}) is None
     assert read_header_counts({CALLS_HEADER: '{"q": 1}', NOTABLE_HEADER: "x"}) is None
-    for first in (plain, old_writer):  # 30 calls counted either way ...
+    for first in (plain, rows_only):  # 30 calls counted either way ...
         engine = AlertEngine(clock=ManualClock())
         assert engine.observe_batch(first) == []
         # ... so 3 breaker rejections of 33 calls stay below 10 %, a 4th is above

@@ -1,6 +1,6 @@
 """Audit events name the gateway that made a call for its caller (``actor``): written
-and read back through a real nats-server, batches written before the field existed
-still read, and a gateway's calls for a client logged in through it are recorded with
+and read back through a real nats-server, a batch that names no actor read as calls
+without one, and a gateway's calls for a client logged in through it are recorded with
 both names by the gateway and by the callee."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, format_event
-from reach.audit.batch import BATCH_VERSION, encode_batch
-from reach.audit.events import EVENT_FIELDS, served_event
+from reach.audit.batch import encode_batch
+from reach.audit.events import served_event
 from reach.audit.provenance import verdict
 from reach.audit.reader import AuditRecord, read_records
 from reach.client import ReachClient
@@ -92,12 +92,11 @@ async def test_an_actor_reads_back_from_columns_rows_and_a_callees_columns(
     }  # fmt: skip
 
 
-def _as_written_before_the_actor(data: bytes) -> bytes:
-    """A batch of events without actors as writers before the field wrote it: version 3,
-    rows without an ``actor`` field, columns without an ``actor`` column."""
+def _without_the_actor_field(data: bytes) -> bytes:
+    """A batch of events without actors as a writer that knows no actor writes it: rows
+    without an ``actor`` field, columns without an ``actor`` column."""
     batch = msgpack.unpackb(data, raw=False)
     at = batch["fields"].index("actor")
-    batch["v"] = 3
     batch["fields"] = [name for name in batch["fields"] if name != "actor"]
     for row in batch["events"]:
         assert row.pop(at) is None
@@ -107,31 +106,29 @@ def _as_written_before_the_actor(data: bytes) -> bytes:
     return packed
 
 
-async def test_a_batch_written_before_the_actor_existed_reads_without_one(
+async def test_a_batch_that_names_no_actor_reads_as_calls_without_one(
     conn: Connection,
 ) -> None:
-    assert BATCH_VERSION == 4
-    assert "actor" in EVENT_FIELDS
     events = [
-        event(1, call_id="old-plain"),
-        event(2, call_id="old-row", outcome="error", error="timeout",
+        event(1, call_id="plain"),
+        event(2, call_id="row", outcome="error", error="timeout",
               attempts=[{"agent_id": "echo-1", "outcome": "timeout"}]),
         served_event(
-            ts=time.time(), capability="echo", callee="echo-1", call_id="old-served",
+            ts=time.time(), capability="echo", callee="echo-1", call_id="served",
             caller="tester", caller_agent=None, trace_id="", latency_ms=0.5,
         ),
     ]  # fmt: skip
-    old = _as_written_before_the_actor(encode_batch(events))
+    batch = _without_the_actor_field(encode_batch(events))
     audit, _ = await ensure_streams(conn)
-    await audit.publish(subjects.audit("echo", "tester"), old, msg_id="old-batch", timeout=2)
+    await audit.publish(subjects.audit("echo", "tester"), batch, msg_id="no-actor", timeout=2)
     records = await _records(conn)
-    assert set(records) == {"old-plain", "old-row", "old-served"}
+    assert set(records) == {"plain", "row", "served"}
     for record in records.values():
         assert record.event.actor is None
         assert record.event.caller == "tester"
-    # a caller's event its caller wrote is its own, as before
-    assert records["old-plain"].verdict == "verified"
-    assert records["old-row"].event.error == "timeout"
+    # a caller's event its caller wrote is its own
+    assert records["plain"].verdict == "verified"
+    assert records["row"].event.error == "timeout"
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """The audit batch format: plain calls as columns beside full rows, read back exactly.
 
-The oracle is the row layout of batch version 1, which every reader still reads: a batch
-made by ``encode_batch`` (columns where it can) must decode to the very events that the
-same events, written as plain rows, decode to.
+The oracle is a batch of rows alone, the simplest layout of the format: a batch made by
+``encode_batch`` (columns where it can) must decode to the very events that the same
+events, written as plain rows, decode to. A batch of another version is refused whole.
 """
 
 from __future__ import annotations
@@ -15,22 +15,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach.audit.alerts import AlertEngine
-from reach.audit.batch import BatchBuilder, encode_batch, event_row
-from reach.audit.decode import decode_events, read_counts
+from reach.audit.batch import BATCH_VERSION, BatchBuilder, encode_batch, event_row
+from reach.audit.decode import BatchVersionError, decode_events, decode_raw, read_counts
 from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
 from reach.audit.records import AuditBatch, decode_batch
+from reach.audit.split import split_batch
 from reach.clock import ManualClock
+from reach.errors import CodecError
 from tests.audit_batch_helpers import events
 from tests.audit_helpers import make_event
 
 
-def rows_v1(events: list[CallEvent]) -> bytes:
-    """The same events in batch version 1: rows only."""
+def rows_only(events: list[CallEvent]) -> bytes:
+    """The same events as a batch of rows alone."""
     rows = [event_row(e) for e in events]
     return msgpack.packb(
-        {"v": 1, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS, "events": rows},
+        {"v": BATCH_VERSION, "fields": EVENT_FIELDS, "attempt_fields": ATTEMPT_FIELDS,
+         "events": rows},
         use_bin_type=True,
-    )
+    )  # fmt: skip
 
 
 def changed(event: CallEvent, **changes: Any) -> CallEvent:
@@ -44,8 +47,8 @@ def test_columns_and_rows_read_back_as_the_same_events_in_the_same_order(
     batch: list[CallEvent],
 ) -> None:
     data = encode_batch(batch)
-    assert decode_batch(data) == decode_batch(rows_v1(batch))
-    assert decode_events(data).events == decode_events(rows_v1(batch)).events
+    assert decode_batch(data) == decode_batch(rows_only(batch))
+    assert decode_events(data).events == decode_events(rows_only(batch)).events
     if batch:
         AuditBatch.model_validate(msgpack.unpackb(data, raw=False))  # the documented shape
 
@@ -70,7 +73,7 @@ def test_plain_calls_take_well_under_half_the_bytes_of_rows() -> None:
     batch = [plain(n) for n in range(1000)]
     data = encode_batch(batch)
     assert len(msgpack.unpackb(data)["events"]) == 0  # every one of them in the columns
-    assert len(data) < 0.45 * len(rows_v1(batch))
+    assert len(data) < 0.45 * len(rows_only(batch))
     assert [e.call_id for e in decode_batch(data)[0]] == [plain(n).call_id for n in range(1000)]
 
 
@@ -172,7 +175,7 @@ def test_a_name_that_cannot_be_packed_costs_only_its_own_event() -> None:
     assert bad_count == 0
     assert sorted(e.call_id for e in events) == sorted([plain(1).call_id, "r", plain(3).call_id])
     assert summary.calls == {"query": 3}
-    assert decode_batch(data) == decode_batch(rows_v1([retried, plain(1), plain(3)]))
+    assert decode_batch(data) == decode_batch(rows_only([retried, plain(1), plain(3)]))
 
 
 @pytest.mark.parametrize("field", ["call_id", "trace_id"])
@@ -203,3 +206,21 @@ def test_a_builder_with_its_tables_full_keeps_the_rest_as_rows() -> None:
     events, bad = decode_batch(builder.encode()[0])
     assert (len(events), bad) == (70_000, 0)
     assert {e.caller for e in events} == {f"c{n}" for n in range(70_000)}
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 5, None, "4", 4.5, True])
+def test_a_batch_of_another_version_is_refused_whole_by_name(version: Any) -> None:
+    batch = msgpack.unpackb(encode_batch([plain(n) for n in range(3)]), raw=False)
+    if version is None:
+        del batch["v"]
+    else:
+        batch["v"] = version
+    data = msgpack.packb(batch, use_bin_type=True)
+    for read in (decode_events, decode_batch, decode_raw, split_batch):
+        with pytest.raises(BatchVersionError, match="this reader reads version 4") as caught:
+            read(data)
+        assert isinstance(caught.value, CodecError)
+        assert (caught.value.version, caught.value.path) == (version, "v")
+    assert read_counts(data) is None  # not counted from its summary either
+    with pytest.raises(BatchVersionError):
+        AlertEngine(clock=ManualClock()).observe_batch(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.batch import encode_batch, event_row
 from reach.audit.events import EVENT_FIELDS, CallEvent, attempt
+from reach.audit.reader import read_records
 from reach.audit.recording import CallRecorder, CallTrail
 from reach.audit.records import AuditAttempt, AuditEvent, decode_batch
 from reach.clock import SystemClock
@@ -368,7 +370,7 @@ def test_batches_decode_robustly() -> None:
     assert decode_batch(msgpack.packb([1, 2, 3])) == ([], 1)
     short = msgpack.packb(
         {
-            "v": 1,
+            "v": 4,
             "fields": list(EVENT_FIELDS),
             "attempt_fields": [],
             "events": [[1, 2], list(event_row(good))],
@@ -380,9 +382,24 @@ def test_batches_decode_robustly() -> None:
     wrong_types = list(event_row(good))
     wrong_types[EVENT_FIELDS.index("ts")] = "yesterday"
     packed = msgpack.packb(
-        {"v": 1, "fields": list(EVENT_FIELDS), "attempt_fields": [], "events": [wrong_types]}
+        {"v": 4, "fields": list(EVENT_FIELDS), "attempt_fields": [], "events": [wrong_types]}
     )
     assert decode_batch(packed) == ([], 1)
+
+
+async def test_a_reader_skips_a_batch_of_another_version_and_reads_on(
+    conn: Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    audit, _ = await ensure_streams(conn)
+    other = msgpack.unpackb(encode_batch([event(1, call_id="other-version")]), raw=False)
+    other["v"] = 3
+    subject = subjects.audit("echo", "tester")
+    await audit.publish(subject, msgpack.packb(other, use_bin_type=True), msg_id="v3", timeout=2)
+    await audit.publish(subject, encode_batch([event(2, call_id="current")]), msg_id="v", timeout=2)
+    with caplog.at_level(logging.WARNING, logger="reach.audit"):
+        found = [record.event.call_id async for record in read_records(conn)]
+    assert found == ["current"]
+    assert "audit batch of version 3; this reader reads version 4" in caplog.text
 
 
 async def test_the_alert_watcher_skips_a_batch_it_cannot_fetch_and_reads_the_next(

@@ -31,7 +31,7 @@ def batch(fields: list[str], rows: list[list[object]]) -> bytes:
     then one row per event; nothing of Agent-Reach's own code makes it."""
     return msgpack.packb(
         {
-            "v": 1,
+            "v": 4,
             "fields": fields,
             "attempt_fields": ["agent_id", "score", "outcome", "latency_ms"],
             "events": rows,
@@ -72,6 +72,9 @@ async def test_malformed_and_hostile_audit_batches_neither_crash_nor_inject(
         subject = "reach.v1.audit.evil.anonymous"
         await js.publish(subject, b"\xc1 not msgpack")
         await js.publish(subject, msgpack.packb(["not", "a", "batch"]))
+        other_version = msgpack.unpackb(batch(fields, [good]))
+        other_version["v"] = 3  # refused whole: its good row is not counted
+        await js.publish(subject, msgpack.packb(other_version))
         await js.publish(subject, batch(fields, [*bad_rows, good]))
         rollup = console.view.rollup
         await until(lambda: rollup.capability("evil", time.time()).calls == 1, "the good call")
@@ -79,7 +82,7 @@ async def test_malformed_and_hostile_audit_batches_neither_crash_nor_inject(
         await js.publish(subject, batch(fields, [[time.time(), *good[1:5], "evil-2", *good[6:]]]))
         await until(lambda: rollup.capability("evil", time.time()).calls == 2, "the next call")
         await outsider.close()
-        assert console.view.bad_events >= len(bad_rows) + 2
+        assert console.view.bad_events >= len(bad_rows) + 3
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             cap = await http.get("/capability/evil")
             assert cap.status_code == 200
@@ -164,7 +167,7 @@ def columns_batch(
         plain["values"] = [caller, callee, None, actor]
         plain["actor"] = struct.pack(f"<{n}H", *[3] * n)
     return msgpack.packb(
-        {"v": 2, "fields": ["ts"], "attempt_fields": ["agent_id"], "events": [], "plain": plain},
+        {"v": 4, "fields": ["ts"], "attempt_fields": ["agent_id"], "events": [], "plain": plain},
         use_bin_type=True,
     )
 

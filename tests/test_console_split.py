@@ -110,7 +110,7 @@ def plain_part(count: int, **changes: Any) -> dict[str, Any]:
 
 def hand_batch(part: Any) -> bytes:
     return msgpack.packb(
-        {"v": 2, "fields": ["ts"], "attempt_fields": ["agent_id"], "events": [], "plain": part},
+        {"v": 4, "fields": ["ts"], "attempt_fields": ["agent_id"], "events": [], "plain": part},
         use_bin_type=True,
     )
 

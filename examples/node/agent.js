@@ -127,7 +127,7 @@ async function audit(env, claims, started, failure) {
   const outcome = !failure ? "ok" : failure.kind === "denied" ? "denied" : "error";
   const row = ["callee", started / 1000, name, env.id, claims.sub ?? "", env.from ?? null, agentId,
     outcome, failure?.kind ?? null, failure?.code ?? "", failure?.desc ?? "", Date.now() - started];
-  const batch = { v: 1, fields, attempt_fields: ["agent_id", "score", "outcome", "latency_ms"], events: [row] };
+  const batch = { v: 4, fields, attempt_fields: ["agent_id", "score", "outcome", "latency_ms"], events: [row] };
   await js.publish(`reach.v1.audit.${name}.${creds.client_id}`, encode(batch));
 }
 

@@ -14,6 +14,7 @@ from collections import deque
 
 from reach import subjects
 from reach.audit.alerts import Alert, AlertEngine, AlertRules, encode_alert
+from reach.audit.decode import BatchVersionError
 from reach.audit.records import decode_notice
 from reach.clock import Clock, system_clock
 from reach.errors import ReachError
@@ -128,6 +129,9 @@ class AlertWatcher:
             return
         try:
             alerts = self.engine.observe_batch(data, writer)
+        except BatchVersionError as exc:
+            log.warning("alerts: audit batch %d not read: %s", notice.seq, exc)
+            return
         except Exception:  # a batch nobody of ours wrote: never the watcher's end
             log.exception("alerts: audit batch %d not understood", notice.seq)
             return

@@ -209,7 +209,8 @@ class AlertEngine:
     def observe_batch(self, data: bytes, writer: str | None = None) -> list[Alert]:
         """Alerts one stream message (a batch of events) raises. Only rows with retries
         or breaker rejections need a closer look; the rest are only counted. ``writer``:
-        the writer token of its subject; rows of calls by another caller are skipped."""
+        the writer token of its subject; rows of calls by another caller are skipped.
+        ``BatchVersionError`` for a batch of another version."""
         counts = read_counts(data)
         if counts is not None:  # nothing to look at: count without unpacking the events
             self.count_calls(counts)

@@ -36,8 +36,7 @@ __all__ = [
     "summary_headers",
 ]
 
-#: version of a batch's layout: 2 keeps plain calls as columns beside the rows, 3 a
-#: callee's plain calls too, 4 an ``actor`` column in them when a call had one
+#: version of a batch's layout (``v``): the one version written and read
 BATCH_VERSION = 4
 
 

@@ -13,9 +13,8 @@ columns in a second set with ``side`` "callee": they have no candidates (the emp
 no score (NaN) and no attempts (their attempt latency is their latency).
 
 The ``actor`` column (the gateway that made a call for its caller) is written only when
-one of the calls had one: a batch of calls nobody made for another is packed as it was
-before the column existed, and a reader takes a batch without it as calls without an
-actor.
+one of the calls had one: a batch of calls nobody made for another carries no such
+column, and a reader takes a batch without it as calls without an actor.
 
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
 row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.records``

@@ -1,10 +1,12 @@
 """Audit batches read back (``reach.audit.batch`` writes them): every event as a map of
-``AuditEvent``'s fields (``decode_events``), from batches of any layout (rows only,
-version 1; a caller's columns beside rows, version 2; a callee's too, version 3; columns
-that may name an actor, version 4), and a batch's calls counted without reading its rows
-(``read_counts``, or its headers alone, ``read_header_counts``). A batch names the fields
-of its rows, so a row written before a field existed (``actor``) reads back without it,
-and ``AuditEvent`` gives it its default.
+``AuditEvent``'s fields (``decode_events``), and a batch's calls counted without reading
+its rows (``read_counts``, or its headers alone, ``read_header_counts``).
+
+Only batches of ``BATCH_VERSION`` are read: any other is refused whole
+(``BatchVersionError``). Within it, columns and their positions are optional (a batch
+may be rows only, the layout docs/protocol.md gives writers in other languages), and a
+batch names the fields of its rows: a writer writes the ones it knows, and each field it
+leaves out reads back as ``AuditEvent``'s default.
 """
 
 from __future__ import annotations
@@ -16,17 +18,38 @@ from typing import Any, TypeGuard
 
 import msgpack
 
-from reach.audit.batch import CALLS_HEADER, NOTABLE_HEADER
+from reach.audit.batch import BATCH_VERSION, CALLS_HEADER, NOTABLE_HEADER
 from reach.audit.columns import expand_plain
 from reach.audit.events import EVENT_VERSION
+from reach.errors import CodecError
 
 __all__ = [
+    "BatchVersionError",
     "DecodedBatch",
     "decode_events",
     "decode_raw",
     "read_counts",
     "read_header_counts",
 ]
+
+
+class BatchVersionError(CodecError):
+    """An audit batch of a layout version (``version``) other than ``BATCH_VERSION``:
+    none of it is read."""
+
+    def __init__(self, version: object) -> None:
+        self.version = version
+        super().__init__(
+            f"audit batch of version {version!r}; this reader reads version {BATCH_VERSION}",
+            path="v",
+        )
+
+
+def _check_version(batch: Mapping[str, Any]) -> None:
+    """Raise ``BatchVersionError`` unless the decoded ``batch`` is of ``BATCH_VERSION``."""
+    version = batch.get("v")
+    if type(version) is not int or version != BATCH_VERSION:
+        raise BatchVersionError(version)
 
 
 def read_header_counts(headers: Mapping[str, str]) -> dict[str, int] | None:
@@ -49,24 +72,29 @@ def _plain_counts(calls: Any) -> dict[str, int] | None:
 
 def read_counts(data: bytes) -> dict[str, int] | None:
     """The calls per capability of a batch in which no row is notable, read without
-    unpacking its rows; None when the rows must be read (notable rows, an older writer
-    that sends no summary, or anything unexpected)."""
+    unpacking its rows; None when the rows must be read (notable rows, a writer that
+    sends no summary, a batch of another version, or anything unexpected)."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=len(data) or 1)
     try:
         unpacker.feed(data)
         calls: Any = None
         notable: Any = None
+        version: Any = None
         for _ in range(unpacker.read_map_header()):
             key = unpacker.unpack()
             if key == "events":
                 break
-            if key == "calls":
+            if key == "v":
+                version = unpacker.unpack()
+            elif key == "calls":
                 calls = unpacker.unpack()
             elif key == "notable":
                 notable = unpacker.unpack()
             else:
                 unpacker.skip()
     except Exception:
+        return None
+    if type(version) is not int or version != BATCH_VERSION:
         return None
     return _plain_counts(calls) if notable == 0 else None
 
@@ -98,14 +126,14 @@ class DecodedBatch:
 
 def decode_events(data: bytes) -> DecodedBatch:
     """The events of one stream message as maps (``AuditEvent``'s fields), unvalidated,
-    and how many could not be read. Reads both layouts: rows only (batch version 1) and
-    plain calls as columns beside rows (version 2)."""
+    and how many could not be read; ``BatchVersionError`` for a batch of another version."""
     try:
         batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception:
         return DecodedBatch([], 1)
     if not isinstance(batch, dict):
         return DecodedBatch([], 1)
+    _check_version(batch)
     fields, attempt_fields, rows = (
         batch.get("fields"),
         batch.get("attempt_fields"),
@@ -181,5 +209,6 @@ def _order(
 
 def decode_raw(data: bytes) -> list[dict[str, Any]]:
     """The events of one stream message as maps, unvalidated (for fast consumers that
-    read a few keys with ``.get``); events that do not fit the format are left out."""
+    read a few keys with ``.get``); events that do not fit the format are left out, and a
+    batch of another version raises ``BatchVersionError``."""
     return decode_events(data).events

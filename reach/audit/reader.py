@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from reach import subjects
+from reach.audit.decode import BatchVersionError
 from reach.audit.provenance import Verdict, verdict
 from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ConfigurationError
@@ -22,6 +24,8 @@ __all__ = [
     "read_events",
     "read_records",
 ]
+
+log = logging.getLogger("reach.audit")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -115,13 +119,18 @@ async def read_records(
     """Events of calls started since ``since`` (all history when None); then, with
     ``follow``, live ones, each with its writer and verdict, forged ones too. Events are in
     call order per capability (a stream message holds a batch of one capability's
-    events). Malformed entries are skipped. ``agents`` (client id → bound agent id, from
+    events). Malformed entries are skipped, and so is a batch of another version (said
+    in the log). ``agents`` (client id → bound agent id, from
     REACH_CREDENTIALS) lets callee-side denials be verified."""
     flt = flt or AuditFilter()
     stream = await conn.stream(subjects.AUDIT_STREAM)
     async for msg in stream.read(flt.subject(), since=since, follow=follow, new_only=new_only):
         writer = subjects.writer_of(msg.subject)
-        events, _bad = decode_batch(msg.data)
+        try:
+            events, _bad = decode_batch(msg.data)
+        except BatchVersionError as exc:
+            log.warning("audit: batch %d on %s skipped: %s", msg.seq, msg.subject, exc)
+            continue
         for event in events:
             # the stream's time bounds when an event was written; ``since`` is about the call
             if flt.matches(event) and (since is None or event.ts >= since):

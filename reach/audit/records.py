@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach.audit.batch import BATCH_VERSION
 from reach.audit.decode import decode_events
 from reach.audit.events import EVENT_VERSION, ErrorClass, Outcome, Side
 
@@ -143,18 +142,19 @@ class AuditBatch(_Model):
     """One message on ``reach.v1.audit.<capability>.<writer>``: the events of one capability.
     ``events`` holds rows: ``fields`` names the columns of each row (see ``AuditEvent``
     for their meaning) and ``attempt_fields`` the columns of each entry of a row's
-    ``attempts``. From version 2, plain calls are columns in ``plain`` instead, and
-    ``positions`` says where each row falls among all the batch's events (the plain ones
-    fill the other places, in order); from version 3, a callee's plain events are columns
-    in ``served``, at ``served_positions``; from version 4, columns may carry ``actor``.
-    A batch without positions lists the columns' events, then the rows, then the
-    callee's columns'. A row has the fields its batch names: a field missing from
-    ``fields`` (``actor`` before version 4) reads as its default.
+    ``attempts``. Plain calls may be columns in ``plain`` instead, and ``positions``
+    then says where each row falls among all the batch's events (the plain ones fill the
+    other places, in order); a callee's plain events may be columns in ``served``, at
+    ``served_positions``; columns carry ``actor`` when a call had one. A batch without
+    positions lists the columns' events, then the rows, then the callee's columns'. A row
+    has the fields its batch names: a field missing from ``fields`` reads as its default,
+    so a writer may write only the fields it knows (a batch of rows alone is the
+    simplest).
 
     ``calls`` and ``notable`` come before the events so a reader that only counts (the
     alert watcher) can stop there when no row needs a closer look."""
 
-    v: int = BATCH_VERSION
+    v: Literal[4] = Field(description="the batch layout's version; readers refuse any other")
     fields: list[str]
     attempt_fields: list[str]
     calls: dict[str, int] | None = Field(
@@ -167,9 +167,7 @@ class AuditBatch(_Model):
         None, description="place of each row among all the events (with plain)"
     )
     plain: AuditPlain | None = None
-    served: AuditPlain | None = Field(
-        None, description="a callee's plain events (side 'callee'; from version 3)"
-    )
+    served: AuditPlain | None = Field(None, description="a callee's plain events (side 'callee')")
     served_positions: list[int] | None = Field(
         None, description="place of each of the callee's plain events among all the events"
     )
@@ -201,7 +199,8 @@ def decode_notice(data: bytes) -> AuditNotice:
 
 
 def decode_batch(data: bytes) -> tuple[list[AuditEvent], int]:
-    """Events of one stream message, and how many of them were not valid events."""
+    """Events of one stream message, and how many of them were not valid events;
+    ``BatchVersionError`` (a ``CodecError``) for a batch of another version."""
     decoded = decode_events(data)
     events: list[AuditEvent] = []
     bad = decoded.bad

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 
 from reach.audit.columns import PlainPart
-from reach.audit.decode import _names, _row_to_map
+from reach.audit.decode import _check_version, _names, _row_to_map
 
 __all__ = ["ColumnPart", "SplitBatch", "split_batch"]
 
@@ -39,13 +39,15 @@ class SplitBatch:
 def split_batch(data: bytes) -> SplitBatch:
     """The events of one stream message as ``decode_events`` reads them, in no particular
     order: the rows as maps, the plain calls left in their columns (``ColumnPart``), for
-    a reader that counts every call of the fabric and so builds no map per plain call."""
+    a reader that counts every call of the fabric and so builds no map per plain call.
+    ``BatchVersionError`` for a batch of another version, as ``decode_events``."""
     try:
         batch = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception:
         return SplitBatch([], [], 1)
     if not isinstance(batch, dict):
         return SplitBatch([], [], 1)
+    _check_version(batch)
     fields, attempt_fields, rows = (
         batch.get("fields"),
         batch.get("attempt_fields"),

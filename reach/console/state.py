@@ -20,6 +20,7 @@ from typing import Any
 
 from reach import subjects
 from reach.audit.alerts import Alert, decode_alert
+from reach.audit.decode import BatchVersionError
 from reach.audit.provenance import verdict
 from reach.audit.split import ColumnPart, split_batch
 from reach.clock import Clock, system_clock
@@ -151,7 +152,12 @@ class FabricView:
         self._calls_at = (msg.seq, msg.time)
         rollup, window_start = self.rollup, self._window_start
         writer = subjects.writer_of(msg.subject)
-        batch = split_batch(msg.data)
+        try:
+            batch = split_batch(msg.data)
+        except BatchVersionError as exc:
+            log.warning("console: audit batch %d not counted: %s", msg.seq, exc)
+            self.bad_events += 1
+            return
         self.bad_events += batch.bad
         for item in batch.rows:
             ts = item.get("ts")

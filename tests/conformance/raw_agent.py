@@ -291,7 +291,7 @@ class RawAgent:
             (time.time() - started) * 1000.0,
         ]
         attempt_fields = ["agent_id", "score", "outcome", "latency_ms"]
-        batch = {"v": 1, "fields": fields, "attempt_fields": attempt_fields, "events": [row]}
+        batch = {"v": 4, "fields": fields, "attempt_fields": attempt_fields, "events": [row]}
         subject = f"reach.v1.audit.{self.name}.{self.creds.client_id}"
         with contextlib.suppress(Exception):  # auditing never fails a call
             await self.js.publish(subject, pack(batch), timeout=5)
