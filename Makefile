@@ -97,8 +97,17 @@ browser:
 		fi; \
 	fi
 
+# Tests run in parallel (pytest-xdist), twice as many at once as there are cores: most
+# of a test's time is spent waiting on the nats-server and the processes it starts, each
+# its own. The tests that load the machine on purpose (marker serial: floods, calls at a
+# set rate while something fails) run after them, alone, so that what they measure is
+# the fabric and not the other tests.
+TEST_WORKERS ?= $(shell echo $$(( $(JOBS) * 2 )))
+PARALLEL := -n $(TEST_WORKERS)
+IN_MAKE_TEST := not faults_long and not bench_smoke and not long
 pytest: $(NATIVE)
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "not faults_long and not bench_smoke and not long"
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q $(PARALLEL) -m "$(IN_MAKE_TEST) and not serial"
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "$(IN_MAKE_TEST) and serial"
 
 # What `pip install` gives is pure Python, whose runtime checks differ from the compiled
 # build's: the call path's tests (calls, codec, contract, audit, routing, resilience, the
@@ -120,7 +129,7 @@ pytest-pure: $(STAMP)
 	$(BIN)/python -c "import shutil; shutil.copytree('reach', '$(PURE)/reach', \
 		ignore=shutil.ignore_patterns('*.so', '__pycache__'))"
 	PYTHONPATH=$(CURDIR)/$(PURE) REACH_TEST_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider \
-		--import-mode=append $(PURE_TESTS)
+		--import-mode=append $(PARALLEL) $(PURE_TESTS)
 
 # The longer tests, kept out of `make test` so that it stays under 20 minutes on 2
 # cores; CI runs them after it: the end-to-end runs of whole programs (marker long: the
@@ -132,7 +141,7 @@ test-long: pytest-long pytest-pure test-faults
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
 
 pytest-long: $(NATIVE) node-deps browser
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m long
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q $(PARALLEL) -m long
 
 test-faults: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long

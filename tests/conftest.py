@@ -249,10 +249,13 @@ def spawn_agent(nats_server: NatsServer) -> Iterator[Callable[..., Any]]:
 @pytest.fixture(autouse=True)
 def _collect_garbage_per_test() -> Iterator[None]:
     # Unclosed sockets warn when collected: collect now, so a leak is blamed on its own test.
+    # What survives is frozen (moved where the collector no longer looks), so that each
+    # test's collection walks the objects of that test, not of every test run before it.
     yield
     import gc
 
     gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
