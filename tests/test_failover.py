@@ -7,6 +7,8 @@ import contextlib
 import time
 from collections import Counter
 
+import pytest
+
 from reach.client import ReachClient
 from reach.errors import ReachError
 from reach.testing import NatsServer
@@ -14,6 +16,8 @@ from reach.testing import NatsServer
 from .conftest import manifest
 
 
+# calls at a set rate while an instance dies: alone, so that the rate is the fabric's
+@pytest.mark.serial
 async def test_sigkill_of_one_of_three_instances_under_200_calls_per_second_fails_no_call(
     client: ReachClient, spawn_agent: object
 ) -> None:

@@ -27,7 +27,8 @@ from reach.transport import connect
 
 from .hbsim import Simulator, ids_per_partition
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+# a three-registrar fault scenario of 30 s and more: `make test-long`
+pytestmark = [pytest.mark.slow, pytest.mark.faults_long, pytest.mark.timeout(400)]
 
 HERE = Path(__file__).parent
 INSTANCES = 5_000

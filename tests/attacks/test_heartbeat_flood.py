@@ -26,6 +26,7 @@ from typing import Any
 
 import msgpack
 import nats.errors
+import pytest
 from nats.js.kv import KeyValue
 
 from reach import subjects
@@ -89,6 +90,8 @@ def _slow_consumers(fabric: UpFabric) -> list[str]:
     return [line for line in log.read_text().splitlines() if "Slow Consumer" in line]
 
 
+# a flood loads the machine on purpose: alone, what it measures is the fabric
+@pytest.mark.serial
 async def test_one_credentials_flood_leaves_the_registry_and_the_issuer_standing(
     up_fabric: UpFabric,
 ) -> None:
