@@ -31,12 +31,12 @@ from reach.audit.events import attempt
 from reach.audit.recording import CallRecorder, CallTrail
 from reach.audit.streams import ensure_streams
 from reach.audit.writer import AuditWriter, WriterConfig
+from reach.caller.routing import RouteEntry
 from reach.clock import SystemClock
-from reach.envelope import RequestMeta
-from reach.routing import RouteEntry
 from reach.telemetry import Telemetry, new_traceparent
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire.envelope import RequestMeta
 
 
 def _names(

@@ -31,11 +31,11 @@ import msgpack
 
 from bench.payload import PAYLOAD, PAYLOAD_SCHEMA
 from bench.report import machine_info, percentile, require_fresh_build, write_json
-from reach import codec, envelope
+from reach.agent.serving import CallServer, endpoint_for
 from reach.clock import system_clock
-from reach.contract import compile_schema
-from reach.models import Capability
-from reach.serving import CallServer, endpoint_for
+from reach.wire import codec, envelope
+from reach.wire.contract import compile_schema
+from reach.wire.models import Capability
 
 __all__ = ["DEFAULT", "QUICK", "Settings", "main", "measure"]
 

@@ -33,20 +33,20 @@ import nats
 from bench.callpath import server_version
 from bench.procs import cpu_seconds
 from bench.report import machine_info, write_json
-from reach import subjects
 from reach.audit.events import attempt
 from reach.audit.recording import CallRecorder, CallTrail
 from reach.audit.streams import ensure_streams
 from reach.audit.writer import AuditWriter
+from reach.caller.routing import RouteEntry
 from reach.clock import SystemClock
-from reach.embedded import free_port
-from reach.envelope import RequestMeta
-from reach.models import Instance, Manifest
+from reach.fabric.embedded import free_port
 from reach.registry.store import RegistryStore
-from reach.routing import RouteEntry
 from reach.telemetry import Telemetry, new_traceparent
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire import subjects
+from reach.wire.envelope import RequestMeta
+from reach.wire.models import Instance, Manifest
 
 _OUT = Path(__file__).resolve().parent / "results" / "console.json"
 _ROOT = Path(__file__).resolve().parent.parent

@@ -249,7 +249,7 @@ class _Layout:
 
 def _record(layout: _Layout, i: int, now: float) -> Any:
     """A registry record like the registrar writes; a realistic mix of states and loads."""
-    from reach.models import Instance, Manifest, Transition
+    from reach.wire.models import Instance, Manifest, Transition
 
     version = "1.3.0-rc.1" if i % 10 == 9 else "1.2.3"
     manifest = Manifest.model_validate(
@@ -291,8 +291,8 @@ def _record(layout: _Layout, i: int, now: float) -> Any:
 
 async def _write_records(store: Any, layout: _Layout, first: int, last: int) -> None:
     """Instance records alone (no route keys: the caches here follow every record)."""
-    from reach import subjects
-    from reach.modelcodec import encode_model
+    from reach.wire import subjects
+    from reach.wire.modelcodec import encode_model
 
     now = time.time()
     batch = 256
@@ -332,7 +332,7 @@ class _Chooser:
     def choose(self, capability: str, tags: Sequence[str] = (), *, focus: bool = True) -> Any:
         """What ReachClient does before every call: candidates, their contract, the choice
         (``focus=False``: without the aperture, sampling among all candidates)."""
-        from reach.routing import APERTURE_ABOVE, choose
+        from reach.caller.routing import APERTURE_ABOVE, choose
 
         candidates = self.cache.entries(capability, tags)
         if candidates:  # ReachClient._spec: the capability's contract
@@ -488,7 +488,7 @@ def _changes_at_least(target: int) -> Callable[[Any], bool]:
 async def _route_choice_layout(
     url: str, layout: _Layout, settings: Settings, progress: Progress
 ) -> list[dict[str, Any]]:
-    from reach.registry.routecache import RouteCache
+    from reach.caller.routecache import RouteCache
     from reach.registry.store import RegistryStore
     from reach.transport import connect
 
@@ -545,8 +545,8 @@ async def _route_choice_layout(
 def record_decode_us(samples: int = 300) -> dict[str, Any]:
     """µs to decode one registry record, as every route cache and the registrar do for each
     KV change they watch: as written here, and the same record without a JSON Schema."""
-    from reach.modelcodec import encode_model
     from reach.registry.store import decode_instance
+    from reach.wire.modelcodec import encode_model
 
     layout = _Layout("decode", "dec", 10)
     now = time.time()
@@ -609,7 +609,7 @@ def sim_capability(n: int) -> str:
 
 
 def _sim_manifest(agent_id: str, interval: float, capability: str = "bench-sim") -> Any:
-    from reach.models import Manifest
+    from reach.wire.models import Manifest
 
     return Manifest.model_validate(
         {
@@ -648,10 +648,10 @@ class _Control:
         the simulated capability, signed with the registrar's key (what each would get at
         login with a credential from ``reach creds add ID --agent-id ID --cap bench-sim``;
         the registrar refuses an announce its credential does not allow)."""
-        from reach import subjects
-        from reach.modelcodec import encode_model
         from reach.security.credentials import ClientRecord
         from reach.security.tokens import KeyRing, TokenIssuer
+        from reach.wire import subjects
+        from reach.wire.modelcodec import encode_model
 
         issuer = TokenIssuer(KeyRing.load_or_generate(key_file))
         bucket = await self.conn.key_value(subjects.CREDENTIALS_BUCKET, create=False)
@@ -677,8 +677,8 @@ class _Control:
             )
 
     def request(self, agent_id: str, model: Any) -> bytes:
-        from reach import envelope
-        from reach.modelcodec import encode_model
+        from reach.wire import envelope
+        from reach.wire.modelcodec import encode_model
 
         token = self.tokens.get(agent_id) or self.security.token()
         meta = envelope.RequestMeta(call_id=secrets.token_hex(8), caller=agent_id, token=token)
@@ -687,9 +687,9 @@ class _Control:
     async def announce(
         self, agent_id: str, instance_id: str, interval: float, timeout: float = 30.0
     ) -> bool:
-        from reach import envelope, subjects
-        from reach.modelcodec import decode_model
-        from reach.models import AnnounceReply, AnnounceRequest
+        from reach.wire import envelope, subjects
+        from reach.wire.modelcodec import decode_model
+        from reach.wire.models import AnnounceReply, AnnounceRequest
 
         capability = self.capability_of.get(agent_id, "bench-sim")
         request = AnnounceRequest(
@@ -706,8 +706,8 @@ class _Control:
         return decode_model(AnnounceReply, reply.body).accepted
 
     async def bye(self, agent_id: str, instance_id: str) -> None:
-        from reach import subjects
-        from reach.models import Bye
+        from reach.wire import subjects
+        from reach.wire.models import Bye
 
         bye = Bye(agent_id=agent_id, instance_id=instance_id, reason="bench done")
         with contextlib.suppress(Exception):
@@ -716,7 +716,7 @@ class _Control:
     @classmethod
     async def open(cls, url: str, creds: Path | None, name: str) -> _Control:
         from reach.security.credentials import CredentialsFile
-        from reach.security.fabric import FabricSecurity
+        from reach.security.membership import FabricSecurity
         from reach.transport import connect
 
         conn = await connect([url], name=name)
@@ -816,7 +816,7 @@ async def _announce_and_watch(
 
 async def _child_watch(url: str, prefix: str) -> None:
     """Print ``SEEN agent_id unix_time`` when a record of ``prefix`` arrives in the cache."""
-    from reach.registry.routecache import RouteCache
+    from reach.caller.routecache import RouteCache
     from reach.registry.store import RegistryStore
     from reach.transport import connect
 
@@ -1103,7 +1103,7 @@ class _Simulator:
         return old
 
     async def start(self) -> None:
-        from reach import subjects
+        from reach.wire import subjects
 
         conn = self.control.conn
         # one answer per probe whichever process gets it: the instance id is known to all
@@ -1137,8 +1137,8 @@ class _Simulator:
         return self.interval * random.uniform(0.9, 1.0)
 
     async def heartbeat_loop(self) -> None:
-        from reach import subjects
-        from reach.models import Heartbeat
+        from reach.wire import subjects
+        from reach.wire.models import Heartbeat
 
         while True:
             now = time.monotonic()
@@ -1168,9 +1168,9 @@ class _Simulator:
             await asyncio.sleep(min(0.05, max(0.001, wait)))
 
     async def on_reply(self, msg: Any) -> None:
-        from reach import envelope
-        from reach.modelcodec import decode_model
-        from reach.models import HeartbeatReply
+        from reach.wire import envelope
+        from reach.wire.modelcodec import decode_model
+        from reach.wire.models import HeartbeatReply
 
         n = int(msg.subject.rsplit(".", 1)[1])
         self.window["hb_replies"] += 1
@@ -1188,9 +1188,9 @@ class _Simulator:
                 await self.control.announce(self.ids[n], self.instance_ids[n], self.interval)
 
     async def on_probe(self, msg: Any) -> None:
-        from reach import envelope, subjects
-        from reach.modelcodec import encode_model
-        from reach.models import ProbeReply
+        from reach.wire import envelope, subjects
+        from reach.wire.modelcodec import encode_model
+        from reach.wire.models import ProbeReply
 
         agent_id = subjects.last_token(msg.subject)
         data = self.probe_replies.get(agent_id)

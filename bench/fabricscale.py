@@ -54,7 +54,7 @@ async def cluster(logs: Path, name: str, size: int) -> AsyncIterator[tuple[list[
     """``size`` nats-servers on loopback as one JetStream cluster: their URLs and pids.
     Each one's config maps heartbeats onto partitions, as the configs of
     ``reach up --cluster`` do."""
-    from reach.embedded import free_port
+    from reach.fabric.embedded import free_port
     from reach.security import natsconf
     from reach.testing import NatsServer
 
@@ -361,7 +361,7 @@ async def child_caller(url: str, mode: str, prefix: str, capabilities: Sequence[
     prints ``CHANGE announce|bye AGENT_ID UNIX_TIME`` for agents of ``prefix``, and
     answers ``RECORDS`` with the records it received so far."""
     from bench import discovery as d
-    from reach.registry.routecache import RouteCache
+    from reach.caller.routecache import RouteCache
     from reach.registry.store import RegistryStore
     from reach.transport import connect
 

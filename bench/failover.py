@@ -166,7 +166,7 @@ def echo_manifest(
 
 
 async def _serve_agents(url: str, manifests: list[dict[str, Any]]) -> None:
-    from reach.agent import Agent
+    from reach.agent.agent import Agent
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -534,7 +534,7 @@ def summarize(runs: Sequence[dict[str, Any]], scenarios: Sequence[str]) -> dict[
 
 
 async def run_failover(settings: Settings, progress: Progress) -> dict[str, Any]:
-    from reach.client import ReachClient
+    from reach.caller.client import ReachClient
 
     began = time.perf_counter()
     runs: list[dict[str, Any]] = []

@@ -117,7 +117,7 @@ async def _bearer(
 
 @asynccontextmanager
 async def open_direct(url: str) -> AsyncIterator[Call]:
-    from reach.client import ReachClient
+    from reach.caller.client import ReachClient
 
     async with ReachClient(servers=url, name="bench-gateways-direct") as client:
         await client.routes.wait_for(

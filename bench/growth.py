@@ -135,7 +135,7 @@ async def _run_calls(client: Any, cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _serve_caller(url: str, name: str) -> None:
-    from reach.client import ReachClient
+    from reach.caller.client import ReachClient
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()

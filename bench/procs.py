@@ -210,7 +210,7 @@ def log_dir() -> Path:
 
 @asynccontextmanager
 async def _registrar(url: str, workdir: Path, *, settled: bool) -> AsyncIterator[None]:
-    """The registrar part of a fabric on ``url`` (``reach.Fabric``: token issuer and
+    """The registrar part of a fabric on ``url`` (``reach.fabric.Fabric``: token issuer and
     registrar, as ``reach up --servers URL`` runs them, its store in ``workdir``); the
     credentials the benchmark's agents and callers use are written to
     ``workdir/bench.creds``. NATS itself takes anonymous clients: raw nats-py runs on it.

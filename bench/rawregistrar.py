@@ -35,10 +35,10 @@ _TICK_SEC = 0.01
 async def _run(url: str, prefix: str, count: int, probes_per_sec: float) -> None:
     import nats
 
-    from reach import envelope, subjects
-    from reach.modelcodec import encode_model
-    from reach.models import HeartbeatReply
-    from reach.registry.probe import probe_request
+    from reach.registry.probes import probe_request
+    from reach.wire import envelope, subjects
+    from reach.wire.modelcodec import encode_model
+    from reach.wire.models import HeartbeatReply
 
     nc = await nats.connect(url, name="bench-raw-registrar")
     ok = envelope.pack_ok(encode_model(HeartbeatReply(ok=True)), "raw-registrar")

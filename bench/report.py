@@ -234,8 +234,8 @@ def require_fresh_build() -> None:
 
 def _compiled() -> list[str]:
     """The call path's modules that run compiled (mypyc) in this install."""
-    import reach.agent
-    import reach.client  # noqa: F401  (loaded, to be listed)
+    import reach.agent.agent
+    import reach.caller.client  # noqa: F401  (loaded, to be listed)
 
     return compiled_modules()
 

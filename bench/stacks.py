@@ -49,12 +49,12 @@ from nats.micro import add_service
 from nats.micro.request import Request
 
 from bench.payload import PAYLOAD_SCHEMA
-from reach import envelope
-from reach.agent import Agent
-from reach.client import ReachClient
-from reach.registry import RouteCache
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
+from reach.caller.routecache import RouteCache
 from reach.tasks import step_now
 from reach.transport import Message, connect
+from reach.wire import envelope
 
 __all__ = ["STACKS", "UNAVAILABLE", "Call", "Context", "Stack", "register"]
 
@@ -193,7 +193,8 @@ def _reach_responder(
 ) -> Callable[[Context], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def responder(ctx: Context) -> AsyncIterator[None]:
-        agent = Agent(_manifest(ctx, schemas=schemas), servers=ctx.url, verify_tokens=tokens)
+        agent = Agent(_manifest(ctx, schemas=schemas), servers=ctx.url)
+        agent._verify_tokens = tokens  # the variant without call tokens
 
         async def echo(req: dict[str, Any]) -> dict[str, Any]:
             return req
@@ -250,12 +251,12 @@ def _audit_off(ctx: Context) -> Iterator[None]:
     records them (``au``), so that the callee does not record them in its place: the
     variant measures the fabric without audit, not audit moved to the callee."""
     client = _CLIENTS[ctx.stack]
-    writer, client.audit = client.audit, None
-    client._attempts.audits = True  # the requests' ``au``, as with the writer on
+    recorder = client._recorder
+    writer, recorder.audit = recorder.audit, None  # the attempts still mark ``au``
     try:
         yield
     finally:
-        client.audit = writer
+        recorder.audit = writer
 
 
 register(
@@ -293,7 +294,7 @@ register(
     Stack(
         "reach-noaudit",
         "Agent-Reach without audit events: reach's own processes and client, its audit"
-        " writer set aside (client.audit = None) while these blocks run",
+        " writer set aside while these blocks run",
         _reach_responder(schemas=True),
         _same_caller,
         needs_registry=True,

@@ -1,5 +1,5 @@
 """Lazy public names for a package's ``__init__``: ``from reach import Agent`` imports
-``reach.agent`` when the name is first used, so ``import reach`` (and a process that
+``reach.agent.agent`` when the name is first used, so ``import reach`` (and a process that
 needs one part) loads no more than it uses."""
 
 from __future__ import annotations

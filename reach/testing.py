@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from reach.embedded import EmbeddedServer
+from reach.fabric.embedded import EmbeddedServer
 
 __all__ = ["NatsServer", "nats_server"]
 

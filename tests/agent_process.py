@@ -16,9 +16,9 @@ import signal
 import sys
 from typing import Any
 
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.errors import RegistrationRefused
-from reach.models import Readiness
+from reach.wire.models import Readiness
 
 
 async def main() -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from reach.audit import AuditWriter, WriterConfig
 from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.events import CallEvent, attempt
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.transport import Connection
 
 

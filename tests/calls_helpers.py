@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reach.agent import Agent, ReadinessCheck
-from reach.client import ReachClient
+from reach.agent.agent import Agent, ReadinessCheck
+from reach.caller.client import ReachClient
 from reach.errors import BusinessError
 from reach.telemetry import Telemetry
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from reach.agent import Agent
-from reach.client import ReachClient
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.fabric import Fabric as ReachFabric
 from reach.native import compiled_modules, stale_message
 from reach.registry import Registrar, RegistrarConfig
@@ -57,7 +57,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(stale, returncode=4)
     # `make test` runs the suite on each build: it says which one it means to test
     expected = os.environ.get("REACH_TEST_BUILD")
-    running = "compiled" if "reach.client" in compiled_modules() else "pure"
+    running = "compiled" if "reach.caller.client" in compiled_modules() else "pure"
     if expected is not None and expected != running:
         pytest.exit(
             f"REACH_TEST_BUILD={expected} but the {running} build of reach was imported"

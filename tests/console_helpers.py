@@ -10,8 +10,8 @@ from pathlib import Path
 import uvicorn
 
 from reach.console import Console, FabricView
-from reach.embedded import free_port
-from reach.security.fabric import connect_as
+from reach.fabric.embedded import free_port
+from reach.security.membership import connect_as
 
 #: what a description holds that would run if it were markup
 SCRIPT = "<script>document.title='owned'</script><img src=x onerror=\"document.title='owned'\">"

@@ -21,9 +21,11 @@ from typing import Any
 import nats
 from nats.aio.msg import Msg
 
-from reach import envelope, subjects
-from reach.modelcodec import decode_model, encode_model
-from reach.models import (
+from reach.registry.partitions import partition_of
+from reach.tasks import cancel_and_wait
+from reach.wire import envelope, subjects
+from reach.wire.modelcodec import decode_model, encode_model
+from reach.wire.models import (
     AnnounceReply,
     AnnounceRequest,
     Heartbeat,
@@ -31,8 +33,6 @@ from reach.models import (
     Manifest,
     ProbeReply,
 )
-from reach.registry.partitions import partition_of
-from reach.tasks import cancel_and_wait
 
 #: announces tried per instance (a busy host may answer one late)
 ANNOUNCE_ATTEMPTS = 5

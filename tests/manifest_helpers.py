@@ -45,7 +45,7 @@ health:
 """  # noqa: E501 (verbatim from docs/architecture.md)
 
 
-#: the longest latency SLA a manifest may declare, a day (reach.models.MAX_SLA_MS),
+#: the longest latency SLA a manifest may declare, a day (reach.wire.models.MAX_SLA_MS),
 #: spelled out: the tests hold the code to the documented limit
 MAX_SLA_MS = 24 * 3600 * 1000.0
 

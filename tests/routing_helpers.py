@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reach.models import Instance, Manifest
+from reach.wire.models import Instance, Manifest
 
 
 def instance(

@@ -47,8 +47,8 @@ from starlette.authentication import SimpleUser
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reach.agent import Agent
-from reach.client import ReachClient
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.clock import ManualClock
 from reach.errors import ConfigurationError
 from reach.gateways.a2a import A2AGateway

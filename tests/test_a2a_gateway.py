@@ -43,8 +43,9 @@ from a2a.types import (
     TaskState,
 )
 
-from reach.agent import Agent
-from reach.calling.result import CallResult
+from reach.agent.agent import Agent
+from reach.agent.jobs import JobRecord
+from reach.caller.result import CallResult
 from reach.errors import (
     AuthenticationFailed,
     BusinessError,
@@ -65,9 +66,8 @@ from reach.gateways.a2a_tasks import (
     payload_of,
 )
 from reach.gateways.failures import layer_of
-from reach.jobs import JobRecord
-from reach.models import Instance, parse_manifest
 from reach.security.credentials import CredentialsFile
+from reach.wire.models import Instance, parse_manifest
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .up_helpers import Secured, secured_agent

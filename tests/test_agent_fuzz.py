@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reach import envelope, subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.testing import NatsServer
+from reach.wire import envelope, subjects
 
 from .calls_helpers import capability, make_agent, wait_routable
 

@@ -15,7 +15,7 @@ from reach.audit.decode import read_counts
 from reach.audit.events import CallEvent
 from reach.clock import ManualClock
 from reach.errors import ConfigurationError
-from reach.models import Instance
+from reach.wire.models import Instance
 from tests.audit_helpers import MAX_TRACKED, make_event
 from tests.routing_helpers import instance
 

@@ -9,15 +9,15 @@ import json
 import time
 from typing import Any
 
-from reach import subjects
+from reach.agent.context import current_call
 from reach.audit.alerts import Alert, decode_alert
-from reach.client import ReachClient
-from reach.context import current_call
+from reach.caller.client import ReachClient
 from reach.errors import CircuitOpen, ReachError, Unavailable
 from reach.registry import Registrar
 from reach.resilience import BreakerConfig, RetryBudget
 from reach.testing import NatsServer
 from reach.transport import Connection
+from reach.wire import subjects
 
 from .audit_helpers import event, write
 from .calls_helpers import make_agent, wait_routable

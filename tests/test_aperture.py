@@ -1,4 +1,4 @@
-"""A caller's aperture among a capability's many instances (reach.routing.Aperture).
+"""A caller's aperture among a capability's many instances (reach.caller.routing.Aperture).
 
 Above ``APERTURE_ABOVE`` candidates a choice samples among the caller's working set, not
 among all of them: the set is what one caller's calls land on, it turns over, it drops
@@ -14,11 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from reach.calling.plan import CallPlanner
-from reach.clock import system_clock
-from reach.registry.routecache import RouteCache
-from reach.resilience import BreakerBoard
-from reach.routing import (
+from reach.caller.plan import CallPlanner
+from reach.caller.routecache import RouteCache
+from reach.caller.routing import (
     APERTURE,
     APERTURE_ABOVE,
     APERTURE_TURN,
@@ -28,6 +26,8 @@ from reach.routing import (
     choose,
     route_entries,
 )
+from reach.clock import system_clock
+from reach.resilience import BreakerBoard
 from reach.telemetry import Telemetry
 
 from .routing_helpers import instance

@@ -14,18 +14,18 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, format_event
 from reach.audit.batch import encode_batch
 from reach.audit.events import served_event
 from reach.audit.provenance import verdict
 from reach.audit.reader import AuditRecord, read_records
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import NotAuthorized
 from reach.security.credentials import ROLE_GATEWAY, CredentialsFile, CredentialStore
-from reach.security.fabric import acting_for, connect_as
+from reach.security.membership import acting_for, connect_as
 from reach.security.session import TokenSession
 from reach.transport import Connection
+from reach.wire import subjects
 
 from .audit_helpers import event, flushed
 from .calls_helpers import wait_routable

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from reach.audit.alerts import AlertEngine
 from reach.audit.batch import BATCH_VERSION, BatchBuilder, encode_batch, event_row
 from reach.audit.decode import BatchVersionError, decode_events, decode_raw, read_counts
+from reach.audit.eventmodels import AuditBatch, decode_batch
 from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
-from reach.audit.records import AuditBatch, decode_batch
 from reach.audit.split import split_batch
 from reach.clock import ManualClock
 from reach.errors import CodecError

@@ -12,12 +12,12 @@ import msgpack
 import nats
 import pytest
 
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.audit import AuditEvent, read_events
 from reach.audit.events import CallEvent, denial_event
 from reach.audit.merge import MergedCall, merge_calls
 from reach.audit.reader import AuditRecord, read_records
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.testing import NatsServer
 from reach.transport import Connection
 
@@ -175,7 +175,7 @@ async def test_a_live_call_is_shown_once_its_window_passed_while_the_stream_is_i
 
 @pytest.mark.parametrize("au", [True, False])
 async def test_au_travels_in_the_envelope(au: bool) -> None:
-    from reach import envelope
+    from reach.wire import envelope
 
     meta, _ = envelope.unpack_request(
         envelope.pack_request(envelope.RequestMeta("id-1", audit=au), b"")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reach.audit import WriterConfig, read_events
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import ReachError
 from reach.registry import Registrar
 from reach.testing import NatsServer

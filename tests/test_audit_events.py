@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from reach.agent.context import current_call
 from reach.audit import AuditEvent, read_events
-from reach.client import ReachClient
-from reach.context import current_call
+from reach.caller.client import ReachClient
 from reach.errors import (
     BusinessError,
     ContractError,
@@ -19,7 +19,7 @@ from reach.errors import (
     RegistrationRefused,
     Unavailable,
 )
-from reach.fallback import Fallback
+from reach.resilience.fallback import Fallback
 from reach.testing import NatsServer
 from reach.transport import Connection
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, ensure_streams
 from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.batch import RowSummary, encode_notice
-from reach.audit.records import AuditNotice, decode_batch, decode_notice
+from reach.audit.eventmodels import AuditNotice, decode_batch, decode_notice
 from reach.errors import ReachTimeout
 from reach.registry import Registrar
 from reach.transport import Connection, Message, Stream
+from reach.wire import subjects
 from tests.audit_helpers import MAX_TRACKED, event, until_fired
 
 RETRIED = [{"agent_id": "echo-2", "outcome": "timeout"}, {"agent_id": "echo-1"}]

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from reach import subjects
 from reach.audit.alerts import AlertEngine
 from reach.audit.batch import encode_batch
+from reach.audit.eventmodels import AuditEvent
 from reach.audit.provenance import REGISTRAR_WRITER, verdict
 from reach.audit.reader import format_event
-from reach.audit.records import AuditEvent
 from reach.clock import ManualClock
 from reach.security.natsconf import REGISTRAR_USER
+from reach.wire import subjects
 from tests.audit_helpers import make_event
 
 

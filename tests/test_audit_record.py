@@ -9,6 +9,7 @@ from typing import cast
 import pytest
 
 from reach.audit.batch import encode_batch, event_row
+from reach.audit.eventmodels import AuditAttempt, AuditEvent, decode_batch
 from reach.audit.events import (
     ATTEMPT_FIELDS,
     EVENT_FIELDS,
@@ -18,12 +19,11 @@ from reach.audit.events import (
     denial_event,
 )
 from reach.audit.recording import CallRecorder, CallTrail
-from reach.audit.records import AuditAttempt, AuditEvent, decode_batch
 from reach.audit.writer import AuditWriter, WriterConfig
 from reach.clock import SystemClock
-from reach.envelope import RequestMeta
 from reach.telemetry import Telemetry, new_traceparent
 from reach.transport import Connection
+from reach.wire.envelope import RequestMeta
 
 
 def test_the_record_has_the_fields_of_a_row_and_of_the_readers_event() -> None:

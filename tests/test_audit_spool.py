@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from reach import subjects
 from reach.audit import AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.alerts import decode_alert
 from reach.audit.batch import RowSummary
-from reach.audit.records import AuditNotice, decode_notice
+from reach.audit.eventmodels import AuditNotice, decode_notice
 from reach.audit.spool import MAGIC, SUFFIX, Batch, Spool, survey
-from reach.doctor import conclude, gather
 from reach.errors import ConfigurationError
+from reach.fabric.doctor import conclude, gather
 from reach.registry import Registrar, RegistrarConfig
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
+from reach.wire import subjects
 from tests.audit_helpers import event
 
 

@@ -8,14 +8,14 @@ import asyncio
 import time
 from typing import Any
 
+from reach.agent.context import current_call
 from reach.audit import read_events
+from reach.audit.eventmodels import AuditAttempt, AuditEvent
 from reach.audit.events import CallEvent
 from reach.audit.reader import AuditFilter
-from reach.audit.records import AuditAttempt, AuditEvent
 from reach.audit.stats import CallStats
+from reach.caller.client import ReachClient
 from reach.cli.agents import P99_WINDOW_SEC, observed_p99
-from reach.client import ReachClient
-from reach.context import current_call
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection
@@ -132,7 +132,7 @@ def test_every_command_shows_the_same_latency_for_the_same_call() -> None:
     from reach.audit.stats import LATENCY
     from reach.cli.doctor import render as render_doctor
     from reach.cli.top import render as render_top
-    from reach.doctor import Diagnosis
+    from reach.fabric.doctor import Diagnosis
 
     call = first_call_with_a_token_fetch(time.time())
     assert call.answer_ms == 1.5

@@ -13,19 +13,19 @@ import msgpack
 import nats
 import pytest
 
-from reach import subjects
 from reach.audit import AuditFilter, AuditWriter, WriterConfig, ensure_streams, read_events
 from reach.audit.batch import encode_batch, event_row
+from reach.audit.eventmodels import AuditAttempt, AuditEvent, decode_batch
 from reach.audit.events import EVENT_FIELDS, CallEvent, attempt
 from reach.audit.reader import read_records
 from reach.audit.recording import CallRecorder, CallTrail
-from reach.audit.records import AuditAttempt, AuditEvent, decode_batch
 from reach.clock import SystemClock
-from reach.envelope import RequestMeta
 from reach.errors import ReachError
 from reach.telemetry import Telemetry, new_traceparent
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire import subjects
+from reach.wire.envelope import RequestMeta
 from tests.audit_helpers import event, until, until_fired
 
 #: what the writer logs once an outage keeps it from writing (reach.audit.writer)

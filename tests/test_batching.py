@@ -21,15 +21,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reach import envelope, subjects
-from reach.client import CallResult, ReachClient
-from reach.envelope import MAX_BATCH_ITEMS, RequestMeta
+from reach.caller.client import CallResult, ReachClient
 from reach.errors import CodecError
-from reach.modelcodec import encode_model
-from reach.models import AnnounceReply, AnnounceRequest, Manifest
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
+from reach.wire import envelope, subjects
+from reach.wire.envelope import MAX_BATCH_ITEMS, RequestMeta
+from reach.wire.modelcodec import encode_model
+from reach.wire.models import AnnounceReply, AnnounceRequest, Manifest
 
 from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
@@ -289,7 +289,7 @@ async def test_batches_go_only_to_instances_that_announced_they_read_them(
 
 
 def test_the_exported_schema_describes_a_batch() -> None:
-    from reach.wireschemas import EnvelopeBatch
+    from reach.wire.schemas import EnvelopeBatch
 
     data = envelope.pack_batch([("a1", b"\x80"), ("a2", b"\x81")])
     assert EnvelopeBatch.model_validate(msgpack.unpackb(data)).root == [

@@ -39,7 +39,7 @@ def test_coldpath_bench_measures_every_piece_and_writes_the_json(tmp_path: Path)
 
 
 def test_the_callee_piece_serves_a_real_call() -> None:
-    from reach import envelope
+    from reach.wire import envelope
 
     reply = envelope.unpack_reply(pieces()["callee: one call served (CallServer.handle)"]())
     assert reply.ok, reply

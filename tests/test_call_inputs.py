@@ -15,10 +15,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from reach import envelope, subjects
-from reach.audit.records import decode_batch
-from reach.calling.attempt import remote_error
-from reach.client import ReachClient
+from reach.audit.eventmodels import decode_batch
+from reach.caller.attempt import remote_error
+from reach.caller.client import ReachClient
 from reach.errors import (
     ConfigurationError,
     ContractError,
@@ -28,6 +27,7 @@ from reach.errors import (
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection, Message
+from reach.wire import envelope, subjects
 
 from .calls_helpers import capability, make_agent, wait_routable
 

@@ -19,7 +19,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, RePublish
 
-from reach import subjects
 from reach.registry.partitions import partition_of
 from reach.security import accounts, natsconf
 from reach.security.callout import (
@@ -32,6 +31,7 @@ from reach.security.callout import permissions_for as perms_for
 from reach.security.natsjwt import decode_jwt, encode_jwt
 from reach.testing import NatsServer
 from reach.transport import Connection, connect, kvfollow
+from reach.wire import subjects
 
 SECRET = "s3cret-value"
 
@@ -631,7 +631,7 @@ async def test_async_jobs_need_the_flag(
 ) -> None:
     public = KeyValueConfig(bucket="REACH_JOBS", direct=True)
     jobs = await registrar.jetstream().create_key_value(public)
-    # a job of app-jobs run by agent-j: its key names both (reach.jobs.new_job_id)
+    # a job of app-jobs run by agent-j: its key names both (reach.agent.jobs.new_job_id)
     key = "job.app-jobs.agent-j.j1"
     worker = await login("svc-jobs")
     # a KV put: publish + JetStream ack on its inbox

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from reach import envelope, subjects
-from reach.client import ReachClient
+from reach.agent.context import current_call
+from reach.caller.client import ReachClient
 from reach.clock import ManualClock
-from reach.context import current_call
 from reach.errors import (
     BusinessError,
     ContractError,
@@ -25,9 +24,10 @@ from reach.errors import (
     ReachTimeout,
     RetriesExhausted,
 )
-from reach.fallback import Fallback
-from reach.models import Readiness
+from reach.resilience.fallback import Fallback
 from reach.testing import NatsServer
+from reach.wire import envelope, subjects
+from reach.wire.models import Readiness
 
 from .calls_helpers import REPORT_INPUT, Behaviour, capability, make_agent, wait_routable
 
@@ -146,7 +146,7 @@ class Answer(BaseModel):
 
 
 async def test_pydantic_models_in_and_out(nats_server: NatsServer, client: ReachClient) -> None:
-    from reach.agent import Agent
+    from reach.agent.agent import Agent
 
     agent = Agent(
         {

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.audit.stats import LATENCY
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.registry import Registrar
 from reach.security.credentials import CredentialsFile
 from reach.testing import NatsServer

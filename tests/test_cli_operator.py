@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from reach import subjects
 from reach.audit.alerts import Alert, encode_alert
 from reach.audit.events import CallEvent
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection
+from reach.wire import subjects
 from tests.audit_helpers import event, write
 from tests.cli_helpers import reach_cli, run_reach
 from tests.conftest import manifest

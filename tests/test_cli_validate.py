@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 from reach.cli import main
 from reach.errors import ConfigurationError
-from reach.models import parse_manifest
-from reach.wireschemas import WIRE_SCHEMAS
+from reach.wire.models import parse_manifest
+from reach.wire.schemas import WIRE_SCHEMAS
 
 from .manifest_helpers import MANIFEST_EXAMPLE
 

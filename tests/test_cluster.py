@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 
 from bench.faults.fabric import stream_info
-from reach import subjects
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.audit import WriterConfig, read_events
-from reach.client import ReachClient
-from reach.embedded import free_port
+from reach.caller.client import ReachClient
 from reach.errors import ReachError
+from reach.fabric.embedded import free_port
 from reach.registry.store import RegistryStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
+from reach.wire import subjects
 
 from .cli_helpers import REACH
 from .conftest import manifest

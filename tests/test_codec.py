@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reach import codec, envelope
-from reach.codec import Limits
-from reach.envelope import RequestMeta
 from reach.errors import CodecError, ContractError
+from reach.wire import codec, envelope
+from reach.wire.codec import Limits
+from reach.wire.envelope import RequestMeta
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -544,7 +544,7 @@ def test_the_shared_packer_is_clean_after_a_failure_and_across_threads() -> None
     never mix."""
     import threading
 
-    from reach.codec import packb
+    from reach.wire.codec import packb
 
     with pytest.raises(TypeError):
         packb({"ok": 1, "bad": object()})

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 
 from .calls_helpers import capability, make_agent
 from .console_helpers import SCRIPT, serve_console

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reach.client import ReachClient
-from reach.embedded import free_port
+from reach.caller.client import ReachClient
+from reach.fabric.embedded import free_port
 from reach.tasks import cancel_and_wait
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli

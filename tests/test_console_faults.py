@@ -14,7 +14,7 @@ import msgpack
 import nats
 import pytest
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.registry.registrar import Registrar
 from reach.testing import NatsServer
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from reach.audit.records import AuditEvent
+from reach.audit.eventmodels import AuditEvent
 from reach.audit.stats import CallStats
 from reach.console import rollup as rollup_module
 from reach.console.rollup import SAMPLES, Rollup

@@ -1,4 +1,4 @@
-"""reach.contract: the fast path (jsonschema-rs) never accepts what jsonschema rejects, the
+"""reach.wire.contract: the fast path (jsonschema-rs) never accepts what jsonschema rejects, the
 verdict is jsonschema's, errors name the field and rule, and no value crashes a check."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 
-from reach import codec
-from reach.contract import ROOT, Validator, compile_schema, schema_from_model
 from reach.errors import ConfigurationError, ContractError
+from reach.wire import codec
+from reach.wire.contract import ROOT, Validator, compile_schema, schema_from_model
 
 REPORT_INPUT: dict[str, Any] = {
     "type": "object",
@@ -391,8 +391,8 @@ def test_a_ref_cycle_that_consumes_nothing_is_checked_without_a_crash() -> None:
 
 DEEP_CHECK = """
 import sys
-from reach import codec
-from reach.contract import compile_schema
+from reach.wire import codec
+from reach.wire.contract import compile_schema
 from reach.errors import ContractError
 schema = {"$defs": {"n": {"type": ["array", "integer"], "items": {"$ref": "#/$defs/n"}}},
           "$ref": "#/$defs/n"}

@@ -9,7 +9,13 @@ import random
 import pytest
 
 from reach.clock import ManualClock
-from reach.registry.budget import BURST, DEFAULT_INTERVAL_SEC, MAX_RATE, PER_INTERVAL, ControlBudget
+from reach.registry.controlbudget import (
+    BURST,
+    DEFAULT_INTERVAL_SEC,
+    MAX_RATE,
+    PER_INTERVAL,
+    ControlBudget,
+)
 from reach.security.accounts import REQUEST_INFO_HEADER, requester
 from reach.security.ratelimit import RateByKey
 

@@ -11,7 +11,6 @@ import pytest
 
 from reach.clock import ManualClock
 from reach.errors import ReachError
-from reach.modelcodec import encode_model
 from reach.security import (
     ClientRecord,
     CredentialCache,
@@ -21,6 +20,7 @@ from reach.security import (
 )
 from reach.testing import NatsServer
 from reach.transport import Connection, KVEntry
+from reach.wire.modelcodec import encode_model
 
 # -- the cache (real nats-server) --------------------------------------------------------
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reach.agent import Agent
-from reach.client import ReachClient
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.clock import ManualClock
 from reach.errors import AuthenticationFailed, ConfigurationError
 from reach.security import (

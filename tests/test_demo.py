@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from reach import envelope, subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.demo.participants import DataQueryProcess, demo_fabric
 from reach.errors import AuthenticationFailed
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
+from reach.wire import envelope, subjects
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
 pytestmark = pytest.mark.long

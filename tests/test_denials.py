@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from reach import subjects
 from reach.errors import AuthError, NoResponders, PermissionDenied
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.transport.denials import Denials, api_refusal_of, refusal_of
+from reach.wire import subjects
 
 from .up_helpers import Secured, secured_agent
 

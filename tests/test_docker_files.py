@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from reach.embedded import find_nats_server
+from reach.fabric.embedded import find_nats_server
 from reach.security import natsconf
 
 DOCKER = Path(__file__).parent.parent / "docker"

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from reach.audit.records import AuditAttempt, AuditEvent
-from reach.client import ReachClient
-from reach.doctor import Evidence, conclude, diagnose
+from reach.audit.eventmodels import AuditAttempt, AuditEvent
+from reach.caller.client import ReachClient
 from reach.errors import NoResponders, NotAuthorized, ReachTimeout
-from reach.models import Instance, ProbeReply
+from reach.fabric.doctor import Evidence, conclude, diagnose
 from reach.registry import Registrar
-from reach.registry.probe import ProbeResult
+from reach.registry.probes import ProbeResult
 from reach.testing import NatsServer
 from reach.transport import Connection
+from reach.wire.models import Instance, ProbeReply
 from tests.audit_helpers import flushed
 from tests.calls_helpers import Behaviour, capability, make_agent, wait_routable
 from tests.cli_helpers import run_reach

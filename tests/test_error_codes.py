@@ -19,7 +19,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import (
     AuthenticationFailed,
     BusinessError,

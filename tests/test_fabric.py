@@ -1,4 +1,4 @@
-"""``reach.Fabric``, the one way to start a fabric: its servers, token issuer, login gate and
+"""``reach.fabric.Fabric``, the one way to start a fabric: its servers, token issuer, login gate and
 registrar in this process, secured as ``reach up`` secures them; what dies is started
 again, everything stops with it, and options that do not fit are refused by name."""
 
@@ -11,14 +11,15 @@ from typing import Any
 
 import pytest
 
-from reach import Fabric, subjects
-from reach.agent import Agent
-from reach.client import ReachClient
-from reach.embedded import port_in_use
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.errors import AuthenticationFailed, ConfigurationError
+from reach.fabric import Fabric
+from reach.fabric.embedded import port_in_use
 from reach.registry import RegistrarConfig
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.testing import NatsServer
+from reach.wire import subjects
 
 from .conftest import manifest
 

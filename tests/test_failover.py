@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import ReachError
 from reach.testing import NatsServer
 

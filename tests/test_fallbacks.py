@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
+from reach.agent.context import current_call
 from reach.audit import read_events
 from reach.audit.reader import AuditFilter
-from reach.client import ReachClient
-from reach.context import current_call
+from reach.caller.client import ReachClient
 from reach.errors import ContractError, NotFound
-from reach.fallback import NO_FALLBACK, Fallback
 from reach.registry import Registrar
+from reach.resilience.fallback import NO_FALLBACK, Fallback
 from reach.testing import NatsServer
 from reach.transport import Connection
 

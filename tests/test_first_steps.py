@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from reach.audit.stats import LATENCY
-from reach.client import ReachClient
-from reach.embedded import free_port
+from reach.caller.client import ReachClient
 from reach.errors import Disconnected, NotFound
+from reach.fabric.embedded import free_port
 from reach.testing import NatsServer
 
 from .calls_helpers import capability, make_agent, wait_routable

@@ -7,8 +7,8 @@ import random
 from collections.abc import Callable, Iterator
 
 from reach.clock import ManualClock
-from reach.models import Instance, Manifest
 from reach.registry.health import HealthPolicy
+from reach.wire.models import Instance, Manifest
 
 from .conftest import manifest
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from reach import subjects
-from reach.client import ReachClient
-from reach.embedded import free_port
+from reach.agent.jobs import JobStore
+from reach.caller.client import ReachClient
 from reach.errors import PermissionDenied
-from reach.jobs import JobStore
-from reach.security.fabric import connect_as
+from reach.fabric.embedded import free_port
+from reach.security.membership import connect_as
+from reach.wire import subjects
 
 from .calls_helpers import capability, make_agent, wait_routable
 from .cli_helpers import REACH, run_reach

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from reach.agent import Agent
-from reach.client import ReachClient
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.errors import BusinessError, ConfigurationError, ContractError, ReachTimeout
 from reach.testing import NatsServer
 
@@ -81,9 +81,11 @@ async def test_failed_job_raises_its_typed_error_and_bad_input_fails_at_once(
         job = await client.submit("bulk_export", {"rows": -1})
         with pytest.raises(BusinessError, match="negative export"):
             await job.result(timeout=5)
-        client.validate = False
-        with pytest.raises(ContractError, match="rows"):
-            await client.submit("bulk_export", {"rows": "many"})
+        # with no check before sending, the agent's contract refuses it
+        async with ReachClient(servers=nats_server.url, validate=False) as unchecked:
+            await wait_routable(unchecked, "bulk_export", 1)
+            with pytest.raises(ContractError, match="rows"):
+                await unchecked.submit("bulk_export", {"rows": "many"})
 
 
 async def test_submit_to_a_sync_capability_is_refused_before_the_call_runs(

@@ -50,8 +50,8 @@ from reach.gateways.mcptools import (
     refusal,
     tool_of,
 )
-from reach.models import Capability, Manifest
 from reach.security.credentials import CredentialsFile
+from reach.wire.models import Capability, Manifest
 
 from .calls_helpers import capability, make_agent
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli, reach_serving

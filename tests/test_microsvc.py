@@ -17,12 +17,9 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.micro.service import ServiceInfo, ServicePing, ServiceStats
 
-from reach import envelope
-from reach.agent import Agent
-from reach.client import ReachClient
-from reach.endpoint import endpoint_for
-from reach.errors import BusinessError
-from reach.microsvc import (
+from reach.agent.agent import Agent
+from reach.agent.endpoint import endpoint_for
+from reach.agent.microsvc import (
     INFO_TYPE,
     PING_TYPE,
     STATS_TYPE,
@@ -30,8 +27,11 @@ from reach.microsvc import (
     service_name,
     service_version,
 )
-from reach.models import Manifest, parse_manifest
+from reach.caller.client import ReachClient
+from reach.errors import BusinessError
 from reach.security.callout import permissions_for
+from reach.wire import envelope
+from reach.wire.models import Manifest, parse_manifest
 
 from .calls_helpers import Behaviour
 from .cli_helpers import reach_cli

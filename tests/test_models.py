@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from reach.errors import ConfigurationError
-from reach.models import Bye, Manifest, Readiness, Transition, parse_manifest
+from reach.wire.models import Bye, Manifest, Readiness, Transition, parse_manifest
 
 from .manifest_helpers import (
     ARCHITECTURE,
@@ -322,7 +322,7 @@ def test_a_schema_holding_nan_or_an_infinity_is_refused_and_says_so(bound: float
 # -- readiness reasons and details stay small ------------------------------------------
 
 
-#: the longest reason a record keeps (reach.models.MAX_REASON)
+#: the longest reason a record keeps (reach.wire.models.MAX_REASON)
 MAX_REASON = 500
 
 

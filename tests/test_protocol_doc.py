@@ -3,7 +3,7 @@ are the code's.
 
 Every ``json`` example marked ``<!-- schema: NAME -->`` is valid against
 ``schemas/NAME.schema.json``; every example of an envelope (a map with ``"v"``) is one
-``reach.envelope`` reads, its ``<bin: …>`` bodies packed as msgpack, and a body marked
+``reach.wire.envelope`` reads, its ``<bin: …>`` bodies packed as msgpack, and a body marked
 ``<!-- body: NAME -->`` is valid against that schema.
 """
 
@@ -18,9 +18,9 @@ import msgpack
 import pytest
 from jsonschema import Draft202012Validator
 
-from reach import envelope, subjects
-from reach.calling.remote import AUTHORIZATION_CODES
-from reach.envelope import ERROR_KINDS
+from reach.caller.remote import AUTHORIZATION_CODES
+from reach.wire import envelope, subjects
+from reach.wire.envelope import ERROR_KINDS
 
 from .schema_helpers import load_schema
 

@@ -22,20 +22,27 @@ def test_all_lists_exactly_the_public_names() -> None:
 
 
 def test_the_design_entry_points_are_exported() -> None:
-    for name in (
-        "Agent",
-        "ReachClient",
-        "Manifest",
-        "ReachError",
-        "ContractError",
-        "Fallback",
-        "Fabric",
-    ):
+    for name in ("Agent", "ReachClient", "CallResult", "Manifest", "Fallback", "current_call"):
         assert hasattr(reach, name)
+    # the errors in their module, the operators' names in theirs
+    for module, name in (
+        ("reach.errors", "ReachError"),
+        ("reach.errors", "ContractError"),
+        ("reach.fabric", "Fabric"),
+        ("reach.registry", "Registrar"),
+        ("reach.audit", "read_events"),
+    ):
+        assert hasattr(importlib.import_module(module), name)
+        assert not hasattr(reach, name), f"{name} is an operator's or an error: {module}"
+
+
+def test_the_public_api_fits_on_one_screen() -> None:
+    """What an agent author writes, no more: operator names live in their packages."""
+    assert len(reach.__all__) <= 16, reach.__all__
 
 
 def test_every_public_name_is_the_object_of_the_module_it_comes_from() -> None:
-    subpackages = ("audit", "registry", "security")
+    subpackages = ("agent", "audit", "caller", "registry", "security")
     packages = [reach] + [importlib.import_module(f"reach.{sub}") for sub in subpackages]
     for package in packages:
         exports: dict[str, str] = vars(package)["_EXPORTS"]
@@ -86,6 +93,6 @@ def test_import_reach_loads_nothing_else_of_reach_and_no_heavy_dependency() -> N
 
 def test_a_client_process_does_not_load_the_registrar_or_the_alert_rules() -> None:
     loaded = _loaded_by("from reach import ReachClient")
-    assert "reach.client" in loaded
+    assert "reach.caller.client" in loaded
     for unneeded in ("reach.registry.registrar", "reach.audit.alert_watcher", "reach.audit.reader"):
         assert unneeded not in loaded

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from reach import envelope, subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import NoResponders
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect, internals
+from reach.wire import envelope, subjects
 
 from .calls_helpers import Behaviour, make_agent, wait_routable
 from .conftest import Fabric, vault_agent

@@ -1,4 +1,4 @@
-"""The protocol reader (``reach.transport.reader``): what it hands to subscriptions is what
+"""The protocol reader (``reach.transport.protocol``): what it hands to subscriptions is what
 nats-py's own parser hands them, message for message and in order, however the bytes
 are split across reads; and a connection using it keeps its messages flowing on a real
 server (inline and queued subscriptions side by side, headers, payloads over a read)."""
@@ -20,7 +20,7 @@ from nats.protocol.parser import Parser
 from reach.testing import NatsServer
 from reach.transport import Message, connect
 from reach.transport.natsio import InlineDelivery, subscribe_inline
-from reach.transport.reader import ProtocolReader
+from reach.transport.protocol import ProtocolReader
 
 #: subscriptions of the parsing client: inline, queued, inline that ends after two
 #: messages (nats-py's ``max_msgs``); 9 is no subscription

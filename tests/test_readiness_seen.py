@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from reach import codec, models
 from reach.errors import ContractError
-from reach.modelcodec import decode_model, encode_model
-from reach.models import MAX_REASON, Heartbeat, Readiness
+from reach.wire import codec, models
+from reach.wire.modelcodec import decode_model, encode_model
+from reach.wire.models import MAX_REASON, Heartbeat, Readiness
 
 
 def _heartbeat(readiness: object) -> dict[str, object]:

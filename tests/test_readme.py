@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from reach.embedded import free_port
+from reach.fabric.embedded import free_port
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
 pytestmark = pytest.mark.long

@@ -13,10 +13,8 @@ from typing import Any
 
 import pytest
 
-from reach import subjects
-from reach.agent import Agent
-from reach.client import ReachClient
-from reach.embedded import free_port
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.errors import (
     AuthenticationFailed,
     ConfigurationError,
@@ -25,14 +23,16 @@ from reach.errors import (
     ReachError,
     ReachTimeout,
 )
+from reach.fabric.embedded import free_port
 from reach.registry import Registrar, RegistrarConfig
 from reach.security import natsconf
-from reach.security.fabric import connect_as
 from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
+from reach.security.membership import connect_as
 from reach.settings import resolve_reconnect_for
 from reach.testing import NatsServer
 from reach.transport import Connection, connect, link
+from reach.wire import subjects
 
 from .calls_helpers import Behaviour, capability, make_agent
 from .conftest import Fabric
@@ -476,7 +476,7 @@ async def test_a_join_step_that_times_out_is_tried_again_then_named(
     """The key follow of REACH_KEYS timing out right after a node loss (a bare
     TimeoutError from its wait) is tried again within the join's deadline; if it never
     catches up, the agent's error is a ReachTimeout naming the step."""
-    from reach import agent as agent_module
+    from reach.agent import agent as agent_module
 
     real_join = agent_module.FabricSecurity.join
     timeouts = [1]

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import msgpack
 import pytest
 
-from reach import envelope, subjects
-from reach.agent import Agent
-from reach.client import ReachClient
-from reach.modelcodec import decode_model, encode_model
-from reach.models import AnnounceReply, Heartbeat, HeartbeatReply, Manifest
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.registry import Registrar
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire import envelope, subjects
+from reach.wire.modelcodec import decode_model, encode_model
+from reach.wire.models import AnnounceReply, Heartbeat, HeartbeatReply, Manifest
 
 from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
@@ -98,7 +98,7 @@ async def test_oversized_announce_is_refused_with_the_limit_named(
 async def test_announce_on_another_agents_subject_is_refused(
     conn: Connection, registrar: Registrar
 ) -> None:
-    from reach.models import AnnounceRequest
+    from reach.wire.models import AnnounceRequest
 
     req = AnnounceRequest(
         manifest=Manifest.model_validate(manifest("real-1")), instance_id="i1", started_at=1.0

@@ -19,11 +19,11 @@ from typing import IO
 
 import pytest
 
-from reach import subjects
 from reach.registry.ownership import LIVE_INTERVALS
 from reach.registry.store import RegistryStore
 from reach.testing import NatsServer
 from reach.transport import connect
+from reach.wire import subjects
 
 from .hbsim import Simulator, ids_per_partition
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from reach import subjects
 from reach.clock import system_clock
 from reach.registry import heartbeats
 from reach.registry.heartbeats import HeartbeatFeed
@@ -16,6 +15,7 @@ from reach.registry.ownership import Ownership
 from reach.registry.partitions import partition_of
 from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
+from reach.wire import subjects
 
 
 @dataclass

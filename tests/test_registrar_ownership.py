@@ -3,8 +3,8 @@ computed from their records alone (no NATS)."""
 
 from __future__ import annotations
 
-from reach.models import RegistrarRecord
 from reach.registry.ownership import LIVE_INTERVALS, Ownership
+from reach.wire.models import RegistrarRecord
 
 AGENTS = [f"agent-{n}" for n in range(200)]
 NOW = 1_700_000_000.0

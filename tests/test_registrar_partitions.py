@@ -25,8 +25,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from reach import subjects
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.fabric import Fabric as ReachFabric
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.partitions import partition_of, partition_token
@@ -34,6 +33,7 @@ from reach.security.credentials import CredentialsFile
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 from reach.transport.kvfollow import republish_prefix
+from reach.wire import subjects
 
 from .conftest import manifest
 

@@ -21,12 +21,12 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from reach import envelope, subjects
-from reach.modelcodec import decode_model, encode_model
-from reach.models import AnnounceReply, AnnounceRequest, Heartbeat, Instance, ProbeReply
 from reach.registry import Registrar, RegistrarConfig
 from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
+from reach.wire import envelope, subjects
+from reach.wire.modelcodec import decode_model, encode_model
+from reach.wire.models import AnnounceReply, AnnounceRequest, Heartbeat, Instance, ProbeReply
 
 from .hbsim import request, sim_manifest
 

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.clock import ManualClock
 from reach.errors import ReachTimeout
-from reach.models import Instance, Manifest, Readiness
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import RegistryStore
 from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 from reach.transport import Connection, KVConflict, connect
+from reach.wire.models import Instance, Manifest, Readiness
 
 from .conftest import manifest
 

@@ -3,12 +3,12 @@ included (its own writes and the watch race): no NATS, the changes are fed direc
 
 from __future__ import annotations
 
-from reach import subjects
-from reach.models import Instance, Manifest, RegistrarRecord
+from reach.registry.instances import RecordView
 from reach.registry.ownership import Ownership
-from reach.registry.records import RecordView
 from reach.registry.store import RecordChange
 from reach.registry.watch import RegistryWatch
+from reach.wire import subjects
+from reach.wire.models import Instance, Manifest, RegistrarRecord
 
 
 def _instance(agent_id: str, instance_id: str) -> Instance:

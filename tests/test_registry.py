@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from reach import subjects
-from reach.agent import Agent
-from reach.client import ReachClient
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
+from reach.caller.routecache import RouteCache
 from reach.errors import DiscoveryError, RegistrationRefused
-from reach.models import Instance, Readiness
 from reach.registry import Registrar, RegistrarConfig
-from reach.registry.routecache import RouteCache
 from reach.registry.store import decode_instance
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire import subjects
+from reach.wire.models import Instance, Readiness
 
 from .audit_helpers import until
 from .calls_helpers import capability, make_agent, wait_routable
@@ -313,7 +313,7 @@ async def test_an_agent_without_a_registrar_fails_to_start_with_a_discovery_erro
 
 # -- a huge readiness reason -----------------------------------------------------------
 
-#: the longest reason a record keeps (reach.models.MAX_REASON)
+#: the longest reason a record keeps (reach.wire.models.MAX_REASON)
 MAX_REASON = 500
 
 
@@ -328,7 +328,7 @@ async def test_flips_with_a_huge_readiness_reason_keep_the_record_small_and_curr
         return Readiness(ready=False, reason="pool exhausted: " + "x" * 250_000)
 
     # heartbeats are sent by the test (a long interval: none of the agent's own), no more
-    # than the registrar takes at once from one agent id (reach.registry.budget.BURST)
+    # than the registrar takes at once from one agent id (reach.registry.controlbudget.BURST)
     agent, _ = make_agent(
         nats_server.url,
         "bloat-1",

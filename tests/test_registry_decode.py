@@ -12,15 +12,15 @@ from typing import Any
 import msgpack
 import pytest
 
-from reach import subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import CodecError, ConfigurationError
-from reach.modelcodec import encode_model
-from reach.models import Instance, parse_manifest
 from reach.registry import Registrar, RegistrarConfig
 from reach.registry.store import decode_instance
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire import subjects
+from reach.wire.modelcodec import encode_model
+from reach.wire.models import Instance, parse_manifest
 from tests.calls_helpers import capability, make_agent, wait_routable
 from tests.routing_helpers import instance
 

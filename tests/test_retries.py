@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from reach.client import ReachClient
+from reach.agent.context import current_call
+from reach.caller.client import ReachClient
 from reach.clock import ManualClock
-from reach.context import current_call
 from reach.errors import (
     BusinessError,
     CircuitOpen,
@@ -24,9 +24,9 @@ from reach.errors import (
     RetriesExhausted,
     Unavailable,
 )
-from reach.fallback import Fallback
 from reach.registry import Registrar
-from reach.resilience import BreakerBoard, BreakerConfig, RetryBudget
+from reach.resilience import BreakerConfig, RetryBudget
+from reach.resilience.fallback import Fallback
 from reach.testing import NatsServer
 
 from .calls_helpers import (
@@ -95,9 +95,12 @@ async def test_retries_back_off_200ms_doubling_and_stop_after_three(
 ) -> None:
     agent, b = make_agent(nats_server.url, "down-1", readiness=lambda: False)
     clock = _backoff_clock()
-    async with agent, ReachClient(servers=nats_server.url, clock=clock) as client:
+    budget = RetryBudget(min_retries=100)
+    async with (
+        agent,
+        ReachClient(servers=nats_server.url, clock=clock, retry_budget=budget) as client,
+    ):
         await client.routes.wait_for(lambda c: c.get("down-1") is not None, timeout=5)
-        client.retry_budget = RetryBudget(min_retries=100)
         started = clock.monotonic()
         really_started = time.monotonic()
         with pytest.raises((RetriesExhausted, Unavailable)) as err:
@@ -374,14 +377,20 @@ async def test_a_refusal_of_a_nested_call_is_not_the_callers_authentication_fail
 
 
 async def test_breaker_opens_at_threshold_then_half_open_trial_closes_it(
-    nats_server: NatsServer, client: ReachClient
+    nats_server: NatsServer, registrar: Registrar
 ) -> None:
-    clock = ManualClock()
-    client.breakers = BreakerBoard(BreakerConfig(min_calls=20, consecutive_failures=20), clock)
-    client.retry_budget = RetryBudget(min_retries=0, ratio=0.0, min_per_sec=0)
+    clock = ManualClock(wall=time.time())
     ready = {"ok": False}
     agent, _b = make_agent(nats_server.url, "flaky-1", readiness=lambda: ready["ok"])
-    async with agent:
+    async with (
+        agent,
+        ReachClient(
+            servers=nats_server.url,
+            clock=clock,
+            breaker=BreakerConfig(min_calls=20, consecutive_failures=20),
+            retry_budget=RetryBudget(min_retries=0, ratio=0.0, min_per_sec=0),
+        ) as client,
+    ):
         await client.routes.wait_for(lambda c: c.get("flaky-1") is not None, timeout=5)
         for _ in range(20):
             with pytest.raises(Unavailable):
@@ -399,21 +408,21 @@ async def test_breaker_opens_at_threshold_then_half_open_trial_closes_it(
 
 
 async def test_contract_and_business_errors_never_open_a_breaker(
-    nats_server: NatsServer, client: ReachClient
+    nats_server: NatsServer, registrar: Registrar
 ) -> None:
     agent, b = make_agent(
         nats_server.url, "strict-1", capability("report", input_schema=REPORT_INPUT)
     )
     b.fail = "business"
-    client.validate = False
-    async with agent:
+    # no check before sending: the agent's contract refuses the payload
+    async with agent, ReachClient(servers=nats_server.url, validate=False) as client:
         await wait_routable(client, "report", 1)
         for _ in range(25):
             with pytest.raises(ContractError):
                 await client.call("report", {"industry": 1})
             with pytest.raises(BusinessError):
                 await client.call("report", {"industry": "a", "time_range": "b"})
-    assert client.breakers.get("strict-1").state == "closed"
+        assert client.breakers.get("strict-1").state == "closed"
 
 
 async def test_a_cancelled_half_open_trial_gives_its_slot_back(

@@ -1,4 +1,4 @@
-"""The route cache: a caller's copy of the registry (reach.registry.routecache).
+"""The route cache: a caller's copy of the registry (reach.caller.routecache).
 
 Its per-capability and per-tag lists stay in step with its index under any sequence of
 registrations, updates and removals, so sampling picks only live instances; a new revision
@@ -14,11 +14,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach.client import ReachClient
-from reach.models import Instance, Manifest
+from reach.caller.client import ReachClient
+from reach.caller.routecache import NAMED_CANDIDATES, RouteCache
 from reach.registry import Registrar
-from reach.registry.routecache import NAMED_CANDIDATES, RouteCache
 from reach.testing import NatsServer
+from reach.wire.models import Instance, Manifest
 
 from .calls_helpers import capability as capability_spec
 from .calls_helpers import hold_until_released, make_agent, wait_routable
@@ -66,7 +66,7 @@ TAGGED_OPS = st.lists(
 
 
 def tagged(agent_id: str, echo_tags: set[str], other_tags: set[str]) -> Any:
-    from reach.models import Instance, Manifest
+    from reach.wire.models import Instance, Manifest
 
     manifest = Manifest.model_validate(
         {
@@ -127,7 +127,7 @@ def test_lookups_by_tag_find_exactly_the_instances_whose_capability_carries_them
 
 
 def test_a_tag_listed_twice_leaves_one_route_and_none_once_gone() -> None:
-    from reach.models import Instance, Manifest
+    from reach.wire.models import Instance, Manifest
 
     def record(n: int) -> Instance:
         manifest = Manifest.model_validate(

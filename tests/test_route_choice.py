@@ -1,4 +1,4 @@
-"""Choosing the instance a call goes to (reach.routing): the score formula of
+"""Choosing the instance a call goes to (reach.caller.routing): the score formula of
 docs/architecture.md, the latency average, ranking, and the choice among candidates
 (ties, samples of many, open breakers, stale averages)."""
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from reach.caller.routing import Peers, rank, score_instance
 from reach.errors import ConfigurationError
-from reach.models import Instance
-from reach.routing import Peers, rank, score_instance
+from reach.wire.models import Instance
 
 from .routing_helpers import instance
 
@@ -208,8 +208,8 @@ def test_rank_handles_a_thousand_instances() -> None:
 
 
 def test_choice_among_many_samples_but_never_misses_the_one_healthy_instance() -> None:
+    from reach.caller.routing import RANK_ALL, choose, route_entries
     from reach.resilience import BreakerBoard
-    from reach.routing import RANK_ALL, choose, route_entries
 
     many = [instance(f"a-{n}", status="unhealthy") for n in range(10 * RANK_ALL)]
     many[37] = instance("a-37")
@@ -222,8 +222,8 @@ def test_choice_among_many_samples_but_never_misses_the_one_healthy_instance() -
 
 
 def test_choice_spreads_over_many_equal_instances() -> None:
+    from reach.caller.routing import choose, route_entries
     from reach.resilience import BreakerBoard
-    from reach.routing import choose, route_entries
 
     many = route_entries([instance(f"a-{n}") for n in range(1000)], "echo", Peers())
     board = BreakerBoard()
@@ -260,9 +260,9 @@ def _open(board: Any, agent_id: str) -> None:
 
 
 def test_choice_passes_over_open_breakers_and_says_which() -> None:
+    from reach.caller.routing import choose, route_entries
     from reach.errors import CircuitOpen
     from reach.resilience import BreakerBoard
-    from reach.routing import choose, route_entries
 
     tracker = Peers()
     for agent_id, ms in (("best", 10.0), ("next", 200.0), ("last", 400.0)):
@@ -283,8 +283,8 @@ def test_choice_passes_over_open_breakers_and_says_which() -> None:
 
 
 def test_choice_goes_back_to_a_failed_instance_only_when_nothing_else_is_left() -> None:
+    from reach.caller.routing import choose, route_entries
     from reach.resilience import BreakerBoard
-    from reach.routing import choose, route_entries
 
     routes = route_entries([instance("a"), instance("b")], "echo", Peers())
     board = BreakerBoard()
@@ -307,8 +307,8 @@ def test_an_open_breaker_passed_over_is_always_said_even_among_ties() -> None:
     reshuffle happened to put it first (about half as often as it was passed over)."""
     import random
 
+    from reach.caller.routing import choose, route_entries
     from reach.resilience import BreakerBoard
-    from reach.routing import choose, route_entries
 
     tracker = Peers()
     for agent_id in ("a", "b"):
@@ -340,9 +340,9 @@ def test_an_instance_outside_the_band_after_a_spike_gets_its_share_again() -> No
     """Three instances at 2 ms; "b" answered four calls in 150 ms (a pause), which puts its
     average ≈ 0.07 below the others, far outside the tie band. A choice every ms, each
     call answered in 2 ms before the next."""
+    from reach.caller.routing import LATENCY_STALE_SEC, choose, route_entries
     from reach.clock import ManualClock
     from reach.resilience import BreakerBoard
-    from reach.routing import LATENCY_STALE_SEC, choose, route_entries
 
     clock = ManualClock()
     peers = Peers(clock=clock)
@@ -368,9 +368,9 @@ def test_an_instance_outside_the_band_after_a_spike_gets_its_share_again() -> No
 
 
 def test_a_slow_instance_costs_one_call_per_stale_period() -> None:
+    from reach.caller.routing import choose, route_entries
     from reach.clock import ManualClock
     from reach.resilience import BreakerBoard
-    from reach.routing import choose, route_entries
 
     clock = ManualClock()
     peers = Peers(clock=clock)

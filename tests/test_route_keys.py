@@ -3,7 +3,7 @@
 Every instance record ``agent.<id>`` has a route key ``cap.<capability>.<id>`` per
 capability it serves (reach.registry.store); a caller's route cache follows the route
 keys of the capabilities it calls or asks about, never the rest of the registry
-(reach.registry.routecache). What is in the bucket is read with plain nats-py, as any
+(reach.caller.routecache). What is in the bucket is read with plain nats-py, as any
 NATS client would see it.
 """
 
@@ -15,15 +15,15 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 
-from reach import subjects
-from reach.client import ReachClient
-from reach.modelcodec import encode_model
-from reach.models import Instance
-from reach.registry.routecache import RouteCache
+from reach.caller.client import ReachClient
+from reach.caller.routecache import RouteCache
 from reach.registry.store import RegistryStore, route_key
 from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire import subjects
+from reach.wire.modelcodec import encode_model
+from reach.wire.models import Instance
 
 from .calls_helpers import capability as capability_spec
 from .calls_helpers import make_agent

@@ -12,17 +12,16 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from reach import tune_gc
+from reach.caller.routecache import RouteCache
 from reach.errors import ReachError
-from reach.models import Instance
+from reach.registry.instances import RecordView
 from reach.registry.ownership import Ownership
-from reach.registry.records import RecordView
-from reach.registry.routecache import RouteCache
 from reach.registry.store import RecordChange, RegistryStore
 from reach.registry.watch import RegistryWatch
-from reach.runtime import REGISTRY_GC_THRESHOLD, SETTLE_AFTER_RECORDS, settle_after_load
+from reach.runtime import REGISTRY_GC_THRESHOLD, SETTLE_AFTER_RECORDS, settle_after_load, tune_gc
 from reach.testing import NatsServer
 from reach.transport import connect
+from reach.wire.models import Instance
 
 from .routing_helpers import instance
 

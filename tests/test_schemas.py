@@ -12,9 +12,9 @@ import yaml
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
-from reach import envelope
-from reach.envelope import RequestMeta
-from reach.wireschemas import (
+from reach.wire import envelope
+from reach.wire.envelope import RequestMeta
+from reach.wire.schemas import (
     JSON_SCHEMA_DIALECT,
     SCHEMA_BASE_URL,
     WIRE_SCHEMAS,
@@ -125,7 +125,7 @@ def test_the_manifest_schema_rejects_what_the_model_rejects(
     assert ["/".join(str(p) for p in error.absolute_path) for error in errors] == [where]
 
 
-# -- envelope models mirror reach/envelope.py ------------------------------------------
+# -- envelope models mirror reach/wire/envelope.py ------------------------------------------
 
 FULL_META = RequestMeta(
     call_id="call-1",

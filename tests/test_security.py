@@ -15,8 +15,7 @@ from typing import Any
 import jwt
 import pytest
 
-from reach import envelope, subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import (
     AuthenticationFailed,
     Disconnected,
@@ -24,13 +23,14 @@ from reach.errors import (
     RegistrationRefused,
     Unavailable,
 )
-from reach.fallback import Fallback
 from reach.registry import Registrar
+from reach.resilience.fallback import Fallback
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenService
 from reach.security.tokens import KeyRing, TokenIssuer, call_audience
 from reach.testing import NatsServer
 from reach.transport import connect
+from reach.wire import envelope, subjects
 
 from .calls_helpers import Behaviour, capability, make_agent, wait_routable
 from .cli_helpers import run_reach
@@ -164,9 +164,9 @@ async def test_a_callee_cannot_use_the_tokens_its_callers_send_it_anywhere_else(
     never reaches a callee."""
     import asyncio
 
-    from reach.modelcodec import encode_model
     from reach.security.issuer import TokenRequest
     from reach.security.tokens import TokenRejected
+    from reach.wire.modelcodec import encode_model
 
     kept: list[str] = []
     got = asyncio.Event()
@@ -241,8 +241,8 @@ async def test_a_retired_signing_key_cannot_mint_call_tokens(fabric: Fabric) -> 
     token signed with the current key)."""
     import jwt as pyjwt
 
-    from reach.modelcodec import encode_model
     from reach.security.issuer import TokenRequest
+    from reach.wire.modelcodec import encode_model
 
     assert fabric.issuer.ring is not None
     old = fabric.issuer.ring.active
@@ -436,8 +436,8 @@ async def test_issuer_down_the_token_works_until_it_expires_then_calls_fail_clos
 async def test_heartbeat_and_bye_as_another_agent_are_refused_and_leave_its_record_alone(
     fabric: Fabric,
 ) -> None:
-    from reach.modelcodec import encode_model
-    from reach.models import Bye, Heartbeat
+    from reach.wire.modelcodec import encode_model
+    from reach.wire.models import Bye, Heartbeat
 
     b = Behaviour()
     async with (

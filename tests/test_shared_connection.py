@@ -14,17 +14,17 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from reach import subjects
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.audit import AuditFilter, read_events
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import ConfigurationError, PermissionDenied
 from reach.registry import Registrar
 from reach.security.credentials import CredentialsFile
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 from reach.transport.adopt import adopt
+from reach.wire import subjects
 
 from .conftest import Fabric
 from .up_helpers import Secured

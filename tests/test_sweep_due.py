@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from reach.clock import ManualClock
-from reach.codec import Limits
 from reach.errors import ReachError
-from reach.models import Instance, Manifest
 from reach.registry.health import HealthPolicy
-from reach.registry.records import RecordView
+from reach.registry.instances import RecordView
 from reach.registry.sweep import MAX_TICK_SEC, Sweeper
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
+from reach.wire.codec import Limits
+from reach.wire.models import Instance, Manifest
 
 from .conftest import manifest
 

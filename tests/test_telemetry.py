@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import BusinessError
 from reach.registry import Registrar
 from reach.telemetry import Telemetry, new_traceparent, trace_id_of

@@ -20,7 +20,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reach import codec
 from reach.clock import ManualClock
 from reach.errors import AuthenticationFailed, ConfigurationError
 from reach.security import (
@@ -35,6 +34,7 @@ from reach.security import (
 )
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
+from reach.wire import codec
 
 from .token_helpers import WALL, verifier_for
 

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from reach import subjects
-from reach.agent import Agent
-from reach.client import ReachClient
-from reach.embedded import free_port
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.errors import AuthenticationFailed, ConfigurationError, ReachError
-from reach.security.fabric import connect_as
+from reach.fabric.embedded import free_port
+from reach.security.membership import connect_as
 from reach.testing import NatsServer
 from reach.transport import Connection
+from reach.wire import subjects
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .conftest import manifest

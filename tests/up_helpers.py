@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from reach.agent import Agent
-from reach.embedded import free_port
+from reach.agent.agent import Agent
+from reach.fabric.embedded import free_port
 from reach.security.credentials import CredentialsFile, CredentialStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 
 from .calls_helpers import capability, make_agent
 from .cli_helpers import CLEAN_ENV, REACH

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from reach.embedded import free_port
+from reach.fabric.embedded import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -144,7 +144,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Timing, list[st
 
 
 def _nats_version() -> str:
-    from reach.embedded import find_nats_server
+    from reach.fabric.embedded import find_nats_server
 
     try:
         out = subprocess.run(

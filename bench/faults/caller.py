@@ -239,7 +239,7 @@ async def _audit_state(client: Any, record: _Record, settings: CallerSettings) -
 
 
 async def _run(settings: CallerSettings, out: Path) -> None:
-    from reach.client import ReachClient
+    from reach.caller.client import ReachClient
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()

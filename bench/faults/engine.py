@@ -58,7 +58,7 @@ async def _caller_event_ids(bed: Bed, expected: int) -> list[str]:
     from reach.audit import read_events
     from reach.audit.reader import AuditFilter
     from reach.errors import ReachError
-    from reach.security.fabric import connect_as
+    from reach.security.membership import connect_as
 
     fabric = bed.fabric
     try:

@@ -65,7 +65,7 @@ class Fabric:
     #: operator fabric only: the nats-server it runs itself
     server: Any = None
     ups: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    #: operator fabric only: the ``reach.Fabric`` that started ``server`` (servers alone)
+    #: operator fabric only: the ``reach.fabric.Fabric`` that started ``server`` (servers alone)
     servers_only: ReachFabric | None = None
 
     @property
@@ -179,15 +179,15 @@ def _ready_urls(workdir: Path) -> list[str]:
 
 async def start_fabric(kind: FabricKind, workdir: Path) -> Fabric:
     """Start a fabric of ``kind`` in ``workdir`` (stopped with :meth:`Fabric.stop`)."""
-    from reach.embedded import free_port
     from reach.fabric import Fabric as ReachFabric
+    from reach.fabric.embedded import free_port
 
     store = workdir / "store"
     ups: list[subprocess.Popen[bytes]] = []
     port = free_port()
     if kind == "operator":
         # what an operator does: the accounts and the login gate's callout in the
-        # server's config (reach.Fabric with logins on and no registrar part: the
+        # server's config (reach.fabric.Fabric with logins on and no registrar part: the
         # servers alone, not supervised, so that a scenario restarts it itself), and
         # reach up beside it
         servers = ReachFabric(store, port=port, registrar_part="none", supervise=False)

@@ -193,8 +193,8 @@ async def _lead_where_the_caller_is(admin: Any, bed: Bed, stream: str) -> None:
 
 
 async def _kill_credentials_leader(bed: Bed) -> Fault:
-    from reach import subjects
-    from reach.security.fabric import connect_as
+    from reach.security.membership import connect_as
+    from reach.wire import subjects
 
     fabric = bed.fabric
     stream = f"KV_{subjects.CREDENTIALS_BUCKET}"

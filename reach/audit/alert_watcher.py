@@ -12,15 +12,15 @@ import asyncio
 import logging
 from collections import deque
 
-from reach import subjects
 from reach.audit.alerts import Alert, AlertEngine, AlertRules, encode_alert
 from reach.audit.decode import BatchVersionError
-from reach.audit.records import decode_notice
+from reach.audit.eventmodels import decode_notice
 from reach.clock import Clock, system_clock
 from reach.errors import ReachError
-from reach.models import Instance
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Stream, Subscription
+from reach.wire import subjects
+from reach.wire.models import Instance
 
 __all__ = ["FIRED_KEPT", "AlertWatcher"]
 

@@ -31,11 +31,11 @@ from typing import Any, Literal, TypeVar, get_args
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach import subjects
 from reach.audit.decode import decode_raw, read_counts
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError
-from reach.models import Instance
+from reach.wire import subjects
+from reach.wire.models import Instance
 
 __all__ = [
     "RULES",

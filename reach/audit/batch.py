@@ -21,7 +21,7 @@ import msgpack
 
 from reach.audit.columns import Columns
 from reach.audit.events import ATTEMPT_FIELDS, EVENT_FIELDS, CallEvent
-from reach.codec import packb
+from reach.wire.codec import packb
 
 __all__ = [
     "BATCH_VERSION",
@@ -70,7 +70,7 @@ def event_row(event: CallEvent) -> tuple[Any, ...]:
 
 def pack_event(event: CallEvent) -> bytes:
     """``event``'s row, packed (the library's shared packer: a row is made of built-in
-    types, see ``reach.codec.packb``). Raises what msgpack raises for a field it cannot
+    types, see ``reach.wire.codec.packb``). Raises what msgpack raises for a field it cannot
     pack."""
     packed: bytes = packb(event_row(event))
     return packed
@@ -319,7 +319,7 @@ def summary_headers(summary: RowSummary) -> dict[str, str]:
 
 def encode_notice(seq: int, summary: RowSummary, dropped: int = 0) -> bytes:
     """The notice on ``reach.v1.audited.<capability>.<writer>`` that the stream holds a batch at
-    ``seq``, with its summary (``AuditNotice`` in ``reach.audit.records``) and the events
+    ``seq``, with its summary (``AuditNotice`` in ``reach.audit.eventmodels``) and the events
     its writer dropped since its last notice, if any."""
     notice: dict[str, object] = {"seq": seq, "calls": summary.calls, "notable": summary.notable}
     if dropped:

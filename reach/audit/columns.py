@@ -17,7 +17,7 @@ one of the calls had one: a batch of calls nobody made for another carries no su
 column, and a reader takes a batch without it as calls without an actor.
 
 Everything else (failures, retries, fallbacks, skipped breakers, denials) stays a full
-row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.records``
+row (``reach.audit.batch``). The format is ``AuditPlain`` in ``reach.audit.eventmodels``
 (``schemas/audit-batch.schema.json``).
 """
 

@@ -9,7 +9,7 @@ denials) add to it, and readers merge them by call id (``reach.audit.merge``).
 The record is built with keyword arguments only, so two fields of the same type cannot
 trade places at a call site, and its fields are read-only once built. The writer turns
 it into the batch format (``reach.audit.batch``); readers decode batches into
-``AuditEvent`` (``reach.audit.records``), the documented shape
+``AuditEvent`` (``reach.audit.eventmodels``), the documented shape
 (``schemas/audit-event.schema.json``), whose fields are the same.
 """
 

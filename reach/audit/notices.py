@@ -2,7 +2,7 @@
 how many events it dropped.
 
 The notices go on ``reach.v1.audited.<capability>.<writer>`` (``AuditNotice`` in
-``reach.audit.records``), which a registrar's alert watcher reads
+``reach.audit.eventmodels``), which a registrar's alert watcher reads
 (``reach.audit.alert_watcher``) instead of a consumer on the stream.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import time
 
-from reach import subjects
 from reach.audit.batch import RowSummary, encode_notice
 from reach.audit.spool import Batch
 from reach.errors import ReachError
 from reach.transport import Connection
+from reach.wire import subjects
 
 __all__ = ["Notices"]
 

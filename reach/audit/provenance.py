@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from reach.subjects import ANONYMOUS
+from reach.wire.subjects import ANONYMOUS
 
 __all__ = ["REGISTRAR_WRITER", "Verdict", "verdict"]
 

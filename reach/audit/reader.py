@@ -8,12 +8,12 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-from reach import subjects
 from reach.audit.decode import BatchVersionError
+from reach.audit.eventmodels import AuditEvent, decode_batch
 from reach.audit.provenance import Verdict, verdict
-from reach.audit.records import AuditEvent, decode_batch
 from reach.errors import ConfigurationError
 from reach.transport import Connection
+from reach.wire import subjects
 
 __all__ = [
     "AuditFilter",

@@ -6,7 +6,7 @@ the outcome into a ``CallEvent`` for the audit writer (queued, never waited for)
 the call's span and counts it in the call metrics.
 
 A gateway calls for the clients that logged in through it (``acting_for`` of
-``reach.security.fabric``): the event of such a call names that client as its caller and
+``reach.security.membership``): the event of such a call names that client as its caller and
 the gateway as its actor, so the trail says who asked for the call and who made it.
 """
 
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from reach.agent.context import current_call
 from reach.audit.events import AttemptRow, CallEvent, ErrorClass, Outcome, error_class
 from reach.audit.writer import AuditWriter
+from reach.caller.routing import RouteEntry
 from reach.clock import Clock
-from reach.context import current_call
-from reach.envelope import RequestMeta
 from reach.errors import ReachError, RemoteError
-from reach.fallback import FallbackInfo
-from reach.routing import RouteEntry
-from reach.security.fabric import acting_session
+from reach.resilience.fallback import FallbackInfo
+from reach.security.membership import acting_session
 from reach.telemetry import Span, Telemetry, end_span, trace_id_of
+from reach.wire.envelope import RequestMeta
 
 __all__ = ["CallRecorder", "CallTrail", "FirstNames"]
 
@@ -35,7 +35,7 @@ FirstNames = Callable[[str, tuple[str, ...], Sequence[RouteEntry]], tuple[str, .
 class CallTrail:
     """What a call leaves for its audit event as it goes: when it started, the candidates
     it was routed among, the instances it passed over, each attempt, and who answered.
-    The caller's state of a call (``reach.calling.state.CallState``) extends it."""
+    The caller's state of a call (``reach.caller.callstate.CallState``) extends it."""
 
     __slots__ = (
         "candidates",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from reach.audit.records import AuditAttempt, AuditEvent
+from reach.audit.eventmodels import AuditAttempt, AuditEvent
 
 __all__ = ["LATENCY", "CallStats", "Tally", "percentile"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reach import subjects
 from reach.transport import Connection, Stream
+from reach.wire import subjects
 
 __all__ = ["StreamSettings", "ensure_streams"]
 

@@ -29,20 +29,20 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from reach import subjects
 from reach.audit.batch import (
     BatchBuilder,
     pack_event,
     summary_headers,
 )
-from reach.audit.config import WriterConfig
 from reach.audit.events import CallEvent
 from reach.audit.notices import Notices
 from reach.audit.spool import Batch, Spool
+from reach.audit.writerconfig import WriterConfig
 from reach.errors import ConfigurationError, NoResponders, ReachError
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
+from reach.wire import subjects
 
 __all__ = ["AuditWriter", "WriterConfig"]
 

@@ -19,7 +19,7 @@ async def _serve(
     login: bool,
     policy: Any,
 ) -> None:
-    from reach.client import ReachClient
+    from reach.caller.client import ReachClient
     from reach.gateways.a2a import A2AGateway, serve
 
     async with ReachClient(

@@ -10,11 +10,11 @@ from rich.table import Table
 
 from reach.audit.reader import read_events
 from reach.audit.stats import LATENCY, CallStats
+from reach.caller.client import ReachClient
 from reach.cli.common import Target, connection_options, console, run
-from reach.client import ReachClient
 from reach.errors import ConfigurationError, ReachError
-from reach.models import Instance
 from reach.transport import Connection
+from reach.wire.models import Instance
 
 _STATUS_STYLE = {"healthy": "green", "degraded": "yellow", "unhealthy": "red"}
 

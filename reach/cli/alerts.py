@@ -8,10 +8,10 @@ import time
 
 import click
 
-from reach import subjects
 from reach.audit.alerts import RULES, Alert, decode_alert
 from reach.audit.reader import parse_since
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
+from reach.wire import subjects
 
 
 def format_alert(alert: Alert, *, colour: bool) -> str:

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
+from reach.caller.client import ReachClient
 from reach.cli.common import Target, connection_options, fail, run
-from reach.client import ReachClient
 from reach.errors import ReachError
 
 

@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from reach.errors import ConfigurationError, ReachError
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.settings import DEFAULT_STORE, resolve_credentials, resolve_servers
 from reach.transport import Connection
 

@@ -9,17 +9,17 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from reach import envelope, subjects
 from reach.cli.common import CommandGroup, Target, connection_options, console, fail, run
 from reach.cli.validate import load_yaml
 from reach.errors import ConfigurationError
-from reach.models import parse_manifest
 from reach.registry.store import RegistryStore
 from reach.security.credentials import KNOWN_ROLES, ROLE_ADMIN, CredentialsFile, CredentialStore
-from reach.security.fabric import FabricSecurity, connect_as
+from reach.security.membership import FabricSecurity, connect_as
 from reach.security.revocation import publish_revocation
 from reach.security.tokens import KeyStore
 from reach.transport import Connection
+from reach.wire import envelope, subjects
+from reach.wire.models import parse_manifest
 
 
 def register(main: click.Group) -> None:

@@ -8,7 +8,7 @@ import click
 
 from reach.audit.stats import LATENCY
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
-from reach.doctor import Diagnosis, diagnose
+from reach.fabric.doctor import Diagnosis, diagnose
 
 _MARK = {"ok": ("ok  ", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red")}
 

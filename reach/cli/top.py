@@ -18,13 +18,13 @@ from rich.text import Text
 
 from reach.audit.reader import read_events
 from reach.audit.stats import LATENCY, CallStats, Tally
+from reach.caller.routecache import RouteCache
 from reach.cli.agents import _STATUS_STYLE
 from reach.cli.common import Target, connection, connection_options, console, run
 from reach.errors import ReachError
-from reach.models import Instance
-from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
 from reach.tasks import cancel_and_wait
+from reach.wire.models import Instance
 
 
 def _rate(tally: Tally | None) -> str:

@@ -8,7 +8,7 @@ nats-server (``--cluster N``: N of them on loopback that form one JetStream clus
 registry, credentials, keys and audit streams at 3 replicas, fsync on every write) and
 runs the registrar part as a child process, ``reach up --servers … --auth-callout
 --supervised``, whose pid is in ``<store>/registrar.pid``; a login gate answers on every
-node. The fabric keeps these children running (``reach.supervisor``): a nats-server or
+node. The fabric keeps these children running (``reach.fabric.supervisor``): a nats-server or
 registrar part that dies is started again (same port and store).
 It runs until SIGINT/SIGTERM, then stops the registrar part and the servers in that
 order; a second signal stops at once.

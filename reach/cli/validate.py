@@ -10,8 +10,8 @@ import yaml
 
 from reach.cli.common import Target, connection_options, fail
 from reach.errors import ConfigurationError
-from reach.models import parse_manifest
-from reach.wireschemas import export_schemas
+from reach.wire.models import parse_manifest
+from reach.wire.schemas import export_schemas
 
 __all__ = ["load_yaml", "register"]
 

@@ -27,9 +27,9 @@ from reach.console.auth import guarded
 from reach.console.pages import LIVE_PAGES, Pages
 from reach.console.search import KINDS, CallQuery, search
 from reach.console.state import FabricView
-from reach.doctor import diagnose
 from reach.errors import ConfigurationError, ReachError
-from reach.models import Instance
+from reach.fabric.doctor import diagnose
+from reach.wire.models import Instance
 
 __all__ = ["MAX_FEEDS", "REFRESH_SEC", "Console"]
 

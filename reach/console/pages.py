@@ -17,12 +17,12 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from reach.audit.stats import LATENCY
+from reach.caller.routing import score_instance
 from reach.cli.agents import age_text
 from reach.console.charts import ERROR_COLOURS, calls_chart, errors_chart
 from reach.console.rollup import Summary
 from reach.console.state import FabricView
-from reach.models import Capability, Instance
-from reach.routing import score_instance
+from reach.wire.models import Capability, Instance
 
 __all__ = ["BREAKER_SEEN_SEC", "LIVE_PAGES", "MAX_ROWS", "Pages", "make_environment"]
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reach.audit.records import AuditEvent
+from reach.audit.eventmodels import AuditEvent
 from reach.audit.stats import percentile
 
 __all__ = ["BUCKET_SEC", "MAX_KEYS", "SAMPLES", "Bucket", "Rollup", "Summary"]

@@ -1,6 +1,6 @@
 """What the console knows of the fabric, followed live while it runs.
 
-Like ``reach top``: the registry through a route cache (``reach.registry.routecache``),
+Like ``reach top``: the registry through a route cache (``reach.caller.routecache``),
 the calls from the audit stream (``reach.audit.reader.read_events``, folded into a
 ``Rollup``), and the alerts from REACH_ALERTS, all with the console's one connection and
 so with what its credential may read. What cannot be read (an audit stream the
@@ -18,19 +18,19 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from reach import subjects
 from reach.audit.alerts import Alert, decode_alert
 from reach.audit.decode import BatchVersionError
 from reach.audit.provenance import verdict
 from reach.audit.split import ColumnPart, split_batch
+from reach.caller.routecache import RouteCache
 from reach.clock import Clock, system_clock
 from reach.console.rollup import Rollup
 from reach.errors import ReachError
-from reach.models import Instance
-from reach.registry.routecache import RouteCache
 from reach.registry.store import RegistryStore
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, StreamMessage
+from reach.wire import subjects
+from reach.wire.models import Instance
 
 __all__ = ["ALERTS_KEPT", "FabricView"]
 

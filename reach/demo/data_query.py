@@ -17,8 +17,8 @@ import signal
 import sys
 from typing import Any
 
-from reach.agent import Agent
-from reach.models import Readiness
+from reach.agent.agent import Agent
+from reach.wire.models import Readiness
 
 MANIFEST: dict[str, Any] = {
     "agent_name": "data_query",
@@ -57,7 +57,7 @@ MANIFEST: dict[str, Any] = {
 
 async def main(url: str, agent_id: str, saturation_file: str, creds: str) -> None:
     # the demo shows the call it expects this agent to deny, not a log line of it
-    logging.getLogger("reach.serving").setLevel(logging.ERROR)
+    logging.getLogger("reach.agent.serving").setLevel(logging.ERROR)
 
     def readiness() -> Readiness:
         if os.path.exists(saturation_file):

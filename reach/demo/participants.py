@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from reach.embedded import die_with_parent
 from reach.fabric import Fabric
+from reach.fabric.embedded import die_with_parent
 
 __all__ = ["DATA_QUERIES", "LEVEL", "REPORT_ID", "DataQueryProcess", "demo_fabric"]
 

@@ -25,12 +25,11 @@ from typing import Any
 
 import click
 
-from reach import subjects
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.audit.alerts import Alert, decode_alert
+from reach.audit.eventmodels import AuditEvent
 from reach.audit.reader import format_event, read_events
-from reach.audit.records import AuditEvent
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.demo.participants import (
     DATA_QUERIES,
     LEVEL,
@@ -40,10 +39,11 @@ from reach.demo.participants import (
 )
 from reach.errors import AuthenticationFailed, NotAuthorized, ReachError
 from reach.fabric import Fabric
-from reach.models import Instance
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
+from reach.wire import subjects
+from reach.wire.models import Instance
 
 __all__ = ["REPORT_MANIFEST", "run_demo"]
 
@@ -110,7 +110,7 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0, *, keep: bool = F
     the fabric stays up after the summary, for the operator's commands, until Enter."""
     # the demo prints the alerts and denials itself, not as log lines
     logging.getLogger("reach.alerts").setLevel(logging.ERROR)
-    logging.getLogger("reach.serving").setLevel(logging.ERROR)
+    logging.getLogger("reach.agent.serving").setLevel(logging.ERROR)
     workdir = Path(tempfile.mkdtemp(prefix="reach-demo-"))
     data_queries: list[DataQueryProcess] = []
     try:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from reach.embedded import EmbeddedServer, free_port, port_in_use
 from reach.errors import ConfigurationError, Disconnected
+from reach.fabric.embedded import EmbeddedServer, free_port, port_in_use
+from reach.fabric.supervisor import server_failure
 from reach.security import natsconf
-from reach.supervisor import server_failure
 
 __all__ = ["HOST", "plan_nodes", "start_nodes"]
 

@@ -4,7 +4,7 @@
 fabrics here. A fabric is nats-servers (started here: one, or a JetStream cluster of
 N on loopback; or given: ``servers=``) and its registrar part (token issuer, login gates,
 registrar: ``reach.fabric.services``), run in this process, in a child process, or not
-at all. Everything it started is kept running (``reach.supervisor``: a nats-server or
+at all. Everything it started is kept running (``reach.fabric.supervisor``: a nats-server or
 registrar part that dies is started again) and stopped in order: the registrar part
 first, then the servers.
 """
@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from reach.embedded import EmbeddedServer, private_dir
 from reach.errors import ConfigurationError, ReachError
+from reach.fabric.embedded import EmbeddedServer, private_dir
+from reach.fabric.supervisor import Child, ServerChild, ServiceProcess, Supervisor
 from reach.registry import Registrar, RegistrarConfig
 from reach.security.credentials import CredentialsFile, CredentialStore
-from reach.security.fabric import connect_as
-from reach.supervisor import Child, ServerChild, ServiceProcess, Supervisor
+from reach.security.membership import connect_as
 from reach.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Fabric:
 
     Credentials: on its first start a secure fabric writes ``<store>/admin.creds`` and
     ``<store>/dev.creds`` (level 4, admin role; ``creds("dev")``); ``add_client`` makes
-    more. A process running the registrar part should call ``reach.tune_gc()`` first.
+    more. A process running the registrar part should call ``reach.runtime.tune_gc()`` first.
     """
 
     def __init__(

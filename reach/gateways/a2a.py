@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.gateways.a2a_cards import (
     LEGACY_CARD_PATH,
     agents_of,

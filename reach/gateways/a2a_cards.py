@@ -39,7 +39,7 @@ from a2a.types import (
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 from starlette.responses import Response
 
-from reach.models import Capability, Instance
+from reach.wire.models import Capability, Instance
 
 __all__ = [
     "CARD_CACHE_CONTROL",

@@ -51,7 +51,8 @@ from a2a.types import (
 from a2a.utils.proto_utils import validate_proto_required_fields
 from a2a.utils.task import apply_history_length, validate_history_length
 
-from reach.client import ReachClient
+from reach.agent.jobs import JobHandle
+from reach.caller.client import ReachClient
 from reach.errors import NotFound, ReachError
 from reach.gateways.a2a_cards import agents_of, capabilities_of, runs_as_job
 from reach.gateways.a2a_store import NOT_KEPT_KEY, TaskStore, new_task_id, owner_of
@@ -64,13 +65,12 @@ from reach.gateways.a2a_tasks import (
     payload_of,
 )
 from reach.gateways.failures import layer_of
-from reach.jobs import JobHandle
-from reach.models import Instance
+from reach.wire.models import Instance
 
 __all__ = ["AGENT_KEY", "FabricRequestHandler"]
 
 #: the call context's key for the agent name of the request's path
-AGENT_KEY = "reach.agent"
+AGENT_KEY = "reach.agent.agent"
 
 
 class FabricRequestHandler(RequestHandler):

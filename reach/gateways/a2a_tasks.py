@@ -28,14 +28,14 @@ from a2a.types import (
     TaskStatus,
 )
 
-from reach.calling.result import CallResult
+from reach.agent.jobs import JobRecord
+from reach.caller.result import CallResult
 from reach.errors import (
     ContractError,
     ReachError,
 )
 from reach.gateways.a2a_cards import whole_numbers
 from reach.gateways.failures import failure_details, layer_of
-from reach.jobs import JobRecord
 
 __all__ = [
     "JOB_KEY",

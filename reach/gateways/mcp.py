@@ -38,14 +38,14 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.shared.exceptions import MCPError
 from starlette.types import ASGIApp
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import NotAuthorized, ReachError
 from reach.gateways.mcptools import ToolSpec, answer, catalogue, payload_of, refusal
 from reach.http.guard import Door, DoorPolicy
 from reach.http.oauth import TOKEN_PATH, Caller, GatewayLogin, RequireLogin, login_for
-from reach.models import Instance, Manifest
-from reach.security.fabric import acting_for
+from reach.security.membership import acting_for
 from reach.tasks import cancel_and_wait
+from reach.wire.models import Instance, Manifest
 
 __all__ = ["HTTP_PATH", "McpGateway", "serve"]
 

@@ -34,7 +34,7 @@ from reach.errors import (
     ReachError,
 )
 from reach.gateways.failures import failure_details
-from reach.models import Capability, Manifest
+from reach.wire.models import Capability, Manifest
 
 __all__ = [
     "WRAPPED_ARGUMENT",

@@ -17,7 +17,7 @@ and ``secret``), sent to ``/oauth/token`` as HTTP Basic or in the form.
   with one that is forged, expired or for another resource, the answer is 401 with a
   ``WWW-Authenticate`` naming the resource metadata.
 - **Each call runs as the caller**: in a request whose token verified, the gateway's
-  calls are made ``acting_for`` the caller's session (``reach.security.fabric``), whose
+  calls are made ``acting_for`` the caller's session (``reach.security.membership``), whose
   call tokens the issuer mints for the caller's client id and level, with the gateway as
   the actor (RFC 8693 ``act``), and only for a gateway whose credential holds the
   ``gateway`` role. The callee checks the caller's level; the audit names both. A level
@@ -48,13 +48,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, ConfigurationError, ReachError
 from reach.http.guard import is_loopback
 from reach.http.tokenendpoint import basic_credentials, oauth_error, token_response
 from reach.security.credentials import ROLE_GATEWAY, CredentialsFile
-from reach.security.fabric import acting_for
+from reach.security.membership import acting_for
 from reach.security.ratelimit import RateByKey
 from reach.security.session import TokenSession
 from reach.transport import Connection

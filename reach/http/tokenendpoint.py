@@ -143,7 +143,7 @@ def token_response(
 
 
 def oauth_error(status: int, error: str, description: str) -> Response:
-    """An RFC 6749 §5.2 error answer."""
+    """An RFC 6749 5.2 error answer."""
     return JSONResponse(
         {"error": error, "error_description": description},
         status_code=status,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from reach.agent.jobs import JOB_RETENTION_SEC
 from reach.audit.alerts import AlertRules
 from reach.audit.streams import StreamSettings
 from reach.clock import Clock, system_clock
-from reach.jobs import JOB_RETENTION_SEC
 
 __all__ = ["RegistrarConfig"]
 

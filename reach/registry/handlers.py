@@ -3,7 +3,7 @@
 
 Each message is checked (:mod:`reach.registry.message_auth`), turned into a change of the
 instance's record by the health policy (:mod:`reach.registry.health`) and written with
-compare-and-set (:mod:`reach.registry.records`). A live agent_id is never shared: an
+compare-and-set (:mod:`reach.registry.instances`). A live agent_id is never shared: an
 announce of another instance replaces the record only once its instance is dead. No
 record serves a capability above the clearance of the token that speaks for it: such an
 announce is refused, and a record that does (one written before announces were checked
@@ -18,14 +18,22 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from reach import envelope, subjects
 from reach.audit.events import REGISTRY_CAPABILITY, denial_event
 from reach.audit.writer import AuditWriter
 from reach.clock import Clock
-from reach.codec import Limits
 from reach.errors import CodecError, ContractError, ReachError
-from reach.modelcodec import encode_model
-from reach.models import (
+from reach.registry.controlbudget import ControlBudget
+from reach.registry.health import HealthPolicy, UnwrittenProbe
+from reach.registry.instances import CAS_ATTEMPTS, RecordView
+from reach.registry.message_auth import Denied, MessageAuth, above_clearance
+from reach.registry.probes import probe
+from reach.security.refusals import RefusalLog
+from reach.security.tokens import Claims
+from reach.transport import Connection, KVConflict, Message
+from reach.wire import envelope, subjects
+from reach.wire.codec import Limits
+from reach.wire.modelcodec import encode_model
+from reach.wire.models import (
     AnnounceReply,
     AnnounceRequest,
     Bye,
@@ -34,14 +42,6 @@ from reach.models import (
     Instance,
     Transition,
 )
-from reach.registry.budget import ControlBudget
-from reach.registry.health import HealthPolicy, UnwrittenProbe
-from reach.registry.message_auth import Denied, MessageAuth, above_clearance
-from reach.registry.probe import probe
-from reach.registry.records import CAS_ATTEMPTS, RecordView
-from reach.security.refusals import RefusalLog
-from reach.security.tokens import Claims
-from reach.transport import Connection, KVConflict, Message
 
 __all__ = ["ControlHandlers", "MessageHandler"]
 

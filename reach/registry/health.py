@@ -27,7 +27,8 @@ from typing import Any, Literal, Protocol
 
 from reach.clock import Clock
 from reach.errors import NoResponders, ReachError
-from reach.models import (
+from reach.registry.material import material_change
+from reach.wire.models import (
     HealthStatus,
     Heartbeat,
     Instance,
@@ -36,7 +37,6 @@ from reach.models import (
     Transition,
     clip_reason,
 )
-from reach.registry.material import material_change
 
 __all__ = ["HealthPolicy", "ProbeOutcome", "UnwrittenProbe", "Verdict"]
 
@@ -50,7 +50,7 @@ UnwrittenProbe = tuple[float, float]
 
 
 class ProbeOutcome(Protocol):
-    """What the policy reads of a probe (:class:`reach.registry.probe.ProbeResult`)."""
+    """What the policy reads of a probe (:class:`reach.registry.probes.ProbeResult`)."""
 
     @property
     def reply(self) -> ProbeReply | None: ...

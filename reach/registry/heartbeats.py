@@ -24,13 +24,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from reach import subjects
 from reach.clock import Clock
 from reach.errors import ReachError
 from reach.registry.ownership import Ownership
 from reach.registry.partitions import partition_token
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
+from reach.wire import subjects
 
 __all__ = ["HeartbeatFeed"]
 

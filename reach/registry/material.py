@@ -2,7 +2,7 @@
 
 A heartbeat renews an instance's liveness at the registrar that owns it (in memory, see
 :mod:`reach.registry.health`); its record is rewritten only when something the router
-reads of it (``Instance.routing_facts``, ``reach.routing``) changed materially, so route
+reads of it (``Instance.routing_facts``, ``reach.caller.routing``) changed materially, so route
 caches see changes, not renewals. The score is
 
     0.4·health + 0.3·latency term + 0.2·(1 − load) + 0.1·stability
@@ -16,7 +16,7 @@ caller's own observation. So a heartbeat is written when:
 - ``max_concurrency`` changes;
 - the load share ``in_flight / max_concurrency`` moved by ``LOAD_STEP`` or more since
   the record was written: the load term then moves by 0.2 × 0.1 = 0.02 or more, while a
-  smaller drift moves it less than ``reach.routing.TIE_BAND`` (0.025), the band inside
+  smaller drift moves it less than ``reach.caller.routing.TIE_BAND`` (0.025), the band inside
   which instances count as equally good, so no unwritten drift alone takes an instance in
   or out of the band of the best;
 - the load crosses saturation (``in_flight`` reaching ``max_concurrency``, or dropping
@@ -28,7 +28,7 @@ written along with the next material change.
 
 from __future__ import annotations
 
-from reach.models import HealthStatus, Instance, Readiness
+from reach.wire.models import HealthStatus, Instance, Readiness
 
 __all__ = ["LOAD_STEP", "material_change"]
 

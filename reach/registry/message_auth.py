@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from typing import Final, TypeVar
 
-from reach import envelope, subjects
-from reach.codec import Limits
 from reach.errors import AuthenticationFailed, AuthError
-from reach.modelcodec import decode_model
-from reach.models import AnnounceRequest, Bye, Heartbeat, Manifest
 from reach.security.credentials import ROLE_ADMIN, ROLE_REGISTRAR, CredentialStore
-from reach.security.fabric import FabricSecurity
+from reach.security.membership import FabricSecurity
 from reach.security.tokens import Claims
 from reach.transport import Connection, Message
+from reach.wire import envelope, subjects
+from reach.wire.codec import Limits
+from reach.wire.modelcodec import decode_model
+from reach.wire.models import AnnounceRequest, Bye, Heartbeat, Manifest
 
 __all__ = ["ABOVE_CLEARANCE", "ControlMessage", "Denied", "MessageAuth", "above_clearance"]
 

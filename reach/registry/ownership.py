@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
-from reach import subjects
-from reach.models import RegistrarRecord
 from reach.registry.partitions import partition_of
+from reach.wire import subjects
+from reach.wire.models import RegistrarRecord
 
 __all__ = ["LIVE_INTERVALS", "Ownership"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from reach import subjects
+from reach.wire import subjects
 
 __all__ = ["fnv1a32", "partition_of", "partition_token"]
 

@@ -1,4 +1,6 @@
-"""The registrar's probes in flight: sent by the thousand, none with a coroutine of its own.
+"""Active probes of an instance (``reach.v1.probe.<agent_id>``): one at a time
+(:func:`probe`, ``reach doctor``'s connectivity step), and the registrar's, in flight by
+the thousand with none a coroutine of its own (:class:`ProbeDispatcher`).
 
 Every instance a registrar owns is probed every health interval, so probes are most of
 its messages. Each goes out with a reply subject carrying an unguessable token on a reply
@@ -6,7 +8,7 @@ subscription of the registrar's own (:class:`~reach.transport.replies.ReplyInbox
 table maps the tokens of the probes in flight to the instance probed, the reply is
 matched in the subscription's callback, and one timer ends the probes whose timeout
 passed, in deadline order. What a reply means is read by
-:func:`~reach.registry.probe.read_reply`, as for ``reach doctor``'s single probe.
+:func:`read_reply`, for both.
 
 A reply to a token not in the table (unknown, already answered, expired, or forged by
 someone who saw a reply subject) is counted in ``strays`` and dropped; a reply that does
@@ -19,19 +21,110 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from reach import subjects
-from reach.clock import Clock
-from reach.codec import Limits
+from reach.clock import Clock, system_clock
 from reach.errors import ReachError
-from reach.models import Instance, ProbeReply
-from reach.registry.probe import ProbeResult, failed, probe_request, read_reply
 from reach.transport import Connection
 from reach.transport.replies import ReplyInbox
+from reach.wire import envelope, subjects
+from reach.wire.codec import Limits
+from reach.wire.modelcodec import decode_model
+from reach.wire.models import Instance, ProbeReply
 
-__all__ = ["ProbeDispatcher", "Recorder"]
+__all__ = [
+    "ProbeDispatcher",
+    "ProbeResult",
+    "Recorder",
+    "failed",
+    "probe",
+    "probe_request",
+    "read_reply",
+]
+
+_DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """The instance's reply, or why there was none (``error`` keeps the typed error)."""
+
+    reply: ProbeReply | None
+    latency_ms: float
+    reason: str = ""
+    error: ReachError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reply is not None
+
+
+def probe_request(call_id: str) -> bytes:
+    """A probe's request: an envelope with an empty body."""
+    return envelope.pack_request(envelope.RequestMeta(call_id=call_id), b"")
+
+
+def failed(exc: ReachError, latency_ms: float) -> ProbeResult:
+    """A probe that got no answer, for ``exc``."""
+    return ProbeResult(None, latency_ms, f"{type(exc).__name__}: {exc}", exc)
+
+
+def read_reply(
+    data: bytes,
+    instance_id: str,
+    latency_ms: float,
+    limits: Limits = _DEFAULT_LIMITS,
+    known: tuple[bytes, ProbeReply] | None = None,
+) -> ProbeResult:
+    """The probe's outcome from the reply ``data`` of instance ``instance_id``: a refusal,
+    a reply that does not decode (CodecError, ContractError) or one from another instance
+    with the same agent id are failures. ``known``: a reply already read (its bytes and
+    what they decoded to), not decoded again if ``data`` is the same bytes."""
+    if known is not None and known[0] == data:
+        answer = known[1]
+    else:
+        try:
+            reply = envelope.unpack_reply(data)
+            if not reply.ok:
+                return ProbeResult(
+                    None, latency_ms, f"probe refused: {reply.kind}: {reply.description}"
+                )
+            answer = decode_model(ProbeReply, reply.body, limits)
+        except ReachError as exc:
+            return failed(exc, latency_ms)
+    if answer.instance_id != instance_id:
+        return ProbeResult(
+            None, latency_ms, f"probe answered by another instance ({answer.instance_id})"
+        )
+    return ProbeResult(answer, latency_ms)
+
+
+async def probe(
+    conn: Connection,
+    inst: Instance,
+    *,
+    limits: Limits | None = None,
+    timeout: float | None = None,
+    clock: Clock = system_clock,
+) -> ProbeResult:
+    """Probe ``inst``; a reply from another instance with the same agent id is a failure.
+    The latency is measured on ``clock``'s monotonic time."""
+    request = probe_request(uuid.uuid4().hex)
+    started = clock.monotonic()
+    try:
+        data = await conn.request(
+            subjects.probe(inst.agent_id),
+            request,
+            timeout=inst.manifest.health.timeout_sec if timeout is None else timeout,
+        )
+    except ReachError as exc:
+        return failed(exc, (clock.monotonic() - started) * 1000)
+    elapsed = (clock.monotonic() - started) * 1000
+    return read_reply(data, inst.instance_id, elapsed, limits or _DEFAULT_LIMITS)
+
 
 log = logging.getLogger("reach.registrar")
 
@@ -48,7 +141,7 @@ _HEAD, _, _TAIL = probe_request("T" * 16).partition(b"T" * 16)
 
 
 def _request(token: str) -> bytes:
-    """:func:`~reach.registry.probe.probe_request` for ``token``, without a map packed."""
+    """:func:`~reach.registry.probes.probe_request` for ``token``, without a map packed."""
     if len(token) == 16 and token.isascii():
         return _HEAD + token.encode() + _TAIL
     return probe_request(token)

@@ -13,10 +13,10 @@ This module puts the parts together and runs their loops:
 
 - :mod:`~reach.registry.handlers` answers announces, heartbeats and byes, checked by
   :mod:`~reach.registry.message_auth` and held to a budget per agent id by
-  :mod:`~reach.registry.budget`; they are read on an intake connection whose lag
+  :mod:`~reach.registry.controlbudget`; they are read on an intake connection whose lag
   :mod:`~reach.registry.intake` watches;
 - :mod:`~reach.registry.health` decides every status (a state machine without I/O);
-- :mod:`~reach.registry.records` holds the view and writes with compare-and-set, kept
+- :mod:`~reach.registry.instances` holds the view and writes with compare-and-set, kept
   current by :mod:`~reach.registry.watch`;
 - :mod:`~reach.registry.ownership` says which heartbeat partitions are this registrar's,
   :mod:`~reach.registry.heartbeats` subscribes to them;
@@ -30,29 +30,29 @@ import contextlib
 import dataclasses
 import logging
 
-from reach import envelope, subjects
+from reach.agent.jobs import JobStore
 from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.streams import ensure_streams
 from reach.audit.writer import AuditWriter
-from reach.codec import Limits
 from reach.errors import ReachError
-from reach.jobs import JobStore
-from reach.modelcodec import encode_model
-from reach.models import Instance, RegistrarRecord
 from reach.registry.config import RegistrarConfig
 from reach.registry.handlers import ControlHandlers
 from reach.registry.health import HealthPolicy
 from reach.registry.heartbeats import HeartbeatFeed
+from reach.registry.instances import RecordView
 from reach.registry.intake import IntakeLag
 from reach.registry.message_auth import MessageAuth
 from reach.registry.ownership import Ownership
-from reach.registry.records import RecordView
 from reach.registry.store import RegistryStore
 from reach.registry.sweep import MAX_TICK_SEC, Sweeper
 from reach.registry.watch import RegistryWatch
-from reach.security.fabric import FabricSecurity
+from reach.security.membership import FabricSecurity
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
+from reach.wire import envelope, subjects
+from reach.wire.codec import Limits
+from reach.wire.modelcodec import encode_model
+from reach.wire.models import Instance, RegistrarRecord
 
 __all__ = ["Registrar", "RegistrarConfig"]
 

@@ -21,12 +21,12 @@ from typing import Any
 import msgpack
 from pydantic import ValidationError
 
-from reach import codec, subjects
 from reach.errors import CodecError, ReachError
-from reach.modelcodec import encode_model, validate_record
-from reach.models import Instance, Manifest, RegistrarRecord
 from reach.registry.routerepair import RouteRepair
 from reach.transport import Connection, KVBucket
+from reach.wire import codec, subjects
+from reach.wire.modelcodec import encode_model, validate_record
+from reach.wire.models import Instance, Manifest, RegistrarRecord
 
 __all__ = [
     "ROUTE_KEY_PREFIX",

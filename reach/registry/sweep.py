@@ -15,14 +15,13 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
-from reach.codec import Limits
 from reach.errors import ReachError
-from reach.models import Instance
 from reach.registry.health import HealthPolicy
-from reach.registry.probe import ProbeResult
-from reach.registry.probes import ProbeDispatcher
-from reach.registry.records import RecordView
+from reach.registry.instances import RecordView
+from reach.registry.probes import ProbeDispatcher, ProbeResult
 from reach.transport import Connection
+from reach.wire.codec import Limits
+from reach.wire.models import Instance
 
 __all__ = ["Sweeper"]
 

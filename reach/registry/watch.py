@@ -11,12 +11,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from reach import subjects
 from reach.audit.alert_watcher import AlertWatcher
+from reach.registry.instances import RecordView
 from reach.registry.ownership import Ownership
-from reach.registry.records import RecordView
 from reach.registry.store import RecordChange
 from reach.runtime import settle_after_load
+from reach.wire import subjects
 
 __all__ = ["RegistryWatch"]
 

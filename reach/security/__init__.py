@@ -25,71 +25,35 @@ import typing as _typing
 from reach import lazy as _lazy
 
 if _typing.TYPE_CHECKING:
-    from reach.security.credcache import CredentialCache
-    from reach.security.credentials import (
-        KNOWN_ROLES,
-        ROLE_ADMIN,
-        ROLE_JOBS,
-        ROLE_REGISTRAR,
-        ClientRecord,
-        CredentialsFile,
-        CredentialsRejected,
-        CredentialStore,
-        hash_secret,
-        new_secret,
-        read_private_file,
-        verify_secret,
-        write_private_file,
-    )
-    from reach.security.refusals import RefusalLog
-    from reach.security.tokens import (
-        ALGORITHM,
-        DEFAULT_AUDIENCE,
-        DEFAULT_ISSUER,
-        DEFAULT_LEEWAY_SEC,
-        DEFAULT_TTL_SEC,
-        Claims,
-        KeyChange,
-        KeyRing,
-        KeyStore,
-        PublicKey,
-        SigningKey,
-        TokenIssuer,
-        TokenRejected,
-        TokenVerifier,
-    )
-
-__all__ = [
-    "ALGORITHM",
-    "DEFAULT_AUDIENCE",
-    "DEFAULT_ISSUER",
-    "DEFAULT_LEEWAY_SEC",
-    "DEFAULT_TTL_SEC",
-    "KNOWN_ROLES",
-    "ROLE_ADMIN",
-    "ROLE_JOBS",
-    "ROLE_REGISTRAR",
-    "Claims",
-    "ClientRecord",
-    "CredentialCache",
-    "CredentialStore",
-    "CredentialsFile",
-    "CredentialsRejected",
-    "KeyChange",
-    "KeyRing",
-    "KeyStore",
-    "PublicKey",
-    "RefusalLog",
-    "SigningKey",
-    "TokenIssuer",
-    "TokenRejected",
-    "TokenVerifier",
-    "hash_secret",
-    "new_secret",
-    "read_private_file",
-    "verify_secret",
-    "write_private_file",
-]
+    from reach.security.credcache import CredentialCache as CredentialCache
+    from reach.security.credentials import KNOWN_ROLES as KNOWN_ROLES
+    from reach.security.credentials import ROLE_ADMIN as ROLE_ADMIN
+    from reach.security.credentials import ROLE_JOBS as ROLE_JOBS
+    from reach.security.credentials import ROLE_REGISTRAR as ROLE_REGISTRAR
+    from reach.security.credentials import ClientRecord as ClientRecord
+    from reach.security.credentials import CredentialsFile as CredentialsFile
+    from reach.security.credentials import CredentialsRejected as CredentialsRejected
+    from reach.security.credentials import CredentialStore as CredentialStore
+    from reach.security.credentials import hash_secret as hash_secret
+    from reach.security.credentials import new_secret as new_secret
+    from reach.security.credentials import read_private_file as read_private_file
+    from reach.security.credentials import verify_secret as verify_secret
+    from reach.security.credentials import write_private_file as write_private_file
+    from reach.security.refusals import RefusalLog as RefusalLog
+    from reach.security.tokens import ALGORITHM as ALGORITHM
+    from reach.security.tokens import DEFAULT_AUDIENCE as DEFAULT_AUDIENCE
+    from reach.security.tokens import DEFAULT_ISSUER as DEFAULT_ISSUER
+    from reach.security.tokens import DEFAULT_LEEWAY_SEC as DEFAULT_LEEWAY_SEC
+    from reach.security.tokens import DEFAULT_TTL_SEC as DEFAULT_TTL_SEC
+    from reach.security.tokens import Claims as Claims
+    from reach.security.tokens import KeyChange as KeyChange
+    from reach.security.tokens import KeyRing as KeyRing
+    from reach.security.tokens import KeyStore as KeyStore
+    from reach.security.tokens import PublicKey as PublicKey
+    from reach.security.tokens import SigningKey as SigningKey
+    from reach.security.tokens import TokenIssuer as TokenIssuer
+    from reach.security.tokens import TokenRejected as TokenRejected
+    from reach.security.tokens import TokenVerifier as TokenVerifier
 
 #: each public name and the module it is imported from
 _EXPORTS: dict[str, str] = {
@@ -123,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "verify_secret": "reach.security.credentials",
     "write_private_file": "reach.security.credentials",
 }
+__all__ = list(_EXPORTS)
 
 if not _typing.TYPE_CHECKING:  # type checkers read the imports above instead
     __getattr__, __dir__ = _lazy.exports(__name__, _EXPORTS, globals(), __all__)

@@ -38,8 +38,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from reach import subjects
 from reach.transport.kvfollow import republish_prefix
+from reach.wire import subjects
 
 __all__ = [
     "JS_ACCOUNT_INFO",

@@ -34,13 +34,13 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reach import subjects
 from reach.errors import ReachError
 from reach.security import accounts, natsconf
 from reach.security.natsjwt import decode_jwt, encode_jwt
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
 from reach.transport.kvfollow import republish_prefix
+from reach.wire import subjects
 
 __all__ = [
     "AUTH_SUBJECT",
@@ -133,7 +133,7 @@ def permissions_for(
     ``inbox_prefix`` is the client's own reply prefix (``_INBOX.<client_id>``): the client
     must connect with it (nats-py ``inbox_prefix=``) since it may subscribe nowhere else for
     replies. ``async_jobs`` lets a client read the records of the jobs it called (keys
-    ``job.<client_id>.…``, see ``reach.jobs.new_job_id``) and an agent write those of the
+    ``job.<client_id>.…``, see ``reach.agent.jobs.new_job_id``) and an agent write those of the
     jobs it runs (``job.*.<agent_id>.*``): no one else's.
     """
     if role in ("registrar", "admin"):

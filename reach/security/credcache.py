@@ -29,10 +29,10 @@ from typing import Final
 
 from reach.clock import Clock, system_clock
 from reach.errors import CodecError, ReachError
-from reach.modelcodec import decode_record
 from reach.security.credentials import ClientRecord
 from reach.tasks import cancel_and_wait
 from reach.transport import KVBucket, KVEntry
+from reach.wire.modelcodec import decode_record
 
 __all__ = ["ChangeCallback", "CredentialCache"]
 

@@ -27,13 +27,13 @@ from typing import Annotated, Any, ClassVar, Final, Protocol, cast
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from reach import subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError, ReachError
-from reach.modelcodec import decode_record, encode_model
-from reach.models import SubjectToken, format_validation_error
 from reach.security.verifiers import dummy_verifier, hash_secret, new_secret, verify_secret
 from reach.transport import Connection, KVBucket, KVConflict, KVEntry
+from reach.wire import subjects
+from reach.wire.modelcodec import decode_record, encode_model
+from reach.wire.models import SubjectToken, format_validation_error
 
 __all__ = [
     "KNOWN_ROLES",

@@ -19,11 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
-from reach.modelcodec import decode_model, encode_model
-from reach.models import SubjectToken
 from reach.security.accounts import requester
 from reach.security.credcache import CredentialCache
 from reach.security.credentials import (
@@ -49,6 +46,9 @@ from reach.security.tokens import (
 )
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
+from reach.wire import envelope, subjects
+from reach.wire.modelcodec import decode_model, encode_model
+from reach.wire.models import SubjectToken
 
 __all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentials"]
 

@@ -13,7 +13,6 @@ from typing import Final
 
 from pydantic import ValidationError
 
-from reach import codec, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import CodecError, ConfigurationError
 from reach.security.claims import DEFAULT_LEEWAY_SEC
@@ -21,6 +20,7 @@ from reach.security.revocation import REVOKED_PREFIX, decode_revocation
 from reach.security.signingkeys import KID_PATTERN, KeyRing, PublicKey, SigningKey
 from reach.security.tokenverifier import TokenVerifier
 from reach.transport import Connection, KVBucket, KVEntry
+from reach.wire import codec, subjects
 
 __all__ = ["KeyChange", "KeyStore"]
 

@@ -35,9 +35,9 @@ import nkeys
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from reach import subjects
 from reach.security import accounts
 from reach.security.credentials import write_private_file
+from reach.wire import subjects
 
 __all__ = [
     "APP_ACCOUNT",

@@ -28,7 +28,6 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach import codec
 from reach.clock import Clock, system_clock
 from reach.errors import CodecError, ReachError
 from reach.security import natsconf
@@ -36,6 +35,7 @@ from reach.security.credcache import CredentialCache
 from reach.security.credentials import ClientRecord
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, KVBucket, Message, Subscription
+from reach.wire import codec
 
 __all__ = [
     "REVOKED_PREFIX",

@@ -17,14 +17,14 @@ from typing import Any
 
 import jwt
 
-from reach import envelope, subjects
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, Disconnected, ReachError, Unavailable
-from reach.modelcodec import decode_model, encode_model
 from reach.security.credentials import CredentialsFile
 from reach.security.issuer import TokenReply, TokenRequest
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
+from reach.wire import envelope, subjects
+from reach.wire.modelcodec import decode_model, encode_model
 
 __all__ = ["TokenSession"]
 

@@ -31,9 +31,9 @@ from reach.transport.connection import (
 )
 from reach.transport.denials import Denials, translate_error
 from reach.transport.internals import UnsupportedNatsPy
+from reach.transport.jetstream import Stream, StreamMessage
 from reach.transport.kv import KVBucket, KVConflict, KVEntry
 from reach.transport.mux import ReplyBatch
-from reach.transport.streams import Stream, StreamMessage
 
 __all__ = [
     "Connection",

@@ -22,17 +22,17 @@ from nats.aio.client import Client as _NatsClient
 from nats.aio.msg import Msg as _NatsMsg
 from nats.aio.subscription import Subscription as _NatsSubscription
 
-from reach import subjects
 from reach.errors import PermissionDenied, ReachTimeout
 from reach.settings import resolve_reconnect_for
 from reach.transport.denials import Denials, is_permission_error, refusal_of, translate_error
 from reach.transport.internals import resolve as resolve_internals
+from reach.transport.jetstream import Stream, open_stream
 from reach.transport.kv import KVBucket, open_bucket
 from reach.transport.link import Link, PublicClient, open_client
 from reach.transport.mux import ReplyBatch, ReplyMux, batch_bytes
 from reach.transport.natsio import Writer, barrier, subscribe_inline
 from reach.transport.replies import ReplyInbox
-from reach.transport.streams import Stream, open_stream
+from reach.wire import subjects
 
 __all__ = [
     "Connection",

@@ -36,7 +36,7 @@ from nats.aio.client import Client as _NatsClient
 from nats.aio.transport import TcpTransport
 
 from reach.transport.linkstate import Link, is_refusal, is_slow
-from reach.transport.reader import ProtocolReader
+from reach.transport.protocol import ProtocolReader
 
 __all__ = ["Client", "Link", "PublicClient", "open_client"]
 
@@ -142,7 +142,7 @@ class PublicClient(_NatsClient):
 
 class Client(PublicClient):
     """nats-py's client; with ``keep_trying`` no answer of the server closes it. Its
-    messages are read by :class:`~reach.transport.reader.ProtocolReader`."""
+    messages are read by :class:`~reach.transport.protocol.ProtocolReader`."""
 
     def __init__(self) -> None:
         super().__init__()

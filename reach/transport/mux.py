@@ -2,7 +2,7 @@
 timer for every request in flight, and batches.
 
 Requests (and replies) to one subject in one turn of the event loop travel as one
-message (``reach.envelope`` "Batch") while others are in flight. Publishes and
+message (``reach.wire.envelope`` "Batch") while others are in flight. Publishes and
 subscriptions go through ``natsio``.
 """
 
@@ -17,9 +17,9 @@ import nats.errors
 from nats.aio.client import Client as _NatsClient
 from nats.aio.msg import Msg as _NatsMsg
 
-from reach import envelope
 from reach.errors import ReachError
 from reach.transport.natsio import Writer, barrier, subscribe_inline
+from reach.wire import envelope
 
 __all__ = [
     "CALL_REPLY_MARK",
@@ -111,7 +111,7 @@ class ReplyMux:
 
     Batching: while other requests are in flight, the requests to a subject in a turn of
     the event loop wait for the end of the turn, to travel as one message
-    (``reach.envelope`` "Batch"). Every message costs parsing, dispatch and a protocol
+    (``reach.wire.envelope`` "Batch"). Every message costs parsing, dispatch and a protocol
     line on caller, server and callee; a batch pays them once. A request alone in flight
     is never held back: it goes to the socket at once (``Writer``).
     """

@@ -54,7 +54,7 @@ class InlineDelivery:
         self.deliver(msg)
 
     def deliver(self, msg: _NatsMsg) -> None:
-        """Hand ``msg`` to the handler (``reach.transport.reader`` calls this directly)."""
+        """Hand ``msg`` to the handler (``reach.transport.protocol`` calls this directly)."""
         try:
             self._deliver(msg)
         except Exception:

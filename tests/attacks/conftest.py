@@ -29,8 +29,8 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from reach.agent import Agent
-from reach.embedded import free_port
+from reach.agent.agent import Agent
+from reach.fabric.embedded import free_port
 
 from ..calls_helpers import Behaviour, capability, make_agent
 from ..cli_helpers import REACH, run_reach

@@ -15,11 +15,11 @@ import msgpack
 import nats
 import pytest
 
-from reach import envelope
 from reach.errors import AuthenticationFailed
 from reach.security.credentials import CredentialsFile, CredentialStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 from reach.security.session import TokenSession
+from reach.wire import envelope
 
 from ..up_helpers import Secured, secured
 

@@ -12,9 +12,9 @@ import secrets
 import time
 from typing import Any
 
-from reach import subjects
 from reach.security.credentials import CredentialsFile, CredentialStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
+from reach.wire import subjects
 
 from .conftest import Refusals, UpFabric, ask, attacker, fabric_state, fabric_token, request_bytes
 

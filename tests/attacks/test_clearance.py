@@ -19,13 +19,13 @@ from typing import Any
 import msgpack
 import pytest
 
-from reach import subjects
 from reach.audit.reader import read_events
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import NotFound
-from reach.models import Instance, Manifest, Readiness, Transition
 from reach.registry.store import RegistryStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
+from reach.wire import subjects
+from reach.wire.models import Instance, Manifest, Readiness, Transition
 
 from .conftest import UpFabric, ask, attacker, fabric_token, request_bytes
 

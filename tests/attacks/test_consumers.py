@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from reach import subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
+from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
 from .conftest import Refusals, UpFabric, attacker

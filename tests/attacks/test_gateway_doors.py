@@ -30,9 +30,9 @@ import httpx
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reach.agent import Agent
+from reach.agent.agent import Agent
 from reach.security.credentials import CredentialsFile, CredentialStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 
 from ..cli_helpers import CLEAN_ENV, REACH
 from ..up_helpers import Secured, secured

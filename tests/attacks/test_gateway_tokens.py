@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.clock import ManualClock
 from reach.http.oauth import ACCESS_TTL_SEC, Caller, GatewayLogin, RequireLogin
 from reach.security.credentials import CredentialsFile, CredentialStore
-from reach.security.fabric import connect_as
+from reach.security.membership import connect_as
 
 from ..up_helpers import Secured, secured
 

@@ -29,12 +29,12 @@ import nats.errors
 import pytest
 from nats.js.kv import KeyValue
 
-from reach import subjects
-from reach.client import ReachClient
-from reach.registry.budget import BURST, PER_INTERVAL
+from reach.caller.client import ReachClient
+from reach.registry.controlbudget import BURST, PER_INTERVAL
 from reach.security.accounts import REQUEST_INFO_HEADER
 from reach.security.issuer import TOKEN_BURST
 from reach.tasks import cancel_and_wait
+from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
 from .conftest import UpFabric, attacker, fabric_token, request_bytes

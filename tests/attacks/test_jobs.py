@@ -12,8 +12,9 @@ import asyncio
 import json
 from typing import Any
 
-from reach import Agent, subjects
-from reach.client import ReachClient
+from reach import Agent
+from reach.caller.client import ReachClient
+from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
 from .conftest import Refusals, UpFabric, attacker

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from reach import envelope, subjects
-from reach.modelcodec import decode_model, encode_model
 from reach.security.issuer import TokenReply, TokenRequest
+from reach.wire import envelope, subjects
+from reach.wire.modelcodec import decode_model, encode_model
 
 from .conftest import UpFabric, attacker
 

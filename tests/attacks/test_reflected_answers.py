@@ -27,7 +27,7 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from reach import subjects
+from reach.wire import subjects
 
 from .conftest import (
     Refusals,

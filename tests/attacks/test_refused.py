@@ -19,8 +19,8 @@ import msgpack
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reach import subjects
-from reach.agent import Agent
+from reach.agent.agent import Agent
+from reach.wire import subjects
 
 from ..calls_helpers import Behaviour
 from .conftest import (

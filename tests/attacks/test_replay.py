@@ -13,8 +13,8 @@ import time
 
 import msgpack
 
-from reach import subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
+from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
 from .conftest import UpFabric, ask, code_of, spy_on

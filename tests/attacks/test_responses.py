@@ -15,7 +15,7 @@ from typing import Any
 
 import nats.errors
 
-from reach import subjects
+from reach.wire import subjects
 
 from .conftest import Refusals, UpFabric, attacker, fabric_state
 

@@ -19,11 +19,11 @@ import msgpack
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from reach import subjects
-from reach.agent import Agent
-from reach.client import ReachClient
+from reach.agent.agent import Agent
+from reach.caller.client import ReachClient
 from reach.errors import AuthenticationFailed, ReachError
 from reach.tasks import cancel_and_wait
+from reach.wire import subjects
 
 from ..cli_helpers import run_reach
 from .conftest import UpFabric, ask, attacker, code_of, request_bytes

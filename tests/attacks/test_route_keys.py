@@ -15,9 +15,9 @@ import msgpack
 import nats.js.errors
 import pytest
 
-from reach import subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.registry.store import route_key
+from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
 from .conftest import Refusals, UpFabric, attacker

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import nats.errors
 
-from reach import subjects
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
+from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
 from .conftest import (

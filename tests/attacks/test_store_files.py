@@ -7,7 +7,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from reach.embedded import EmbeddedServer, free_port
+from reach.fabric.embedded import EmbeddedServer, free_port
 from reach.security import natsconf
 
 from .conftest import UpFabric, raw_login

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reach.audit.records import decode_batch
+from reach.audit.eventmodels import decode_batch
 
 from ..attacks.conftest import UpFabric, attacker, start_up, stop_up
 

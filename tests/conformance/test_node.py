@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from reach.client import ReachClient
+from reach.caller.client import ReachClient
 from reach.errors import ContractError, NotAuthorized
 
 from ..attacks.conftest import UpFabric
