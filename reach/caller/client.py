@@ -135,6 +135,11 @@ class ReachClient:
         return self._attempts.peers
 
     @property
+    def retry_budget(self) -> RetryBudget:
+        """The retry budget: the calls and retries it counted, the retries left."""
+        return self._retry.budget
+
+    @property
     def audit(self) -> AuditWriter | None:
         """The audit writer (None: not connected, or no audit); ``await .flush()`` writes
         what it holds."""
