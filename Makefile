@@ -131,12 +131,14 @@ pytest-pure: $(STAMP)
 	PYTHONPATH=$(CURDIR)/$(PURE) REACH_TEST_BUILD=pure $(BIN)/pytest -q -p no:cacheprovider \
 		--import-mode=append $(PARALLEL) $(PURE_TESTS)
 
-# The longer tests, kept out of `make test` so that it stays under 20 minutes on 2
-# cores; CI runs them after it: the end-to-end runs of whole programs (marker long: the
-# README as printed, the demo, `reach up`'s process life, the raw-NATS and Node.js
-# conformance kits, the MCP and A2A gateways, the console in a browser), the pure-Python build's call-path tests,
-# the fault scenarios (tests/faults, marker faults_long) and the benchmarks' end-to-end
-# smoke runs (marker bench_smoke).
+# The longer tests, kept out of `make test` so that it stays under 8 minutes on 2 cores;
+# CI runs them after it: the end-to-end runs of whole programs (marker long: the README
+# as printed, the demo, `reach up`'s process life, the raw-NATS and Node.js conformance
+# kits, the MCP and A2A gateways, the console in a browser) and the pure-Python build's
+# call-path tests, in parallel; then alone, since they measure or fault the machine's
+# processes on a schedule, the fault scenarios (tests/faults and the registrar
+# handover, marker faults_long) and the benchmarks' end-to-end smoke runs (marker
+# bench_smoke).
 test-long: pytest-long pytest-pure test-faults
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
 
