@@ -1,12 +1,11 @@
 """Shared by the audit tests: audit events with sensible defaults, writing them to
-REACH_AUDIT, waiting for a client's events to be written, and waiting for a condition
-(the alert watcher to fire, a line to be logged)."""
+REACH_AUDIT, waiting for a client's events to be written, and for the alert watcher to
+fire."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 from reach.audit import AuditWriter, WriterConfig
@@ -14,6 +13,8 @@ from reach.audit.alert_watcher import AlertWatcher
 from reach.audit.events import CallEvent, attempt
 from reach.caller.client import ReachClient
 from reach.transport import Connection
+
+from .poll_helpers import until
 
 
 def make_event(**fields: Any) -> CallEvent:
@@ -44,17 +45,9 @@ def event(n: int, capability: str = "echo", **fields: Any) -> CallEvent:
     return make_event(**{**values, **fields})
 
 
-async def until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    """Wait until ``condition()`` holds, for what has no event to wait on (TimeoutError
-    after ``timeout``)."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - polled, bounded by the timeout
-            await asyncio.sleep(0.02)
-
-
 async def until_fired(watcher: AlertWatcher, timeout: float = 10.0) -> None:
     """Wait until the watcher has fired an alert."""
-    await until(lambda: watcher.fired, timeout)
+    await until(lambda: watcher.fired, "the watcher fired an alert", timeout=timeout)
 
 
 #: how many names the alert rules keep counts for (reach.audit.alerts.MAX_TRACKED)

@@ -13,6 +13,8 @@ from reach.console import Console, FabricView
 from reach.fabric.embedded import free_port
 from reach.security.membership import connect_as
 
+from .poll_helpers import until
+
 #: what a description holds that would run if it were markup
 SCRIPT = "<script>document.title='owned'</script><img src=x onerror=\"document.title='owned'\">"
 
@@ -33,9 +35,8 @@ async def serve_console(
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(10):
-            while not server.started:  # noqa: ASYNC110 - uvicorn sets a flag, not an event
-                await asyncio.sleep(0.02)
+        # uvicorn sets a flag, not an event
+        await until(lambda: server.started, "the console served", timeout=10)
         yield f"http://127.0.0.1:{port}", console
     finally:
         console.closing.set()

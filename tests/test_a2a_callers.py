@@ -58,6 +58,7 @@ from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 
 from .calls_helpers import capability, make_agent, wait_routable
+from .poll_helpers import until
 
 #: the test header ``as_callers`` takes a caller's name from
 USER_HEADER = "x-test-user"
@@ -93,11 +94,12 @@ async def live(gateway: A2AGateway) -> AsyncIterator[str]:
     server = _Server(uvicorn.Config(as_callers(gateway.app()), log_level="warning", lifespan="off"))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not server.started:
+
+        def started() -> bool:
             assert not serving.done(), "uvicorn stopped before it started"
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            await asyncio.sleep(0.01)
+            return server.started
+
+        await until(started, "uvicorn started", timeout=READY_TIMEOUT)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True

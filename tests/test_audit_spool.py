@@ -23,6 +23,7 @@ from reach.testing import NatsServer
 from reach.transport import Connection, Message, connect
 from reach.wire import subjects
 from tests.audit_helpers import event
+from tests.poll_helpers import until
 
 
 async def stored_ids(conn: Connection) -> Counter[str]:
@@ -239,9 +240,7 @@ async def test_drops_at_shutdown_are_kept_in_the_spool_and_reported_by_the_next_
     again = AuditWriter(conn, WriterConfig(**FAST), servers=[nats_server.url])
     await again.start()
     await asyncio.wait_for(again.flush(), 10)
-    async with asyncio.timeout(5):
-        while not reports:  # noqa: ASYNC110 - bounded by the timeout
-            await asyncio.sleep(0.02)
+    await until(lambda: reports, "the drops reported", timeout=5)
     await again.stop()
     (report,) = reports
     assert report.dropped == dropped

@@ -26,7 +26,8 @@ from reach.testing import NatsServer
 from reach.transport import Connection, connect
 from reach.wire import subjects
 from reach.wire.envelope import RequestMeta
-from tests.audit_helpers import event, until, until_fired
+from tests.audit_helpers import event, until_fired
+from tests.poll_helpers import until
 
 #: what the writer logs once an outage keeps it from writing (reach.audit.writer)
 HOLDING = f"cannot write to {subjects.AUDIT_STREAM} yet, holding"
@@ -106,7 +107,10 @@ async def test_events_survive_a_nats_restart_and_none_is_written_twice(
         for n in range(100, 400):
             writer.record(event(n))
         # the writer tries, and says it holds them until the stream acks
-        await until(lambda: any(HOLDING in r.getMessage() for r in caplog.records))
+        await until(
+            lambda: any(HOLDING in r.getMessage() for r in caplog.records),
+            "the writer says it holds them",
+        )
         assert writer.pending >= 300
         await asyncio.to_thread(nats_server.start_now)
         await asyncio.wait_for(writer.flush(), 30)
@@ -254,7 +258,7 @@ async def test_a_full_batch_goes_at_once_and_a_young_one_waits_for_company(
     writer = AuditWriter(conn, WriterConfig(flush_interval=30.0, batch_max=5))
     await writer.start()
     writer.record_all([event(n) for n in range(5)] + [event(n, "report") for n in (5, 6)])
-    await until(lambda: writer.written >= 5)
+    await until(lambda: writer.written >= 5, "the full batch written")
     assert writer.pending == 2  # the report batch is not due for 30 s: no tiny message
     stream = await conn.stream(subjects.AUDIT_STREAM)
     assert [m.subject async for m in stream.read()] == [subjects.audit("echo", subjects.ANONYMOUS)]
@@ -351,7 +355,8 @@ async def test_follow_yields_live_events(conn: Connection) -> None:
                 return
 
     task = asyncio.create_task(tail())
-    await until(lambda: seen)  # the history is read: what is written now comes live
+    # the history is read: what is written now comes live
+    await until(lambda: seen, "the history read")
     writer.record(event(1))
     writer.record(event(2))
     await asyncio.wait_for(task, 10)
@@ -549,7 +554,10 @@ async def test_plain_calls_recorded_by_their_fields_survive_a_nats_restart_once_
         await asyncio.to_thread(nats_server.stop_now)
         for n in range(100, 400):
             _serve_plain(recorder, n)
-        await until(lambda: any(HOLDING in r.getMessage() for r in caplog.records))
+        await until(
+            lambda: any(HOLDING in r.getMessage() for r in caplog.records),
+            "the writer says it holds them",
+        )
         assert writer.pending >= 300
         await asyncio.to_thread(nats_server.start_now)
         await asyncio.wait_for(writer.flush(), 30)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,15 @@ from reach.wire import subjects
 
 from .cli_helpers import REACH
 from .conftest import manifest
+from .poll_helpers import until
 from .up_helpers import EXIT_TIMEOUT, gone, nats_children, read_line, reap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 READY_TIMEOUT = 60.0  # three servers, a leader election and R3 buckets on a busy machine
 STEP_TIMEOUT = 30.0
+#: how often a check that asks the servers or reads /proc runs: three nodes share the cores
+ASK_EVERY = 0.1
 CALLS_PER_PHASE = 40
 IN_FLIGHT = 4
 AGENTS = ("cl-1", "cl-2")
@@ -83,18 +86,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield Cluster(proc, urls, tmp_path / "store")
     finally:
         reap(proc)
-
-
-async def _until(check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float) -> None:
-    """Poll ``check`` until it holds; fail after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        held = check()
-        if held if isinstance(held, bool) else await held:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"{what} not within {timeout}s")
-        await asyncio.sleep(0.1)
 
 
 async def _replicated_on_all(conn: Connection) -> bool:
@@ -196,19 +187,30 @@ async def _kill_and_rejoin(
     victim = cluster.node_pids()[victim_port]
     os.kill(victim, signal.SIGKILL)
     at_kill = traffic.ok
-    await _until(
-        lambda: traffic.reached(at_kill + CALLS_PER_PHASE), "calls after the kill", STEP_TIMEOUT
+    await until(
+        lambda: traffic.reached(at_kill + CALLS_PER_PHASE),
+        "calls after the kill",
+        timeout=STEP_TIMEOUT,
     )
 
     async def restarted() -> bool:
         pids = cluster.node_pids()
         return len(pids) == 3 and pids.get(victim_port) not in (None, victim)
 
-    await _until(restarted, "the killed node started again", STEP_TIMEOUT)
-    await _until(lambda: _replicated_on_all(admin), "3 current replicas again", STEP_TIMEOUT)
+    await until(
+        restarted, "the killed node started again", timeout=STEP_TIMEOUT, interval=ASK_EVERY
+    )
+    await until(
+        lambda: _replicated_on_all(admin),
+        "3 current replicas again",
+        timeout=STEP_TIMEOUT,
+        interval=ASK_EVERY,
+    )
     at_rejoin = traffic.ok
-    await _until(
-        lambda: traffic.reached(at_rejoin + CALLS_PER_PHASE), "calls after rejoin", STEP_TIMEOUT
+    await until(
+        lambda: traffic.reached(at_rejoin + CALLS_PER_PHASE),
+        "calls after rejoin",
+        timeout=STEP_TIMEOUT,
     )
     traffic.stop.set()
 
@@ -255,7 +257,12 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
     watcher: asyncio.Task[None] | None = None
     workers: list[asyncio.Task[None]] = []
     try:
-        await _until(lambda: _replicated_on_all(admin), "R3 streams", STEP_TIMEOUT)
+        await until(
+            lambda: _replicated_on_all(admin),
+            "R3 streams",
+            timeout=STEP_TIMEOUT,
+            interval=ASK_EVERY,
+        )
         for agent in agents:
             await agent.start()
         await client.connect()
@@ -263,7 +270,7 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
         watcher = asyncio.create_task(watch.run())
         traffic = Traffic(client)
         workers = [asyncio.create_task(traffic.worker()) for _ in range(IN_FLIGHT)]
-        await _until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", STEP_TIMEOUT)
+        await until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", timeout=STEP_TIMEOUT)
 
         # SIGKILL the node the caller is connected to (whichever streams it leads: the
         # clients on it log in again on another node, answered from the gates' memory
@@ -274,7 +281,7 @@ async def test_a_killed_node_loses_no_registration_nor_audit_event_and_rejoins(
 
         # 0 lost registrations: every read of the registry all along found both agents
         reads = watch.reads
-        await _until(lambda: watch.reads > reads, "a last registry read", STEP_TIMEOUT)
+        await until(lambda: watch.reads > reads, "a last registry read", timeout=STEP_TIMEOUT)
         assert watch.missing == []
         # 0 lost audit events: one caller event per completed call
         assert client.audit is not None
@@ -319,14 +326,19 @@ async def test_a_killed_node_loses_no_event_agents_record_for_a_caller_that_does
     client = ReachClient(servers=cluster.urls, credentials=creds, audit=False)
     workers: list[asyncio.Task[None]] = []
     try:
-        await _until(lambda: _replicated_on_all(admin), "R3 streams", STEP_TIMEOUT)
+        await until(
+            lambda: _replicated_on_all(admin),
+            "R3 streams",
+            timeout=STEP_TIMEOUT,
+            interval=ASK_EVERY,
+        )
         for agent in agents:
             await agent.start()
         await client.connect()
         await client.routes.wait_for(lambda c: len(c.find("work")) == len(AGENTS), timeout=10)
         traffic = Traffic(client)
         workers = [asyncio.create_task(traffic.worker()) for _ in range(IN_FLIGHT)]
-        await _until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", STEP_TIMEOUT)
+        await until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", timeout=STEP_TIMEOUT)
 
         victim_port = _port(agents[0].connection.connected_url)
         await _kill_and_rejoin(cluster, admin, victim_port, traffic)
@@ -352,21 +364,14 @@ async def test_a_killed_node_loses_no_event_agents_record_for_a_caller_that_does
         await admin.close()
 
 
-def test_every_node_dies_with_a_killed_reach_up(cluster: Cluster) -> None:
+async def test_every_node_dies_with_a_killed_reach_up(cluster: Cluster) -> None:
     nodes = list(cluster.node_pids().values())
     assert len(nodes) == 3
     cluster.proc.kill()
     cluster.proc.wait(EXIT_TIMEOUT)
     for pid in nodes:
-        _wait_gone(pid, EXIT_TIMEOUT)
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not gone(pid):
-        if time.monotonic() > end:
-            pytest.fail(f"nats-server {pid} still running {timeout}s after reach up was killed")
-        time.sleep(0.02)
+        what = f"nats-server {pid} gone after reach up was killed"
+        await until(functools.partial(gone, pid), what, timeout=EXIT_TIMEOUT)
 
 
 @pytest.mark.parametrize(
@@ -410,7 +415,12 @@ async def test_logins_are_answered_while_the_credentials_elect_a_leader(
         cluster.urls, name="test-admin", credentials=cluster.store / "admin.creds"
     )
     try:
-        await _until(lambda: _replicated_on_all(admin), "R3 streams", STEP_TIMEOUT)
+        await until(
+            lambda: _replicated_on_all(admin),
+            "R3 streams",
+            timeout=STEP_TIMEOUT,
+            interval=ASK_EVERY,
+        )
         leader = await _credentials_leader_port(admin, cluster)
     finally:
         await admin.close()

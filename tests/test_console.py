@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ from reach.caller.client import ReachClient
 
 from .calls_helpers import capability, make_agent
 from .console_helpers import SCRIPT, serve_console
+from .poll_helpers import until
 from .up_helpers import Secured
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,17 +26,6 @@ def hostile_agent(fabric: Secured):  # type: ignore[no-untyped-def]
     agent, _ = make_agent(fabric.url, "a-1", cap)
     agent.credentials = fabric.agent
     return agent
-
-
-async def _until(check, what: str, within: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within}s: {what}")
-        await asyncio.sleep(0.2)
 
 
 async def test_every_page_shows_the_fabric_and_escapes_what_agents_say(secured: Secured) -> None:
@@ -64,7 +53,7 @@ async def test_every_page_shows_the_fabric_and_escapes_what_agents_say(secured: 
             got = await http.get("/calls", params={"call_id": result.call_id, "since": "5m"})
             return got.text if result.call_id in got.text and "1 call(s)" in got.text else None
 
-        await _until(found, "the call found in the audit stream by its id")
+        await until(found, "the call found in the audit stream by its id", interval=0.2)
         call = await http.get(f"/call/{result.call_id}")
         assert call.status_code == 200
         assert "a-1" in call.text

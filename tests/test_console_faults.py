@@ -20,6 +20,7 @@ from reach.testing import NatsServer
 
 from .calls_helpers import capability, make_agent
 from .console_helpers import serve_console
+from .poll_helpers import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,15 +38,6 @@ def batch(fields: list[str], rows: list[list[object]]) -> bytes:
             "events": rows,
         }
     )
-
-
-async def until(check, what: str, within: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while not (got := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within}s: {what}")
-        await asyncio.sleep(0.1)
-    return got
 
 
 async def test_malformed_and_hostile_audit_batches_neither_crash_nor_inject(
@@ -134,7 +126,7 @@ async def test_the_nats_server_killed_under_the_console(
             except Exception:
                 await asyncio.sleep(0.2)
         assert made == 20
-        await until(lambda: counted() >= 40, "the calls after", 20)
+        await until(lambda: counted() >= 40, "the calls after", timeout=20)
         await asyncio.sleep(1)  # (none counted twice either: the follower goes on by sequence)
         assert counted() == 40
         assert (await http.get("/agents")).status_code == 200

@@ -5,7 +5,6 @@ again, everything stops with it, and options that do not fit are refused by name
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +21,10 @@ from reach.testing import NatsServer
 from reach.wire import subjects
 
 from .conftest import manifest
+from .poll_helpers import until
 
 #: a restart (a pause of half a second, a Python-side start) shows within this
 RESTART = 15.0
-
-
-async def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"{what} not within {timeout:g}s")
-        await asyncio.sleep(0.05)
 
 
 async def _register_and_call(fabric: Fabric, creds: Path, agent_id: str) -> None:
@@ -106,10 +98,10 @@ async def test_the_gate_forgets_the_connections_of_both_accounts_as_they_close(
             assert registry.connections(client_id), client_id
         for conn in conns:
             await conn.close()
-        await _until(
+        await until(
             lambda: not any(registry.connections(c) for c in ("admin", "caller-1", "agent-1")),
-            5.0,
             "the disconnects of both accounts",
+            timeout=5.0,
         )
 
 
@@ -121,7 +113,7 @@ async def test_a_killed_server_is_started_again_and_the_registrar_part_comes_thr
         (node,) = fabric.nodes
         registrar = fabric.registrar
         node.kill()
-        await _until(lambda: fabric.restarts.get("nats-server") == 1, RESTART, "a restart")
+        await until(lambda: fabric.restarts.get("nats-server") == 1, "a restart", timeout=RESTART)
         assert node.running
         assert said == [f"nats-server exited unexpectedly; starting it again (see {node.log_file})"]
         # the same registrar part, reconnected: logins, registrations and calls work
@@ -138,7 +130,7 @@ async def test_a_registrar_part_whose_connection_closed_for_good_is_started_agai
         assert services is not None
         assert services.conn is not None
         await services.conn.close()
-        await _until(lambda: fabric.restarts.get("registrar") == 1, RESTART, "a restart")
+        await until(lambda: fabric.restarts.get("registrar") == 1, "a restart", timeout=RESTART)
         assert fabric.services is not services
         assert said == [
             "registrar exited unexpectedly; starting it again"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from reach.wire import subjects
 
 from .calls_helpers import Behaviour, capability, make_agent
 from .conftest import Fabric
+from .poll_helpers import until
 
 
 @dataclass
@@ -121,16 +122,6 @@ async def _secure_agent(fabric: SecureFabric, agent_id: str) -> tuple[Agent, Beh
     return agent, served
 
 
-async def _until(condition: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    """Wait until ``condition()`` holds, checking every 0.1 s, for at most ``timeout`` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        await asyncio.sleep(0.1)
-
-
 def _chain(exc: BaseException) -> str:
     """The messages of ``exc`` and of its causes."""
     said = []
@@ -156,7 +147,7 @@ async def test_agents_and_clients_come_back_after_a_restart_while_the_gate_was_d
             ids = {i.agent_id for i in client.routes.find("work")}
             return ids == {"worker-0", "worker-1"}
 
-        await _until(listed, 5.0, "the route cache lists every agent")
+        await until(listed, "the route cache lists every agent", timeout=5.0)
         assert await client.call("work", {"n": 1}) is not None
 
         await secure.stop_gate()
@@ -167,7 +158,7 @@ async def test_agents_and_clients_come_back_after_a_restart_while_the_gate_was_d
         async def login_failed() -> bool:
             return down.refused is not None or down.unanswered is not None
 
-        await _until(login_failed, 15.0, "a login of the client failed")
+        await until(login_failed, "a login of the client failed", timeout=15.0)
         with pytest.raises(ReachError) as failed:
             await client.call("work", {"n": 2}, timeout=1.0)
         said = _chain(failed.value)
@@ -181,8 +172,8 @@ async def test_agents_and_clients_come_back_after_a_restart_while_the_gate_was_d
             conns = [client.connection, *(agent.connection for agent, _ in agents)]
             return all(c.is_connected for c in conns)
 
-        await _until(all_back, 15.0, "every agent and the client reconnected")
-        await _until(listed, 10.0, "the route cache lists every agent")
+        await until(all_back, "every agent and the client reconnected", timeout=15.0)
+        await until(listed, "the route cache lists every agent", timeout=10.0)
         for _ in range(20):
             await client.call("work", {"n": 3})
         assert all(served.calls > 1 for _, served in agents)
@@ -213,7 +204,7 @@ async def test_a_login_no_gate_answers_is_sent_again_before_the_servers_timeout(
                 waits.append(waited)
             return len(waits) >= 2
 
-        await _until(two_unanswered, 20.0, "two logins went unanswered")
+        await until(two_unanswered, "two logins went unanswered", timeout=20.0)
         auth_timeout = secure.setup.auth_timeout
         assert waits[0] < auth_timeout - 1.0, waits  # given up before the server's timeout
         assert waits[1] > waits[0] + 1.0, waits
@@ -222,7 +213,7 @@ async def test_a_login_no_gate_answers_is_sent_again_before_the_servers_timeout(
         async def back() -> bool:
             return conn.is_connected
 
-        await _until(back, 15.0, "the client logged in again")
+        await until(back, "the client logged in again", timeout=15.0)
     finally:
         await conn.close()
 
@@ -241,7 +232,7 @@ async def test_the_login_gate_is_back_as_soon_as_its_server_is(secure: SecureFab
     async def gate_back() -> bool:
         return gate.is_connected
 
-    await _until(gate_back, 0.5, "the login gate reconnected")
+    await until(gate_back, "the login gate reconnected", timeout=0.5)
     conn, _ = await connect_as([secure.url], name="right-after", credentials=secure.dev)
     await conn.close()
 
@@ -299,7 +290,7 @@ async def test_an_expired_login_logs_in_again(
         async def logged_in_again() -> bool:
             return conn.reconnects >= 2 and conn.is_connected
 
-        await _until(logged_in_again, 10.0, "two expired logins renewed")
+        await until(logged_in_again, "two expired logins renewed", timeout=10.0)
         assert not conn.is_closed
         registry = await conn.key_value(subjects.REGISTRY_BUCKET, create=False, public=True)
         assert await registry.get("no-such-key") is None
@@ -315,7 +306,7 @@ async def test_a_connection_gives_up_after_reconnect_for(nats_server: NatsServer
         async def gave_up() -> bool:
             return conn.is_closed
 
-        await _until(gave_up, 5.0, "the connection gave up")
+        await until(gave_up, "the connection gave up", timeout=5.0)
         with pytest.raises(Disconnected, match=r"gave up reconnecting after 0\.5s"):
             await conn.request("anything", b"", timeout=0.5)
     finally:
@@ -441,7 +432,7 @@ async def test_a_cluster_node_lost_while_logins_are_refused(
         async def listed() -> bool:
             return [i.agent_id for i in client.routes.find("work")] == ["roamer-1"]
 
-        await _until(listed, 10.0, "the route cache lists the agent")
+        await until(listed, "the route cache lists the agent", timeout=10.0)
         await client.call("work", {"n": 1})
 
         await fabric.stop_gate()
@@ -451,16 +442,16 @@ async def test_a_cluster_node_lost_while_logins_are_refused(
         async def refused() -> bool:
             return all(c.link.refused is not None or c.link.unanswered for c in conns)
 
-        await _until(refused, 15.0, "the other nodes refused the logins")
+        await until(refused, "the other nodes refused the logins", timeout=15.0)
         fabric.gate_servers = secure_cluster.urls[1:]
         await fabric.start_gate()
 
         async def back() -> bool:
             return all(c.is_connected for c in conns)
 
-        await _until(back, 15.0, "the agent and the client logged in to another node")
+        await until(back, "the agent and the client logged in to another node", timeout=15.0)
         assert all(c.connected_url != first for c in conns)
-        await _until(listed, 15.0, "the route cache lists the agent")
+        await until(listed, "the route cache lists the agent", timeout=15.0)
         calls = served.calls
         for _ in range(10):
             await client.call("work", {"n": 2})

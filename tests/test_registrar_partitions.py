@@ -17,7 +17,6 @@ import random
 import string
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +35,9 @@ from reach.transport.kvfollow import republish_prefix
 from reach.wire import subjects
 
 from .conftest import manifest
+from .poll_helpers import until
 
 INTERVAL = 0.5
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not predicate():  # noqa: ASYNC110 - no event to wait on
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
 
 
 class _Registrars:
@@ -94,7 +85,7 @@ async def test_the_partition_of_an_agent_id_is_the_one_nats_server_maps_it_to(
         for agent_id in ids:
             await nc.publish(subjects.heartbeat(agent_id), b"")
         await nc.flush()
-        await _until(lambda: len(seen) == len(ids), "every heartbeat mapped")
+        await until(lambda: len(seen) == len(ids), "every heartbeat mapped")
     finally:
         await nc.close()
     assert {agent_id: partition_of(agent_id) for agent_id in ids} == seen
@@ -146,7 +137,7 @@ async def test_a_heartbeat_without_a_material_change_writes_nothing_a_caller_see
     try:
         async with agent:
             # announced, then its first probe latency written: the writes of a new instance
-            await _until(
+            await until(
                 lambda: (
                     (rec := reg._view.get("steady-1")) is not None
                     and rec[0].last_probe_ms is not None
@@ -156,10 +147,10 @@ async def test_a_heartbeat_without_a_material_change_writes_nothing_a_caller_see
             # what a caller hears of those writes, the route key after the record, heard
             record = reg._view.get("steady-1")
             assert record is not None
-            await _until(lambda: changes.settled(record[1]), "the writes heard")
+            await until(lambda: changes.settled(record[1]), "the writes heard")
             before, heard = changes.count, reg._policy.heard_at("steady-1")
             # ten heartbeats, none of which changes what routing reads
-            await _until(
+            await until(
                 lambda: (reg._policy.heard_at("steady-1") or 0) > (heard or 0) + 9 * INTERVAL,
                 "ten more heartbeats heard",
                 timeout=20 * INTERVAL + 5,
@@ -169,7 +160,7 @@ async def test_a_heartbeat_without_a_material_change_writes_nothing_a_caller_see
             # saturated: the next heartbeat is written, a caller hears it within an interval
             agent._server.in_flight = agent.manifest.max_concurrency
             started = time.monotonic()
-            await _until(lambda: changes.count > before, "the change heard", timeout=5)
+            await until(lambda: changes.count > before, "the change heard", timeout=5)
             assert time.monotonic() - started < 2 * INTERVAL
             agent._server.in_flight = 0
     finally:
@@ -193,7 +184,7 @@ async def test_the_heartbeats_of_a_partition_reach_its_owner_only(
         for n in range(12)
     ]
     try:
-        await _until(
+        await until(
             lambda: len(a.partitions) + len(b.partitions) == subjects.HEARTBEAT_PARTITIONS, "split"
         )
         assert not a.partitions & b.partitions
@@ -208,7 +199,7 @@ async def test_the_heartbeats_of_a_partition_reach_its_owner_only(
         def everyone_heard() -> bool:
             return all((heard[id(a)](i) or heard[id(b)](i)) for i in ids)
 
-        await _until(everyone_heard, "every agent heard")
+        await until(everyone_heard, "every agent heard")
         await asyncio.sleep(1.0)  # a few more heartbeats each
         for agent_id in ids:
             owner, other = (a, b) if partition_of(agent_id) in a.partitions else (b, a)
@@ -236,7 +227,7 @@ async def test_a_registrar_joining_takes_its_partitions_within_one_interval(
         started = time.monotonic()
         b = await regs.start("reg-b")
         assert b.partitions  # heard before its record told the others
-        await _until(
+        await until(
             lambda: (
                 not a.partitions & b.partitions
                 and len(a.partitions | b.partitions) == subjects.HEARTBEAT_PARTITIONS
@@ -247,7 +238,7 @@ async def test_a_registrar_joining_takes_its_partitions_within_one_interval(
         assert time.monotonic() - started < 2 * INTERVAL  # its start included
         # a third takes a share from each
         c = await regs.start("reg-c")
-        await _until(
+        await until(
             lambda: (
                 len(a.partitions) + len(b.partitions) + len(c.partitions)
                 == subjects.HEARTBEAT_PARTITIONS
@@ -278,7 +269,7 @@ async def test_on_a_secured_fabric_an_agent_s_heartbeats_are_mapped_and_nothing_
         )
         agent.capability("echo")(_echo)
         async with agent:
-            await _until(lambda: (reg._policy.heard_at("mapped-1") or 0) > 0, "a heartbeat heard")
+            await until(lambda: (reg._policy.heard_at("mapped-1") or 0) > 0, "a heartbeat heard")
             assert reg._heartbeats.forwarded == 0  # mapped by the server, not forwarded
             secret = CredentialsFile.read(creds).secret
             errors: list[Exception] = []
@@ -297,7 +288,7 @@ async def test_on_a_secured_fabric_an_agent_s_heartbeats_are_mapped_and_nothing_
                 forged = subjects.heartbeat_partition(partition_of("mapped-1"), "mapped-1")
                 await nc.publish(forged, b"x")
                 await nc.flush()
-                await _until(lambda: bool(errors), "the publish refused")
+                await until(lambda: bool(errors), "the publish refused")
                 assert "permissions violation" in str(errors[0]).lower()
             finally:
                 await nc.close()
@@ -318,7 +309,7 @@ async def test_an_open_fabric_started_here_maps_heartbeats_too(tmp_path: Path) -
         agent.capability("echo")(_echo)
         try:
             async with agent:
-                await _until(lambda: bool(mapped), "a heartbeat in its partition")
+                await until(lambda: bool(mapped), "a heartbeat in its partition")
         finally:
             await nc.close()
         assert mapped[0] == subjects.heartbeat_partition(partition_of("open-1"), "open-1")

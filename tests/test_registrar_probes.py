@@ -29,6 +29,7 @@ from reach.wire.modelcodec import decode_model, encode_model
 from reach.wire.models import AnnounceReply, AnnounceRequest, Heartbeat, Instance, ProbeReply
 
 from .hbsim import request, sim_manifest
+from .poll_helpers import until
 
 INTERVAL = 0.6
 TIMEOUT = 0.3
@@ -118,10 +119,15 @@ async def _record(reg: Registrar, agent_id: str) -> Instance:
 
 
 async def _until(reg: Registrar, agent_id: str, ok: Callable[[Instance], bool]) -> Instance:
-    async with asyncio.timeout(8):
-        while not ok(inst := await _record(reg, agent_id)):  # noqa: ASYNC110 - polled
-            await asyncio.sleep(0.05)
-    return inst
+    """The record of ``agent_id`` once ``ok`` holds for it."""
+
+    async def record_if_ok() -> Instance | None:
+        inst = await _record(reg, agent_id)
+        return inst if ok(inst) else None
+
+    return await until(
+        record_if_ok, f"the record of {agent_id} as wanted", timeout=8, interval=0.05
+    )
 
 
 async def test_forged_and_stray_replies_change_nothing_and_are_counted(
@@ -136,9 +142,9 @@ async def test_forged_and_stray_replies_change_nothing_and_are_counted(
         await _until(reg, "forged-1", lambda i: i.last_probe_ms is not None)
         before = reg._sweeper.probes.strays
         sent = 0
-        async with asyncio.timeout(8):
-            while len(inst.reply_subjects) < 4:  # noqa: ASYNC110 - polled
-                await asyncio.sleep(0.05)
+        await until(
+            lambda: len(inst.reply_subjects) >= 4, "four probes received", timeout=8, interval=0.05
+        )
         for subject in list(inst.reply_subjects):
             base = subject.rsplit(".", 1)[0]
             bad = inst.good(instance_id="someone-else")
@@ -149,10 +155,13 @@ async def test_forged_and_stray_replies_change_nothing_and_are_counted(
                     await attacker.publish(target, data)
                     sent += 1
         await attacker.flush()
-        async with asyncio.timeout(5):
-            # the two-token subject is not on the wildcard: the server does not deliver it
-            while reg._sweeper.probes.strays - before < sent * 2 // 3:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+        # the two-token subject is not on the wildcard: the server does not deliver it
+        await until(
+            lambda: reg._sweeper.probes.strays - before >= sent * 2 // 3,
+            "the forged replies counted as strays",
+            timeout=5,
+            interval=0.05,
+        )
         await asyncio.sleep(INTERVAL)  # a probe or two more, answered well
         record = await _record(reg, "forged-1")
         assert record.status == "healthy"

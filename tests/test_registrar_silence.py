@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from reach.transport import Connection, KVConflict, connect
 from reach.wire.models import Instance, Manifest, Readiness
 
 from .conftest import manifest
+from .poll_helpers import until
 
 INTERVAL = 1.0
 
@@ -41,12 +42,6 @@ async def clock_registrar(
     await reg.stop()
     await other.close()
     await conn.close()
-
-
-async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():  # noqa: ASYNC110 - the registrar has no event to wait on
-            await asyncio.sleep(0.01)
 
 
 def _record(agent_id: str, heard_at: float) -> Instance:
@@ -67,7 +62,7 @@ async def test_an_eviction_is_checked_again_on_the_record_as_it_is_now(
     reg, clock, other = clock_registrar
     store = await RegistryStore.open(other, create=False)
     revision = await store.create(_record("quiet-1", clock.time()))
-    await _until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
+    await until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
     # this registrar's view stops here (its watch lags behind, as after a reconnect) ...
     watch = reg._loops[0]
     await cancel_and_wait([watch])
@@ -102,10 +97,10 @@ async def test_heartbeats_heard_and_not_written_do_not_count_as_silence(
 
     await agent.start()
     try:
-        await _until(lambda: "steady-1" in reg._records, "announced")
+        await until(lambda: "steady-1" in reg._records, "announced")
         store = reg.store
         await store.create(_record("gone-1", clock.time()))  # never heard from again
-        await _until(lambda: "gone-1" in reg._records, "the silent record seen")
+        await until(lambda: "gone-1" in reg._records, "the silent record seen")
         write = store.update
 
         async def leaderless(instance: Instance, last: int) -> int:
@@ -123,7 +118,7 @@ async def test_heartbeats_heard_and_not_written_do_not_count_as_silence(
         for _ in range(5):
             clock.advance(INTERVAL)
             now = clock.time()
-            await _until(
+            await until(
                 lambda now=now: reg._policy.heard_at("steady-1") == now, "a heartbeat heard"
             )
         await reg._sweep()
@@ -160,7 +155,7 @@ async def test_a_registrar_behind_on_its_messages_evicts_nobody(nats_server: Nat
     await agent.start()
     gate = asyncio.Event()
     try:
-        await _until(lambda: "busy-1" in reg._records, "announced")
+        await until(lambda: "busy-1" in reg._records, "announced")
         store = reg.store
         write = store.update
 
@@ -169,7 +164,7 @@ async def test_a_registrar_behind_on_its_messages_evicts_nobody(nats_server: Nat
             return await write(instance, last)
 
         store.update = slow  # type: ignore[method-assign]
-        await _until(lambda: reg._handling > 2, "heartbeats waiting to be handled")
+        await until(lambda: reg._handling > 2, "heartbeats waiting to be handled")
         clock.advance(10 * interval)  # the record now looks silent for 10 intervals
         await reg._sweep()
         assert "busy-1" in reg._records
@@ -192,11 +187,11 @@ async def test_time_a_registrar_spends_disconnected_is_not_silence(nats_server: 
     try:
         store = await RegistryStore.open(other, create=False)
         await store.create(_record("quiet-1", clock.time()))
-        await _until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
+        await until(lambda: "quiet-1" in reg._records, "the registrar sees the record")
         await asyncio.to_thread(nats_server.stop_now)
         clock.advance(5 * INTERVAL)  # away for 5 intervals
         await asyncio.to_thread(nats_server.start_now)
-        await _until(lambda: conn.is_connected and reg._trouble_at == clock.time(), "back")
+        await until(lambda: conn.is_connected and reg._trouble_at == clock.time(), "back")
         await reg._sweep()
         assert await store.get("quiet-1") is not None
         clock.advance(5 * INTERVAL)  # now really silent since it is back
@@ -223,7 +218,7 @@ async def test_reconnect_listeners_run_each_time_and_a_failing_one_harms_none(
     try:
         for n in (1, 2):
             await asyncio.to_thread(nats_server.restart)
-            await _until(lambda n=n: calls.count("ok") == n, f"reconnect {n}")  # type: ignore[misc]
+            await until(lambda n=n: calls.count("ok") == n, f"reconnect {n}")  # type: ignore[misc]
             assert conn.is_connected
         assert calls == ["broken", "ok", "broken", "ok"]
     finally:
@@ -239,7 +234,7 @@ async def test_a_sweep_looks_again_at_a_record_that_changed_before_its_time_was_
     reg, clock, other = clock_registrar
     store = await RegistryStore.open(other, create=False)
     await store.create(_record("remarked-1", clock.time()))
-    await _until(lambda: "remarked-1" in reg._records, "the registrar sees the record")
+    await until(lambda: "remarked-1" in reg._records, "the registrar sees the record")
     await reg._sweep()
     assert reg._records["remarked-1"][0].status == "healthy"
     clock.advance(2.5 * INTERVAL)  # missed two heartbeats: marked
@@ -254,7 +249,7 @@ async def test_a_sweep_looks_again_at_a_record_that_changed_before_its_time_was_
             break
         except KVConflict:
             continue
-    await _until(lambda: reg._records["remarked-1"][0].status == "healthy", "the watch")
+    await until(lambda: reg._records["remarked-1"][0].status == "healthy", "the watch")
     clock.advance(0.01)  # well before its eviction, the next thing due
     await reg._sweep()
     again = reg._records["remarked-1"][0]

@@ -23,9 +23,9 @@ from reach.transport import Connection, connect
 from reach.wire import subjects
 from reach.wire.models import Instance, Readiness
 
-from .audit_helpers import until
 from .calls_helpers import capability, make_agent, wait_routable
 from .conftest import manifest
+from .poll_helpers import until
 
 
 def _status(client: ReachClient, agent_id: str) -> str | None:
@@ -261,6 +261,7 @@ async def test_probe_latency_is_recorded_and_rides_along_with_the_next_change(
                 (p := policy.unwritten_probe("probed-1")) is not None
                 and p[0] > (first.last_probe_at or 0)
             ),
+            "a newer probe waiting unwritten",
         )
         agent._server.in_flight = agent.manifest.max_concurrency
         await client.routes.wait_for(
@@ -387,10 +388,11 @@ async def test_an_instance_whose_probes_fail_stays_unhealthy_while_it_heartbeats
         assert record is not None, "evicted: heartbeats did not arrive"
         return record[0]
 
+    async def unhealthy() -> bool:
+        return (await status()).status == "unhealthy"
+
     async with agent:
-        async with asyncio.timeout(5):
-            while (await status()).status != "unhealthy":  # noqa: ASYNC110 - polled
-                await asyncio.sleep(0.05)
+        await until(unhealthy, "probe failures marked it unhealthy", timeout=5, interval=0.05)
         marked = len((await status()).transitions)
         # three heartbeat intervals: each heartbeat arrives, none makes it healthy again
         seen: set[str] = set()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,6 +37,7 @@ from .calls_helpers import (
     wait_routable,
 )
 from .conftest import Fabric, vault_agent
+from .poll_helpers import until
 
 #: a bound on waits for the fabric to settle (a restart, a record leaving the registry)
 SETTLE = 10.0
@@ -45,15 +45,6 @@ SETTLE = 10.0
 
 #: the nested calls' contract: C takes an integer n
 N_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout: float = SETTLE) -> None:
-    """Poll ``condition`` every 20 ms until it holds; fail naming ``what`` after ``timeout``."""
-    give_up = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > give_up:
-            pytest.fail(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 def _backoff_clock() -> ManualClock:
@@ -450,7 +441,9 @@ async def test_a_cancelled_half_open_trial_gives_its_slot_back(
                 with pytest.raises(Unavailable):
                     await client.call("work", {})
             assert breaker.state == "open"
-            await _until(lambda: breaker.state == "half_open", "the breaker half-opened")
+            await until(
+                lambda: breaker.state == "half_open", "the breaker half-opened", timeout=SETTLE
+            )
 
             mode["now"] = "slow"
             # as many trials as there are slots, each given up by its caller
@@ -532,7 +525,9 @@ async def test_a_lost_connection_is_disconnected_and_leaves_the_instances_breake
     async with agent, ReachClient(servers=nats_server.url, audit=False) as client:
         await wait_routable(client, "work", 1)
         await asyncio.to_thread(nats_server.stop_now)
-        await _until(lambda: not client.connection.is_connected, "the client saw NATS go")
+        await until(
+            lambda: not client.connection.is_connected, "the client saw NATS go", timeout=SETTLE
+        )
         # more than the breaker's min_calls (20): as timeouts they would open it
         outcomes = await asyncio.wait_for(
             asyncio.gather(
@@ -548,9 +543,10 @@ async def test_a_lost_connection_is_disconnected_and_leaves_the_instances_breake
         assert (snapshot.state, snapshot.failures) == ("closed", 0)
 
         await asyncio.to_thread(nats_server.start_now)
-        await _until(
+        await until(
             lambda: client.connection.is_connected and agent.connection.is_connected,
             "the client and the agent reconnected",
+            timeout=SETTLE,
         )
         result = await client.call("work", {"back": True}, timeout=5)
     assert result.agent_id == "a-1"

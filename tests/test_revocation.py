@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from reach.security.tokens import KeyRing, KeyStore, TokenIssuer, TokenRejected,
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 
+from .poll_helpers import until
 from .token_helpers import WALL
 
 
@@ -95,13 +95,6 @@ def test_revocation_records_round_trip_and_bad_ones_are_refused() -> None:
             decode_revocation(junk)
 
 
-async def _poll(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_following_verifier_learns_revocations_from_reach_keys(
     conn: Connection, ring: KeyRing, issuer: TokenIssuer, clock: ManualClock
 ) -> None:
@@ -123,10 +116,10 @@ async def test_a_following_verifier_learns_revocations_from_reach_keys(
         assert verifier.revoked == {"early": clock.time()}
         assert verifier.verify(token).client_id == "spy"
         await publish_revocation(store.bucket, "spy", clock.time())
-        await _poll(lambda: "spy" in verifier.revoked)
+        await until(lambda: "spy" in verifier.revoked, "the revocation learnt", timeout=5.0)
         assert reason(verifier, token) == "revoked"
         await store.bucket.delete(REVOKED_PREFIX + "spy")
-        await _poll(lambda: "spy" not in verifier.revoked)
+        await until(lambda: "spy" not in verifier.revoked, "the revocation lifted", timeout=5.0)
         assert verifier.verify(token).client_id == "spy"
         assert ring.active.kid in verifier.kids  # keys still followed as before
     finally:

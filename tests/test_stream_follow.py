@@ -18,7 +18,7 @@ from reach.errors import ReachError
 from reach.tasks import cancel_and_wait
 from reach.testing import NatsServer
 from reach.transport import Connection, StreamMessage, connect
-from tests.audit_helpers import until
+from tests.poll_helpers import until
 
 
 async def _publish(conn: Connection, stream_name: str, n: int) -> None:
@@ -56,13 +56,15 @@ async def test_a_follower_goes_on_after_its_server_restarts_with_every_message_o
 
         reader = asyncio.create_task(follow())
         try:
-            await until(lambda: len(got) == 3)
+            await until(lambda: len(got) == 3, "the first three messages")
             await asyncio.to_thread(nats_server.stop_now)
             await asyncio.to_thread(nats_server.start_now)
-            await until(lambda: conn.reconnects >= 1 and conn.is_connected, timeout=30)
+            await until(
+                lambda: conn.reconnects >= 1 and conn.is_connected, "a reconnect", timeout=30
+            )
             for n in range(3, 6):
                 await _publish(conn, "FOLLOW", n)
-            await until(lambda: len(got) >= 6, timeout=15)
+            await until(lambda: len(got) >= 6, "the next three messages", timeout=15)
         finally:
             await cancel_and_wait([reader])
             with contextlib.suppress(asyncio.CancelledError):

@@ -36,6 +36,7 @@ from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 from reach.wire import codec
 
+from .poll_helpers import until
 from .token_helpers import WALL, verifier_for
 
 
@@ -691,7 +692,7 @@ async def test_a_following_verifier_learns_new_keys_and_forgets_pruned_ones(
         clock.advance(7200 + 31)
         assert await store.prune() == [old_kid]
         assert [p.kid for p in await store.all()] == [new_key.kid]
-        await _poll(lambda: old_kid not in verifier.kids)
+        await until(lambda: old_kid not in verifier.kids, "the pruned key dropped", timeout=5.0)
         assert rejected(verifier, old_token).reason == "unknown_kid"
     finally:
         await cancel_and_wait([task])
@@ -708,13 +709,6 @@ async def test_bad_key_records_are_skipped(
     other = SigningKey.generate(clock).public()
     await store.bucket.put("pub.mismatch", codec.encode(other.model_dump(mode="json")))
     assert [p.kid for p in await store.all()] == [ring.active.kid]
-
-
-async def _poll(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_session_keeps_a_bounded_number_of_call_tokens(

@@ -33,20 +33,13 @@ from reach.wire import subjects
 
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .conftest import manifest
+from .poll_helpers import until
 from .up_helpers import EXIT_TIMEOUT, READY_TIMEOUT, gone, nats_children, read_line, reap
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
 pytestmark = pytest.mark.long
 
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not within {timeout}s")
-        time.sleep(0.02)
 
 
 def _port_free(port: int) -> bool:
@@ -131,9 +124,9 @@ def test_nats_server_and_registrar_die_with_a_killed_reach_up(
 
     proc.kill()
     proc.wait(EXIT_TIMEOUT)
-    _wait_until(lambda: gone(child), 10.0, "nats-server exit after reach up was killed")
-    _wait_until(lambda: gone(registrar), 10.0, "registrar exit after reach up was killed")
-    _wait_until(lambda: _port_free(port), 10.0, "port release")
+    asyncio.run(until(lambda: gone(child), "nats-server exit after reach up was killed"))
+    asyncio.run(until(lambda: gone(registrar), "registrar exit after reach up was killed"))
+    asyncio.run(until(lambda: _port_free(port), "port release"))
 
 
 @pytest.mark.parametrize("how", ["--servers", "REACH_URL"])
@@ -357,10 +350,13 @@ def test_a_killed_nats_server_is_started_again_and_the_registrar_recovers(
     registrar = _registrar_pid(store)
 
     os.kill(server, signal.SIGKILL)
-    _wait_until(
-        lambda: [p for p in nats_children(proc.pid) if p != server] != [],
-        EXIT_TIMEOUT,
-        "a new nats-server",
+    asyncio.run(
+        until(
+            lambda: [p for p in nats_children(proc.pid) if p != server],
+            "a new nats-server",
+            timeout=EXIT_TIMEOUT,
+            interval=0.02,  # reads all of /proc
+        )
     )
     asyncio.run(_register_and_call(url, store / "dev.creds", "after-server"))
     # the registrar part came through the restart: same process
@@ -391,7 +387,7 @@ def test_a_killed_registrar_is_started_again_and_nats_server_runs_on(
             return False
         return pid != registrar and _alive(pid)
 
-    _wait_until(replaced, REGISTRAR_RESTART, "a new registrar part")
+    asyncio.run(until(replaced, "a new registrar part", timeout=REGISTRAR_RESTART))
     assert time.monotonic() - killed <= REGISTRAR_RESTART
     assert nats_children(proc.pid) == [server]
     asyncio.run(_register_and_call(url, store / "dev.creds", "after-registrar"))

@@ -15,6 +15,8 @@ import pytest
 from reach.testing import NatsServer
 from reach.transport import Connection, connect
 
+from .poll_helpers import until
+
 
 @pytest.fixture
 async def conn(nats_server: NatsServer) -> AsyncIterator[Connection]:
@@ -39,13 +41,6 @@ async def _collect(url: str, subject: str, count: int) -> tuple[nats.NATS, list[
     return nc, got
 
 
-async def _until(predicate: object, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def test_one_turns_messages_arrive_in_the_order_they_were_published(
     nats_server: NatsServer, conn: Connection
 ) -> None:
@@ -62,7 +57,7 @@ async def test_one_turns_messages_arrive_in_the_order_they_were_published(
                 await conn.publish(f"w.{n}", data)  # nats-py's queue, flushed by its task
             else:
                 writer.publish(f"w.{n}", data)
-        await _until(lambda: len(got) == 300)
+        await until(lambda: len(got) == 300, "all 300 messages", timeout=5.0)
         assert got == expected
     finally:
         await watcher.close()
@@ -77,7 +72,7 @@ async def test_messages_published_over_several_turns_all_arrive(
             conn._writer.publish(f"t.{n}", str(n).encode())
             if n % 10 == 0:
                 await asyncio.sleep(0)  # a new turn: its first message goes at once
-        await _until(lambda: len(got) == 200)
+        await until(lambda: len(got) == 200, "all 200 messages", timeout=5.0)
         assert got == [str(n).encode() for n in range(200)]
     finally:
         await watcher.close()
@@ -96,12 +91,12 @@ async def test_while_disconnected_messages_wait_for_the_reconnect(
     try:
         stream = await c.stream("WRITER_TEST", ["r.>"], create=True)
         await nats_server.stop()
-        await _until(lambda: not c.is_connected)
+        await until(lambda: not c.is_connected, "the disconnect", timeout=5.0)
         # nats-py's path takes over: buffered, not lost, not raised
         for n in range(5):
             c._writer.publish(f"r.{n}", str(n).encode())
         await nats_server.start()
-        await _until(lambda: c.is_connected, timeout=15)
+        await until(lambda: c.is_connected, "the reconnect", timeout=15)
         got: list[bytes] = []
         for _ in range(100):
             got = [m.data async for m in stream.read("r.>")]

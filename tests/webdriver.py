@@ -14,7 +14,6 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from typing import Any
 import httpx
 
 from reach.fabric.embedded import free_port
+
+from .poll_helpers import until
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -75,14 +76,7 @@ class Browser:
 
     async def wait_for(self, script: str, what: str, within: float = 15.0) -> Any:
         """The first truthy value of ``script``, polled until ``within`` seconds."""
-        deadline = time.monotonic() + within
-        while True:
-            value = await self.run(script)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {within}s: {what}")
-            await asyncio.sleep(0.2)
+        return await until(lambda: self.run(script), what, timeout=within, interval=0.2)
 
     async def screenshot(self, path: Path) -> None:
         # the whole page, not the window: the page's own height (measured in a short
@@ -109,14 +103,13 @@ async def chromium() -> AsyncIterator[Browser]:
     )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-            deadline = time.monotonic() + 20
-            while True:
+
+            async def ready() -> bool:
                 with contextlib.suppress(httpx.TransportError):
-                    if (await http.get("/status")).json()["value"]["ready"]:
-                        break
-                if time.monotonic() > deadline:
-                    raise AssertionError("chromedriver did not start within 20s")
-                await asyncio.sleep(0.1)
+                    return bool((await http.get("/status")).json()["value"]["ready"])
+                return False
+
+            await until(ready, "chromedriver started", timeout=20, interval=0.1)
             options = {"binary": str(CHROMIUM), "args": [*FLAGS, f"--user-data-dir={profile}"]}
             caps = {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": options}}
             reply = await http.post("/session", json={"capabilities": caps})

@@ -8,7 +8,6 @@ clearance too low says both levels) and that the calls reach REACH_AUDIT.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from reach.errors import ContractError, NotAuthorized
 
 from ..attacks.conftest import UpFabric
 from ..calls_helpers import make_agent, wait_routable
+from ..poll_helpers import until
 from .conftest import add, adder, audited
 from .raw_agent import RawAgent
 from .raw_caller import RawCaller
@@ -44,9 +44,8 @@ async def raw_caller(up: UpFabric, level: int = 1) -> RawCaller:
 
 async def routable(caller: RawCaller, capability: str, timeout: float = 10.0) -> None:
     """Wait until the registry lists a ready instance of ``capability``."""
-    async with asyncio.timeout(timeout):
-        while not await caller.instances(capability):  # noqa: ASYNC110 - polled, bounded
-            await asyncio.sleep(0.1)
+    what = f"a ready instance of {capability} listed"
+    await until(lambda: caller.instances(capability), what, timeout=timeout, interval=0.1)
 
 
 @pytest.fixture

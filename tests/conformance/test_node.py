@@ -25,6 +25,7 @@ from reach.errors import ContractError, NotAuthorized
 
 from ..attacks.conftest import UpFabric
 from ..calls_helpers import make_agent, wait_routable
+from ..poll_helpers import until
 from .conftest import add, adder, audit_events, audited
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node"
@@ -148,12 +149,11 @@ async def test_the_node_caller_calls_the_node_agent(up: UpFabric) -> None:
         assert contract["desc"].startswith("a:")
         caller = json.loads(creds.read_text())["client_id"]
 
-        async def callee_events() -> list[dict[str, Any]]:
-            return [e for e in await audit_events(up) if e["caller"] == caller]
+        async def callee_events() -> list[dict[str, Any]] | None:
+            events = [e for e in await audit_events(up) if e["caller"] == caller]
+            return events if len(events) >= 2 else None
 
-        async with asyncio.timeout(10):
-            while len(events := await callee_events()) < 2:  # noqa: ASYNC110 - polled, bounded
-                await asyncio.sleep(0.2)
+        events = await until(callee_events, "both callee events audited", timeout=10, interval=0.2)
     assert sorted((e["side"], e["callee"], e["outcome"]) for e in events) == [
         ("callee", "node-add-1", "error"),
         ("callee", "node-add-1", "ok"),
