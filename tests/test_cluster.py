@@ -22,7 +22,7 @@ from reach.agent.agent import Agent
 from reach.audit import WriterConfig, read_events
 from reach.caller.client import ReachClient
 from reach.errors import ReachError
-from reach.fabric.embedded import free_port
+from reach.fabric.embedded import free_port, wait_stopped
 from reach.registry.store import RegistryStore
 from reach.security.membership import connect_as
 from reach.tasks import cancel_and_wait
@@ -111,15 +111,22 @@ class Traffic:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     #: call ids of the calls that succeeded
     ok_ids: list[str] = field(default_factory=list)
+    #: (monotonic start, error) of each call that failed
+    failed: list[tuple[float, ReachError]] = field(default_factory=list)
+    #: monotonic time each call that succeeded returned
+    ok_ends: list[float] = field(default_factory=list)
 
     async def worker(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self.stop.is_set():
+            started = loop.time()
             try:
                 result = await self.client.call("work", {"n": self.completed})
                 self.ok += 1
                 self.ok_ids.append(result.call_id)
-            except ReachError:
-                pass  # counted: a failed call has its audit event too
+                self.ok_ends.append(loop.time())
+            except ReachError as exc:
+                self.failed.append((started, exc))  # counted: it has its audit event too
             self.completed += 1
             await asyncio.sleep(0.01)  # pacing only: a steady flow, not a load test
 
@@ -215,12 +222,10 @@ async def _kill_and_rejoin(
     traffic.stop.set()
 
 
-def _agent(cluster: Cluster, agent_id: str) -> Agent:
-    agent = Agent(
-        manifest(agent_id, "work", interval=1.0, timeout=0.5),
-        servers=cluster.urls,
-        credentials=cluster.store / "dev.creds",
-    )
+def _agent(cluster: Cluster, agent_id: str, *, idempotent: bool = False) -> Agent:
+    described = manifest(agent_id, "work", interval=1.0, timeout=0.5)
+    described["capabilities"][0]["idempotent"] = idempotent
+    agent = Agent(described, servers=cluster.urls, credentials=cluster.store / "dev.creds")
 
     @agent.capability("work")
     async def work(request: Any) -> Any:
@@ -362,6 +367,79 @@ async def test_a_killed_node_loses_no_event_agents_record_for_a_caller_that_does
         for agent in agents:
             await agent.stop()
         await admin.close()
+
+
+#: a stalled node is given up within this (the connections' pings) and the calls it
+#: held are retried on another node
+STALL_RECOVERY = 3.0
+#: how long the node stays stopped: long after the recovery, and long past any timeout
+STALL = 8.0
+
+
+# SIGSTOP loads nothing but has a deadline: alone, the seconds measured are the fabric's
+@pytest.mark.serial
+async def test_a_stalled_node_under_the_caller_costs_its_calls_seconds_not_the_stall(
+    cluster: Cluster,
+) -> None:
+    """SIGSTOP the node the caller is connected to while idempotent calls flow: the
+    stopped server keeps its sockets open, so only the connections' pings notice it.
+    Calls succeed again within STALL_RECOVERY seconds of the stall's start, and none
+    started after that fails, for as long as the node stays stopped."""
+    creds = cluster.store / "dev.creds"
+    admin, _ = await connect_as(
+        cluster.urls, name="test-admin", credentials=cluster.store / "admin.creds"
+    )
+    agents = [_agent(cluster, agent_id, idempotent=True) for agent_id in AGENTS]
+    client = ReachClient(servers=cluster.urls, credentials=creds)
+    workers: list[asyncio.Task[None]] = []
+    stopped: int | None = None
+    loop = asyncio.get_running_loop()
+    try:
+        await until(
+            lambda: _replicated_on_all(admin),
+            "R3 streams",
+            timeout=STEP_TIMEOUT,
+            interval=ASK_EVERY,
+        )
+        for agent in agents:
+            await agent.start()
+        await client.connect()
+        await client.routes.wait_for(lambda c: len(c.find("work")) == len(AGENTS), timeout=10)
+        traffic = Traffic(client)
+        workers = [asyncio.create_task(traffic.worker()) for _ in range(IN_FLIGHT)]
+        await until(lambda: traffic.reached(CALLS_PER_PHASE), "first calls", timeout=STEP_TIMEOUT)
+
+        victim_port = _port(client.connection.connected_url)
+        stopped = cluster.node_pids()[victim_port]
+        os.kill(stopped, signal.SIGSTOP)
+        wait_stopped(stopped)
+        stalled_at = loop.time()
+        await asyncio.sleep(STALL)  # the calls flow meanwhile
+        traffic.stop.set()
+        await asyncio.wait_for(asyncio.gather(*workers), STEP_TIMEOUT)
+        moved_to = client.connection.connected_url
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        await cancel_and_wait(workers)
+        await client.close()
+        for agent in agents:
+            await agent.stop()
+        await admin.close()
+
+    assert moved_to != f"nats://127.0.0.1:{victim_port}"
+    recovered = [t for t in traffic.ok_ends if t >= stalled_at]
+    assert recovered, f"no call succeeded in {STALL} s of a stalled node"
+    assert recovered[0] - stalled_at <= STALL_RECOVERY, (
+        f"the first call succeeded {recovered[0] - stalled_at:.2f} s into the stall"
+    )
+    late = [
+        f"{t - stalled_at:.2f} s: {type(exc).__name__}: {exc}"
+        for t, exc in traffic.failed
+        if t >= stalled_at + STALL_RECOVERY
+    ]
+    assert not late, f"calls started after the recovery that failed: {late}"
+    assert len(recovered) >= CALLS_PER_PHASE  # the calls went on, not a trickle
 
 
 async def test_every_node_dies_with_a_killed_reach_up(cluster: Cluster) -> None:

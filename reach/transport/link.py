@@ -63,6 +63,12 @@ _FIRST_CONNECT_WAIT = 0.2
 #: the first connect sends a login that got no answer this many times in all
 _FIRST_CONNECT_LOGINS = 2
 _BUFFER_SIZE = 32768
+#: a server that stopped answering (a stalled process keeps its socket open, so nothing
+#: closes the connection): a PING every this many seconds, and the connection is given
+#: up as stale, and another node tried, once this many are unanswered; nats-py's
+#: defaults (2 minutes, 2) notice only after minutes
+PING_INTERVAL = 0.5
+MAX_OUTSTANDING_PINGS = 2
 #: the server's ``-ERR`` texts (in lower case) that nats-py handles without closing: a
 #: stale connection (it reconnects) and a permissions violation (the connection stays)
 _STALE_CONNECTION = "stale connection"
@@ -148,6 +154,8 @@ class Client(PublicClient):
         super().__init__()
         self._ps = ProtocolReader(self)  # type: ignore[assignment]  # parse and reset, as nats-py's
         self._reconnecting: set[asyncio.Future[None]] = set()
+        #: the server (host:port) of the latest connect attempt: the one in use, or lost
+        self.last_tried: str | None = None
 
     def login_waited(self) -> float | None:
         """Seconds the login of the current attempt has waited for its answer, or waited
@@ -170,6 +178,7 @@ class Client(PublicClient):
             await super()._connect_to_server(s)
             return
         s.last_attempt = time.monotonic()
+        self.last_tried = s.uri.netloc
         if not isinstance(self._transport, _LoginTransport):
             self._transport = _LoginTransport()
         await self._transport.connect(s.uri, _BUFFER_SIZE, self.options["connect_timeout"])
@@ -204,15 +213,37 @@ class Client(PublicClient):
         task.add_done_callback(self._reconnecting.discard)
 
 
-def _jittered_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
-    server = random.choice(servers)
-    attempts = max(0, int(getattr(server, "reconnects", 0)))
-    delay = min(_RECONNECT_CAP, _RECONNECT_BASE * 2 ** min(attempts, 10))
-    return server, delay * (0.5 + random.random())
+def _next_server(nc: PublicClient, servers: list[Any]) -> Any:
+    """A server to reconnect to: one of those tried least, at random, the one tried last
+    (the one just lost, first) counting as tried once more. A stalled server still takes
+    connections and never answers them: tried again at once, it would cost a whole
+    connect timeout while the other nodes are up."""
+    last = nc.last_tried if isinstance(nc, Client) else None
+
+    def tries(server: Any) -> int:
+        attempts = max(0, int(getattr(server, "reconnects", 0)))
+        return attempts + (1 if server.uri.netloc == last else 0)
+
+    fewest = min(tries(server) for server in servers)
+    return random.choice([server for server in servers if tries(server) == fewest])
 
 
-def _prompt_reconnect(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
-    return random.choice(servers), _PROMPT_RECONNECT * (0.5 + random.random())
+def _reconnect_handler(
+    nc: PublicClient, prompt: bool
+) -> Callable[[list[Any], dict[str, Any]], tuple[Any, float]]:
+    """nats-py's choice of the next server and the wait before trying it: jittered
+    back-off per server (a crowd of clients does not come back at once), or, ``prompt``,
+    a short wait (``_PROMPT_RECONNECT``)."""
+
+    def choose(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+        server = _next_server(nc, servers)
+        if prompt:
+            return server, _PROMPT_RECONNECT * (0.5 + random.random())
+        attempts = max(0, int(getattr(server, "reconnects", 0)))
+        delay = min(_RECONNECT_CAP, _RECONNECT_BASE * 2 ** min(attempts, 10))
+        return server, delay * (0.5 + random.random())
+
+    return choose
 
 
 class _Callbacks:
@@ -321,12 +352,14 @@ async def open_client(
                 # and, with no wait, spin); once connected, reconnect forever (set below)
                 max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
                 reconnect_time_wait=_FIRST_CONNECT_WAIT,  # type: ignore[arg-type]  # float works
-                reconnect_to_server_handler=_prompt_reconnect if prompt else _jittered_reconnect,
+                reconnect_to_server_handler=_reconnect_handler(nc, prompt),
                 error_cb=calls.error,
                 reconnected_cb=calls.reconnected,
                 disconnected_cb=calls.disconnected,
                 closed_cb=calls.closed,
                 allow_reconnect=True,
+                ping_interval=PING_INTERVAL,  # type: ignore[arg-type]  # float works
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 user=user,
                 password=password,
                 inbox_prefix=inbox_prefix,
