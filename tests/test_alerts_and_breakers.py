@@ -99,7 +99,8 @@ async def test_doctor_blames_an_open_breaker(nats_server: NatsServer, registrar:
         raise Unavailable("pool exhausted")
 
     agent, _ = make_agent(nats_server.url, "tripped-1", handler=always_busy)
-    breaker = BreakerConfig(min_calls=5, open_base_sec=30.0)
+    # open for longer than any call here waits: every call after the trip is refused
+    breaker = BreakerConfig(min_calls=5, open_base_sec=30.0, healthy_open_sec=30.0)
     async with (
         agent,
         ReachClient(servers=nats_server.url, breaker=breaker, max_retries=0) as client,

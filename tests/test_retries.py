@@ -398,6 +398,51 @@ async def test_breaker_opens_at_threshold_then_half_open_trial_closes_it(
         assert client.breakers.get("flaky-1").state == "closed"
 
 
+async def test_with_every_breaker_open_a_call_waits_for_the_trial_its_deadline_reaches(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    """A call that finds every breaker open waits for the earliest half-open trial when
+    its deadline reaches it (and is served once the instance is back); one whose deadline
+    does not, or one with a fallback, is answered at once."""
+    clock = ManualClock(wall=time.time())
+    ready = {"ok": False}
+    agent, _b = make_agent(nats_server.url, "flaky-1", readiness=lambda: ready["ok"])
+    async with (
+        agent,
+        ReachClient(
+            servers=nats_server.url,
+            clock=clock,
+            breaker=BreakerConfig(min_calls=20, consecutive_failures=20),
+            retry_budget=RetryBudget(min_retries=0, ratio=0.0, min_per_sec=0),
+        ) as client,
+    ):
+        await client.routes.wait_for(lambda c: c.get("flaky-1") is not None, timeout=5)
+        for _ in range(20):
+            with pytest.raises(Unavailable):
+                await client.call("work", {})
+        breaker = client.breakers.get("flaky-1")
+        assert breaker.state == "open"
+        retry_in = breaker.open_error().retry_in
+        assert retry_in > 0
+        slept = len(clock.slept)
+        # a deadline short of the trial: the breaker's error at once, no wait
+        with pytest.raises(CircuitOpen):
+            await client.call("work", {}, timeout=retry_in / 2)
+        # a fallback answers at once
+        fallen = await client.call(
+            "work", {}, timeout=retry_in * 4, fallback=Fallback(default={"stale": True})
+        )
+        assert fallen.value == {"stale": True}
+        assert clock.slept[slept:] == []
+        # the instance is back: a call whose deadline reaches the trial waits for it
+        ready["ok"] = True
+        await agent.current_readiness()
+        served = await client.call("work", {}, timeout=retry_in * 4)
+        assert served.agent_id == "flaky-1"
+        assert clock.slept[slept:] == [pytest.approx(retry_in)]
+        assert client.breakers.get("flaky-1").state != "open"
+
+
 async def test_contract_and_business_errors_never_open_a_breaker(
     nats_server: NatsServer, registrar: Registrar
 ) -> None:

@@ -370,7 +370,7 @@ class ReachClient:
             except ReachError as exc:
                 first = exc
             if first is not None:
-                value = await self._retry.recover(first, state, meta, body)
+                value = await self._retry.recover(first, state, meta, body, trials=fb is None)
         except ReachError as exc:
             failure = exc
         if failure is not None:

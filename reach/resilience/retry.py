@@ -10,7 +10,9 @@ on the client's clock (``Clock.sleep``: a test's ``ManualClock`` runs it at once
 nobody: waiting spares no one).
 
 While the fabric settles after a reconnect, a call that reached nobody waits for an
-instance within its deadline instead (``wait_for_instance``).
+instance within its deadline instead (``wait_for_instance``); a call that found every
+candidate's breaker open waits for the earliest half-open trial, if its deadline reaches
+it and it has no fallback to answer with at once (``wait_for_trial``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from reach.caller.attempt import AttemptRunner
 from reach.caller.callstate import CallState, has_other
 from reach.clock import Clock
 from reach.errors import (
+    CircuitOpen,
     Disconnected,
     NoHealthyInstance,
     NoResponders,
@@ -40,6 +43,9 @@ _BACKOFF_BASE = 0.2
 #: the first pause of a call waiting for an instance while the fabric settles, and its cap
 _SETTLE_PAUSE = 0.05
 _SETTLE_PAUSE_MAX = 0.4
+#: the shortest wait for a half-open trial: while another call holds the trial, the
+#: breaker says "now" until the trial's outcome is known
+_TRIAL_PAUSE = 0.05
 
 
 def waits_for_instance(error: ReachError, state: CallState) -> bool:
@@ -64,12 +70,23 @@ class RetryPolicy:
         self._clock = clock
 
     async def recover(
-        self, first: ReachError, state: CallState, meta: RequestMeta, body: bytes
+        self,
+        first: ReachError,
+        state: CallState,
+        meta: RequestMeta,
+        body: bytes,
+        *,
+        trials: bool = True,
     ) -> Any:
-        """The call's value after its first attempt failed with ``first``, or its error."""
+        """The call's value after its first attempt failed with ``first``, or its error.
+        ``trials``: wait for a half-open trial when every breaker is open (a call with a
+        fallback answers with it at once instead)."""
         error: ReachError | None = first
         value: Any = None
-        if waits_for_instance(first, state) and self._runner.settling():
+        if isinstance(first, CircuitOpen):
+            if trials:
+                value, error = await self.wait_for_trial(first, state, meta, body)
+        elif waits_for_instance(first, state) and self._runner.settling():
             value, error = await self.wait_for_instance(first, state, meta, body)
         if error is None:
             return value
@@ -154,6 +171,27 @@ class RetryPolicy:
         if first_wait >= state.deadline.remaining():
             return None
         return first_wait
+
+    async def wait_for_trial(
+        self, error: CircuitOpen, state: CallState, meta: RequestMeta, body: bytes
+    ) -> tuple[Any, ReachError | None]:
+        """Every candidate's breaker is open: wait for the earliest half-open trial, as
+        long as the deadline reaches it, instead of failing with the deadline unspent. The
+        call may be the trial, or come after it once it closed the breaker; a trial that
+        failed opens the breaker again, and the call waits again if it still can. Returns
+        the value, or the last error (None: served)."""
+        runner = self._runner
+        current: ReachError = error
+        while isinstance(current, CircuitOpen) and not runner.closing:
+            wait = max(current.retry_in, _TRIAL_PAUSE)
+            if wait >= state.deadline.remaining():
+                break  # the breaker's error says when, which the deadline does not reach
+            await self._clock.sleep(wait)
+            try:
+                return await runner.attempt(state, meta, body), None
+            except ReachError as exc:
+                current = exc
+        return None, current
 
     async def wait_for_instance(
         self, error: ReachError, state: CallState, meta: RequestMeta, body: bytes
