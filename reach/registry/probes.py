@@ -36,6 +36,7 @@ from reach.wire.modelcodec import decode_model
 from reach.wire.models import Instance, ProbeReply
 
 __all__ = [
+    "STALL_SEC",
     "ProbeDispatcher",
     "ProbeResult",
     "Recorder",
@@ -136,6 +137,11 @@ Recorder = Callable[[Instance, ProbeResult], None]
 #: its latency) and ``ReplyInbox.now()`` at sending (what a timeout is explained against)
 _InFlight = tuple[Instance, str, float, float]
 
+#: a timer of the registrar's that fires this many seconds late means that the process
+#: did not run meanwhile (stopped, starved): what came for it then waits unread in its
+#: socket, so no verdict is drawn from that time (a probe's timeout, a silence)
+STALL_SEC = 1.0
+
 #: a probe's request with a token of 16 characters for its call id, in two parts
 _HEAD, _, _TAIL = probe_request("T" * 16).partition(b"T" * 16)
 
@@ -181,6 +187,8 @@ class ProbeDispatcher:
         self._subjects: dict[str, str] = {}
         #: replies to no probe in flight (unknown, answered, expired or forged tokens)
         self.strays = 0
+        #: probes whose timeout passed while the registrar stalled, given a new one
+        self._rearmed: set[str] = set()
 
     @property
     def in_flight(self) -> int:
@@ -200,6 +208,7 @@ class ProbeDispatcher:
         self._timer_at = float("inf")
         self._pending.clear()
         self._deadlines.clear()
+        self._rearmed.clear()
         self._waiting.clear()
         inbox, self._inbox = self._inbox, None
         if inbox is not None:
@@ -246,6 +255,7 @@ class ProbeDispatcher:
             self._timer = loop.call_at(when, self._expire)
 
     def _on_reply(self, token: str, data: bytes | None) -> None:
+        self._rearmed.discard(token)
         probe = self._pending.pop(token, None)
         if probe is None:
             self.strays += 1
@@ -270,15 +280,26 @@ class ProbeDispatcher:
         now = loop.time()
         deadlines, pending = self._deadlines, self._pending
         inbox = self._inbox
+        rearmed: list[tuple[float, str]] = []
         while deadlines and (deadlines[0][0] <= now or deadlines[0][1] not in pending):
-            _, token = heapq.heappop(deadlines)
-            probe = pending.pop(token, None)
+            when, token = heapq.heappop(deadlines)
+            probe = pending.get(token)
             if probe is None or inbox is None:
                 continue
+            if now - when > STALL_SEC and token not in self._rearmed:
+                # the registrar stalled past this probe's timeout: its reply may be
+                # waiting unread, so it gets its timeout again from now
+                self._rearmed.add(token)
+                rearmed.append((now + probe[0].manifest.health.timeout_sec, token))
+                continue
+            del pending[token]
+            self._rearmed.discard(token)
             inst, subject, started, sent_at = probe
             latency_ms = (self._clock.monotonic() - started) * 1000
             self._tell(inst, failed(inbox.timeout_error(subject, sent_at), latency_ms))
             self._next()
+        for entry in rearmed:
+            heapq.heappush(deadlines, entry)
         if deadlines:
             self._timer_at = deadlines[0][0]
             self._timer = loop.call_at(self._timer_at, self._expire)

@@ -43,6 +43,7 @@ from reach.registry.instances import RecordView
 from reach.registry.intake import IntakeLag
 from reach.registry.message_auth import MessageAuth
 from reach.registry.ownership import Ownership
+from reach.registry.probes import STALL_SEC
 from reach.registry.store import RegistryStore
 from reach.registry.sweep import MAX_TICK_SEC, Sweeper
 from reach.registry.watch import RegistryWatch
@@ -308,4 +309,12 @@ class Registrar:
             except ReachError as exc:
                 self._policy.trouble()
                 log.warning("sweep failed: %s", exc)
+            loop = asyncio.get_running_loop()
+            woken_at = loop.time() + tick
             await asyncio.sleep(tick)
+            late = loop.time() - woken_at
+            if late > STALL_SEC:
+                # this process did not run (stopped, starved): the heartbeats of that
+                # time wait unread in its socket, so silence counts from now
+                self._policy.trouble()
+                log.warning("registrar stalled for %.1fs: no verdict on silence before it", late)
