@@ -93,6 +93,30 @@ async def test_agents_and_top_with_a_callers_credentials_still_list_the_agents(
         assert [line for line in out.splitlines() if line.lstrip().startswith("a-1")]
 
 
+async def test_agents_with_an_admins_credentials_shows_the_observed_p99(
+    secured: Secured,
+) -> None:
+    """On a fabric `reach up` started, the audit stream is read as `reach top` reads it:
+    the p99 of the last minute's calls shows beside each instance that served some."""
+    async with (
+        secured_agent(secured),
+        ReachClient(servers=secured.url, credentials=secured.admin) as admin,
+    ):
+        await wait_routable(admin, "echo", 1)
+        for n in range(5):
+            await admin.call("echo", {"n": n})
+        assert admin.audit is not None
+        await admin.audit.flush()
+        code, out, err = await reach_cli(
+            "agents", "--servers", secured.url, "--creds", str(secured.admin)
+        )
+    assert code == 0, err
+    assert "no observed p99" not in err
+    (row,) = [line for line in out.splitlines() if "a-1" in line]
+    assert "healthy" in row
+    assert row.count("ms") == 2, row  # the observed p99 and the last probe
+
+
 # -- piped -----------------------------------------------------------------------------
 
 

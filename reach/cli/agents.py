@@ -11,7 +11,7 @@ from rich.table import Table
 from reach.audit.reader import read_events
 from reach.audit.stats import LATENCY, CallStats
 from reach.caller.client import ReachClient
-from reach.cli.common import Target, connection_options, console, run
+from reach.cli.common import Target, connection, connection_options, console, run
 from reach.errors import ConfigurationError, ReachError
 from reach.transport import Connection
 from reach.wire.models import Instance
@@ -92,8 +92,13 @@ async def _agents(
 ) -> None:
     async with ReachClient(servers=target.servers, credentials=target.credentials) as client:
         instances = await client.discover(capability=capability, tags=tag, include_unhealthy=True)
-        now = time.time()
-        p99 = await observed_p99(client.connection, now) if instances else {}
+    now = time.time()
+    p99: dict[str, float] = {}
+    if instances:
+        # the audit stream over an operator's connection, as `reach top` reads it: a
+        # client's is placed with the callers, where the stream is not served
+        async with connection(target, "reach-agents") as conn:
+            p99 = await observed_p99(conn, now)
     if as_json:
         for inst in instances:
             record = inst.model_dump(mode="json")
