@@ -39,9 +39,21 @@ async def hello(req: dict) -> dict:
     return {"hello": req.get("name", "world")}
 
 
+second = Agent(
+    {"agent_name": "hello-too", "version": "1.0.0",
+     "capabilities": [{"name": "say_hello_too", "security_level": 1}]},
+    servers=sys.argv[1],
+)
+
+
+@second.capability("say_hello_too")
+async def hello_too(req: dict) -> dict:
+    return {"hello": "too"}
+
+
 if sys.argv[2] == "run":
     agent.run()
-else:
+elif sys.argv[2] == "serve_forever":
     async def main() -> None:
         async with agent:
             # said once serve_forever waits (and has taken the signals)
@@ -49,13 +61,30 @@ else:
             await agent.serve_forever()
 
     asyncio.run(main())
+else:  # two agents in one program
+    async def both() -> None:
+        async with agent, second:
+            serving = [asyncio.ensure_future(a.serve_forever()) for a in (agent, second)]
+            await asyncio.sleep(0)  # each ran to its wait, and has taken the signals
+            print("SERVING", flush=True)
+            await asyncio.gather(*serving)
+
+    asyncio.run(both())
 print("STOPPED", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["run", "serve_forever"])
+@pytest.mark.parametrize(
+    ("how", "sig"),
+    [
+        ("run", signal.SIGINT),
+        ("serve_forever", signal.SIGINT),
+        ("two_agents", signal.SIGINT),
+        ("two_agents", signal.SIGTERM),
+    ],
+)
 async def test_ctrl_c_stops_an_agent_cleanly_and_it_leaves_the_registry(
-    nats_server: NatsServer, client: ReachClient, tmp_path: Path, how: str
+    nats_server: NatsServer, client: ReachClient, tmp_path: Path, how: str, sig: int
 ) -> None:
     script = tmp_path / "agent.py"
     script.write_text(AGENT_SCRIPT)
@@ -70,9 +99,9 @@ async def test_ctrl_c_stops_an_agent_cleanly_and_it_leaves_the_registry(
     assert proc.stdout is not None
     try:
         await wait_routable(client, "say_hello", 1)
-        if how == "serve_forever":  # Ctrl-C while it joins is the program's own to take
+        if how != "run":  # Ctrl-C while it joins is the program's own to take
             assert await asyncio.wait_for(proc.stdout.readline(), 10) == b"SERVING\n"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = await asyncio.wait_for(proc.communicate(), 15)
     finally:
         if proc.returncode is None:
@@ -83,6 +112,8 @@ async def test_ctrl_c_stops_an_agent_cleanly_and_it_leaves_the_registry(
     assert out.decode().endswith("STOPPED\n")
     # it said goodbye: gone from the registry at once, not after missed heartbeats
     await client.routes.wait_for(lambda c: not c.find("say_hello"), timeout=2)
+    if how == "two_agents":  # both did
+        await client.routes.wait_for(lambda c: not c.find("say_hello_too"), timeout=2)
 
 
 async def test_ctrl_c_ends_a_following_command_without_a_traceback(

@@ -476,22 +476,44 @@ async def _serve(agent: Agent) -> None:
         await agent.stop()
 
 
+#: per event loop: the events that SIGINT and SIGTERM set (of every agent waiting in it,
+#: and of a program starting one), and the handlers the signals had before
+_SIGNALLED: dict[asyncio.AbstractEventLoop, tuple[set[asyncio.Event], dict[int, Any]]] = {}
+
+
 def _stop_on_signals(stopped: asyncio.Event) -> Callable[[], None]:
     """Set ``stopped`` on SIGINT and SIGTERM (main thread only: elsewhere signals are
-    not this loop's to take); returns what puts the previous handlers back."""
+    not this loop's to take); returns what takes it off again. Agents waiting in one loop
+    share the handlers (two agents of one program both stop), and once the last one is
+    off the signals' previous handlers are back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
-    previous: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(sig)
-        try:
-            loop.add_signal_handler(sig, stopped.set)
-        except (NotImplementedError, RuntimeError, ValueError):  # no such support here
-            continue
-        previous[sig] = handler
+    entry = _SIGNALLED.get(loop)
+    if entry is None:
+        waiting: set[asyncio.Event] = set()
+        previous: dict[int, Any] = {}
+
+        def fire() -> None:
+            for event in list(waiting):
+                event.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, fire)
+            except (NotImplementedError, RuntimeError, ValueError):  # no such support here
+                continue
+            previous[sig] = handler
+        entry = _SIGNALLED[loop] = (waiting, previous)
+    entry[0].add(stopped)
 
     def restore() -> None:
+        waiting, previous = entry
+        waiting.discard(stopped)
+        if waiting or _SIGNALLED.get(loop) is not entry:
+            return
+        del _SIGNALLED[loop]
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)
             if handler is not None:
