@@ -33,7 +33,7 @@ from reach.audit.writer import AuditWriter
 from reach.clock import Clock
 from reach.deadline import Deadline
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
-from reach.security.claims import Claims
+from reach.security.claims import JOB_READERS, ROLE_JOBS, Claims
 from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
 from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper, run_eagerly
@@ -389,6 +389,18 @@ class CallServer:
                 f"insufficient_level:{required}:{claims.level}",
                 f"{endpoint.name} requires clearance level {required};"
                 f" client {claims.client_id} holds {claims.level}",
+                claims,
+            )
+        if self.jobs is not None and claims.actor is None and not claims.roles & JOB_READERS:
+            # the job's result is in REACH_JOBS, which this client may not read: refused
+            # before it runs, not after, when the caller could only fail to fetch it
+            return self._deny(
+                endpoint,
+                meta,
+                "no_jobs_role",
+                f"{endpoint.name} runs as a job, whose result client {claims.client_id} may"
+                f" not read: it lacks the {ROLE_JOBS!r} role"
+                f" (reach creds add {claims.client_id} ... --role {ROLE_JOBS})",
                 claims,
             )
         # every call has a deadline not too far ahead (none: the callee's own), and is

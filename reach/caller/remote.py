@@ -36,6 +36,7 @@ AUTHORIZATION_CODES: Final = frozenset(
         "wrong_agent",  # a token bound to another agent_id
         "capability_not_allowed",  # a credential that does not list the capability
         "not_admin",  # an admin's request without the admin role
+        "no_jobs_role",  # a job whose result the caller may not read (the jobs role)
     }
 )
 

@@ -18,11 +18,33 @@ __all__ = [
     "DEFAULT_ISSUER",
     "DEFAULT_LEEWAY_SEC",
     "DEFAULT_TTL_SEC",
+    "JOB_READERS",
+    "KNOWN_ROLES",
     "MAX_TOKEN_CHARS",
+    "ROLE_ADMIN",
+    "ROLE_GATEWAY",
+    "ROLE_JOBS",
+    "ROLE_REGISTRAR",
     "Claims",
     "TokenRejected",
     "call_audience",
 ]
+
+#: may manage credentials and keys
+ROLE_ADMIN: Final = "admin"
+#: the registrar / token issuer service
+ROLE_REGISTRAR: Final = "registrar"
+#: may use REACH_JOBS: an async-mode agent (writes the records of the jobs it runs) or a
+#: caller that waits for jobs (reads the records of the jobs it called, no others)
+ROLE_JOBS: Final = "jobs"
+#: may call for others: a gateway (``reach mcp``, ``reach a2a``) exchanges the fabric
+#: token of a caller that logged in through it for call tokens that name that caller,
+#: with the gateway as the actor (RFC 8693 ``act``)
+ROLE_GATEWAY: Final = "gateway"
+KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS, ROLE_GATEWAY})
+#: the roles whose holders may read the result of a job they called (the admin's and
+#: the registrar's permissions include REACH_JOBS)
+JOB_READERS: Final = frozenset({ROLE_JOBS, ROLE_ADMIN, ROLE_REGISTRAR})
 
 ALGORITHM: Final = "EdDSA"
 DEFAULT_ISSUER: Final = "reach"

@@ -29,6 +29,13 @@ from pydantic_core import PydanticCustomError
 
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ConfigurationError, ReachError
+from reach.security.claims import (
+    KNOWN_ROLES,
+    ROLE_ADMIN,
+    ROLE_GATEWAY,
+    ROLE_JOBS,
+    ROLE_REGISTRAR,
+)
 from reach.security.verifiers import dummy_verifier, hash_secret, new_secret, verify_secret
 from reach.transport import Connection, KVBucket, KVConflict, KVEntry
 from reach.wire import subjects
@@ -55,18 +62,6 @@ __all__ = [
 
 log = logging.getLogger("reach.security")
 
-#: may manage credentials and keys
-ROLE_ADMIN: Final = "admin"
-#: the registrar / token issuer service
-ROLE_REGISTRAR: Final = "registrar"
-#: may use REACH_JOBS: an async-mode agent (writes the records of the jobs it runs) or a
-#: caller that waits for jobs (reads the records of the jobs it called, no others)
-ROLE_JOBS: Final = "jobs"
-#: may call for others: a gateway (``reach mcp``, ``reach a2a``) exchanges the fabric
-#: token of a caller that logged in through it for call tokens that name that caller,
-#: with the gateway as the actor (RFC 8693 ``act``)
-ROLE_GATEWAY: Final = "gateway"
-KNOWN_ROLES: Final = frozenset({ROLE_ADMIN, ROLE_REGISTRAR, ROLE_JOBS, ROLE_GATEWAY})
 
 _CLIENT_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CLIENT_KEY_PREFIX: Final = "client."

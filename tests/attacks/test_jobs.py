@@ -12,8 +12,11 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from reach import Agent
 from reach.caller.client import ReachClient
+from reach.errors import NotAuthorized
 from reach.wire import subjects
 
 from ..calls_helpers import wait_routable
@@ -86,3 +89,39 @@ async def test_a_job_result_is_the_caller_and_the_agent_s_alone(
         # the victim still reads its own result, unchanged
         again = await client.job(job_id)
         assert await asyncio.wait_for(again.result(), 5) == {"file": "all-customers.csv"}
+
+
+async def test_a_caller_without_the_jobs_role_is_refused_before_the_job_runs(
+    up_fabric: UpFabric,
+) -> None:
+    """Its result would be in REACH_JOBS, which such a caller may not read: the agent
+    refuses the call, naming the role, and the handler never runs."""
+    _, plain = await up_fabric.add_client(level=4)
+    _, exporter = await up_fabric.add_client(
+        level=4, agent_id="exp-2", caps=("bulk_export",), roles=("jobs",)
+    )
+    ran: list[dict[str, Any]] = []
+    agent = Agent(
+        {
+            "agent_id": "exp-2",
+            "agent_name": "exporter",
+            "version": "1.0.0",
+            "mode": "async",
+            "capabilities": [{"name": "bulk_export", "security_level": 4}],
+        },
+        servers=up_fabric.url,
+        credentials=exporter,
+    )
+
+    @agent.capability("bulk_export")
+    async def export(req: dict[str, Any]) -> dict[str, Any]:
+        ran.append(req)
+        return {"file": "all-customers.csv"}
+
+    async with agent, ReachClient(servers=up_fabric.url, credentials=plain) as client:
+        await wait_routable(client, "bulk_export", 1)
+        with pytest.raises(NotAuthorized, match="--role jobs") as refused:
+            await client.call("bulk_export", {})
+        assert "lacks the 'jobs' role" in str(refused.value)
+    assert ran == []
+    assert agent._server.denials == 1
