@@ -3,6 +3,8 @@ is a whole sentence that fits, and an unknown command is answered with the close
 
 from __future__ import annotations
 
+import sys
+
 import click
 import pytest
 from click.testing import CliRunner, Result
@@ -66,3 +68,17 @@ def test_a_command_like_no_other_gets_no_suggestion() -> None:
     assert result.exit_code == 2
     assert "No such command 'xyzzy'." in result.output
     assert "Did you mean" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("command", "module", "extra"),
+    [("console", "starlette", "console"), ("mcp", "mcp", "gateways"), ("a2a", "a2a", "gateways")],
+)
+def test_a_command_without_its_extra_says_which_to_install(
+    monkeypatch: pytest.MonkeyPatch, command: str, module: str, extra: str
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    result = CliRunner().invoke(main, [command], catch_exceptions=False)
+    assert result.exit_code != 0, result.output
+    assert f"pip install 'agent-reach[{extra}]'" in result.output
+    assert "Traceback" not in result.output

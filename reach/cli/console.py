@@ -7,7 +7,7 @@ import os
 
 import click
 
-from reach.cli.common import Target, connection, connection_options, run
+from reach.cli.common import Target, connection, connection_options, fail, run
 
 #: the environment variable of the console's login password when not on loopback
 PASSWORD_ENV = "REACH_CONSOLE_PASSWORD"
@@ -56,7 +56,14 @@ def register(main: click.Group) -> None:
 
         On 127.0.0.1 (the default) there is no login. Bound to any other address it asks
         for one: HTTP Basic, user "operator", the password from REACH_CONSOLE_PASSWORD, or
-        one made now and printed once."""
+        one made now and printed once. Needs the console extra: pip install
+        'agent-reach[console]'."""
+        try:
+            import jinja2  # noqa: F401 - the console's web server is an optional extra
+            import starlette  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError as exc:
+            fail(f"reach console needs its web server: pip install 'agent-reach[console]' ({exc})")
         from reach.console.auth import LOGIN_USER, is_loopback, make_password
 
         if window <= 0:
