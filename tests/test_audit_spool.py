@@ -223,8 +223,17 @@ async def test_drops_at_shutdown_are_kept_in_the_spool_and_reported_by_the_next_
     assert dropped > 0
     (found,) = survey(spool_root())
     assert found.dropped == dropped
-    findings = conclude(await gather(conn, "echo", probe_timeout=0.5)).steps[5].findings
+    findings = (
+        conclude(await gather(conn, "echo", probe_timeout=0.5, servers=[nats_server.url]))
+        .steps[5]
+        .findings
+    )
     assert any(f"{dropped} dropped event(s) not yet alerted" in f for f in findings)
+    # the spool root is the user's, shared by every fabric: another fabric's doctor
+    # does not count this one's spool
+    assert survey(spool_root(), ["nats://127.0.0.1:1"]) == []
+    elsewhere = await gather(conn, "echo", probe_timeout=0.5, servers=["nats://127.0.0.1:1"])
+    assert not any("dropped event(s)" in f for f in conclude(elsewhere).steps[5].findings)
 
     await ensure_streams(conn)
     reports: list[AuditNotice] = []

@@ -365,11 +365,14 @@ class SpoolSurvey:
     live: int
 
 
-def survey(root: Path) -> list[SpoolSurvey]:
-    """Every spool directory under ``root`` with a file in it (read only, no locks kept)."""
+def survey(root: Path, servers: Sequence[str] | None = None) -> list[SpoolSurvey]:
+    """Every spool directory under ``root`` with a file in it (read only, no locks kept):
+    of the fabric at ``servers`` only, if given (the spool root is per user, shared by
+    every fabric the user's programs write to)."""
     found: list[SpoolSurvey] = []
+    fabric = "*" if servers is None else fabric_key(servers)
     try:
-        directories = sorted({p.parent for p in root.glob(f"*/*/*{SUFFIX}")})
+        directories = sorted({p.parent for p in root.glob(f"{fabric}/*/*{SUFFIX}")})
     except OSError:
         return found
     for directory in directories:

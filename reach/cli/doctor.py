@@ -30,7 +30,7 @@ def render(diagnosis: Diagnosis, *, colour: bool) -> str:
 
 async def _doctor(target: Target, name: str, window: float, as_json: bool) -> None:
     async with connection(target, "reach-doctor") as conn:
-        diagnosis = await diagnose(conn, name, window_sec=window)
+        diagnosis = await diagnose(conn, name, window_sec=window, servers=target.servers)
     if as_json:
         click.echo(
             json.dumps(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -93,19 +94,34 @@ class Diagnosis:
 
 
 async def diagnose(
-    conn: Connection, target: str, *, window_sec: float = 600.0, probe_timeout: float = 2.0
+    conn: Connection,
+    target: str,
+    *,
+    window_sec: float = 600.0,
+    probe_timeout: float = 2.0,
+    servers: Sequence[str] | None = None,
 ) -> Diagnosis:
-    """Gather the evidence for ``target`` (a capability or an agent id) and conclude."""
-    return conclude(await gather(conn, target, window_sec=window_sec, probe_timeout=probe_timeout))
+    """Gather the evidence for ``target`` (a capability or an agent id) and conclude;
+    ``servers``: the fabric's URLs, whose audit spools on this machine are looked at
+    (None: every fabric's)."""
+    evidence = await gather(
+        conn, target, window_sec=window_sec, probe_timeout=probe_timeout, servers=servers
+    )
+    return conclude(evidence)
 
 
 async def gather(
-    conn: Connection, target: str, *, window_sec: float = 600.0, probe_timeout: float = 2.0
+    conn: Connection,
+    target: str,
+    *,
+    window_sec: float = 600.0,
+    probe_timeout: float = 2.0,
+    servers: Sequence[str] | None = None,
 ) -> Evidence:
     now = time.time()
     ev = Evidence(target=target, now=now, window_sec=window_sec)
     spool_root = resolve_audit_spool()
-    ev.spools = survey(spool_root) if spool_root is not None else []
+    ev.spools = survey(spool_root, servers) if spool_root is not None else []
     ev.audit_drops = await _audit_drops(conn, now - window_sec)
     try:
         store = await RegistryStore.open(conn, create=False)
