@@ -14,12 +14,13 @@ import pytest
 
 from reach.audit.stats import LATENCY
 from reach.caller.client import ReachClient
-from reach.errors import Disconnected, NotFound
+from reach.errors import AuthenticationFailed, Disconnected, NotFound, ReachError
 from reach.fabric.embedded import free_port
 from reach.testing import NatsServer
 
 from .calls_helpers import capability, make_agent, wait_routable
 from .cli_helpers import REACH, reach_cli
+from .up_helpers import Secured
 
 AGENT_SCRIPT = """\
 import asyncio
@@ -187,3 +188,31 @@ async def test_a_mistyped_capability_is_answered_with_the_close_ones(
             "doctor", "query_ordrs", "--servers", nats_server.url, env=dict(os.environ)
         )
         assert "did you mean query_orders" in out
+
+
+async def test_a_login_refused_without_credentials_says_where_credentials_come_from(
+    secured: Secured,
+) -> None:
+    """From a directory without .reach/, no credentials were given at all: the refusal
+    says where they would come from, not to check a file that does not exist."""
+    with pytest.raises(AuthenticationFailed) as refused:
+        async with ReachClient(servers=secured.url):
+            pass
+    text = str(refused.value)
+    assert "an anonymous client" in text
+    assert "REACH_CREDS" in text
+    assert "--creds" in text
+    assert ".reach/dev.creds" in text
+    assert "check the credentials file" not in text
+
+
+async def test_an_agent_started_with_a_callers_credentials_is_told_how_to_make_its_own(
+    secured: Secured,
+) -> None:
+    agent = make_agent(secured.url, "mine-1", capability("echo"))[0]
+    agent.credentials = secured.watcher  # a caller's: it may call, not serve
+    with pytest.raises(ReachError) as refused:
+        await agent.start()
+    await agent.stop()
+    assert "reach creds add" in str(refused.value), refused.value
+    assert "--agent-id" in str(refused.value)

@@ -142,7 +142,8 @@ class Denials:
 def _denied(what: str, refused: str) -> PermissionDenied:
     return PermissionDenied(
         f"{what}: the NATS server refused these credentials ({refused});"
-        " use credentials allowed to do this (an admin's for operator commands)"
+        " use credentials allowed to do this: an agent's own to serve (reach creds add"
+        " NAME --agent-id ID --cap CAPABILITY), an admin's for operator commands"
     )
 
 

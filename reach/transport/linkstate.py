@@ -47,6 +47,13 @@ class Link:
         self.name = name
         self.where = ", ".join(servers)
         self.who = f"user {user!r}" if user else "an anonymous client"
+        #: what to check when the login is refused
+        self.login_hint = (
+            "check the credentials file"
+            if user
+            else "no credentials were given: REACH_CREDS or --creds names a credentials"
+            " file, else .reach/dev.creds in the working directory (reach up writes it)"
+        )
         self.give_up_after = give_up_after
         #: monotonic time the connection went down (None: up)
         self.down_since: float | None = None
@@ -167,8 +174,7 @@ class Link:
             )
         if refused is not None:
             return AuthenticationFailed(
-                f"NATS at {self.where} refused {self.who}: {_reason(refused)}"
-                " (check the credentials file)"
+                f"NATS at {self.where} refused {self.who}: {_reason(refused)} ({self.login_hint})"
             )
         if self.unanswered is not None:
             return LoginUnanswered(
