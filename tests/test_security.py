@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,29 @@ async def test_forged_tokens_are_refused_and_the_handler_never_runs(
         assert not reply.ok
         assert reply.kind == "denied"
         assert agent._server.denials == 1
+    assert b.calls == 0
+
+
+async def test_a_flood_of_refused_calls_writes_a_few_log_lines_not_one_each(
+    fabric: Fabric, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each denied call used to log its own line: a caller (or an attacker) sending
+    forged tokens wrote the agent's log as fast as it sent. The first few of an interval
+    get a line; the rest are counted and said once."""
+    b = Behaviour()
+    subject = subjects.capability_instance("customer_orders", "vault-1")
+    async with vault_agent(fabric, b) as agent:
+        with caplog.at_level(logging.WARNING, logger="reach"):
+            for n in range(200):
+                request = envelope.pack_request(
+                    envelope.RequestMeta(call_id=f"flood-{n}", token="garbage.not.a-token"),
+                    b"\x80",
+                )
+                reply = envelope.unpack_reply(await fabric.conn.request(subject, request, 2))
+                assert reply.kind == "denied"
+        assert agent._server.denials == 200
+    lines = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 6, [r.getMessage() for r in lines]
     assert b.calls == 0
 
 

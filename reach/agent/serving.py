@@ -34,6 +34,7 @@ from reach.clock import Clock
 from reach.deadline import Deadline
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.security.claims import JOB_READERS, ROLE_JOBS, Claims
+from reach.security.refusals import RefusalLog
 from reach.security.replay import MAX_AHEAD_SEC, RecentCalls
 from reach.security.tokens import TokenVerifier
 from reach.tasks import DEADLINE_CANCEL, EAGER, PENDING_DEADLINE, DeadlineReaper, run_eagerly
@@ -86,6 +87,9 @@ class CallServer:
         #: set when the fabric issues tokens: every call must carry a valid one
         self.verifier: TokenVerifier | None = None
         self.denials = 0
+        #: the denials' log lines: the first few of each interval, then a summary (a
+        #: flood of forged calls must not write the log as fast as it comes)
+        self._denied_log = RefusalLog(log, f"calls to {agent_id}", clock=clock)
         #: told of every denial (capability, request meta, code, description, the token's
         #: claims if it was valid): the agent writes it to the audit stream
         self.on_denied: (
@@ -437,7 +441,8 @@ class CallServer:
     ) -> bytes:
         self.denials += 1
         endpoint.stats.denied += 1
-        log.warning("denied a call to %s: %s (%s)", self.agent_id, description, code)
+        caller = claims.client_id if claims is not None else "(no valid token)"
+        self._denied_log.refused(caller, f"{description} ({code})")
         if self.on_denied is not None:
             self.on_denied(endpoint.name, meta, code, description, claims)
         return self._refuse(endpoint, "denied", code, description)
