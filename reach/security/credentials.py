@@ -279,12 +279,6 @@ class CredentialStore:
             return revoked
         raise ConfigurationError(f"client {client_id} keeps changing; revoke again")
 
-    async def lookup(self, client_id: str) -> ClientRecord | None:
-        """The record as the cache that follows the bucket holds it (None: no such
-        client), read from the bucket only on a miss, at a bounded rate: what answers a
-        login or a token request without a JetStream read each time."""
-        return await self._lookup(client_id, None)
-
     async def _lookup(self, client_id: str, read_timeout: float | None) -> ClientRecord | None:
         if not _CLIENT_ID_RE.fullmatch(client_id):
             return None

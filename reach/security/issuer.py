@@ -57,6 +57,10 @@ log = logging.getLogger("reach.issuer")
 #: token requests a second one client may make, and at once
 TOKEN_RATE = 50.0
 TOKEN_BURST = 500.0
+#: how long a token exchange waits for the credential as the bucket holds it now (a
+#: revocation acked a moment ago counts) before it takes the record of the cache that
+#: follows the bucket: a call must not wait out its deadline on a busy JetStream
+FRESH_READ_SEC = 0.2
 
 
 class TokenRequest(BaseModel):
@@ -246,9 +250,9 @@ class TokenService:
 
     async def _exchange(self, req: TokenRequest) -> tuple[str, Claims]:
         """A call token for ``req.audience`` in exchange for the client's fabric token:
-        no secret check (the token says who it is), the credential looked up again in the
-        cache that follows the credentials (a revoked one gets nothing, a changed level
-        counts), and no longer valid than the token shown."""
+        no secret check (the token says who it is), the credential looked up again (a
+        revoked one gets nothing, a changed level counts; see :meth:`_current`), and no
+        longer valid than the token shown."""
         assert self._verifier is not None
         assert self.credentials is not None
         assert self.issuer is not None
@@ -259,9 +263,7 @@ class TokenService:
             raise AuthenticationFailed(f"the token of {shown.client_id} has expired")
         if shown.client_id != req.client_id:
             raise AuthenticationFailed(f"the token is {shown.client_id}'s, not {req.client_id}'s")
-        # from the cache that follows the credentials (a revocation reaches it at once):
-        # a call token costs no JetStream read, however busy JetStream is
-        record = await self.credentials.lookup(shown.client_id)
+        record = await self._current(shown.client_id)
         if record is None:
             raise AuthenticationFailed(f"client {shown.client_id} is unknown")
         actor = None
@@ -276,6 +278,20 @@ class TokenService:
             actor=actor,
         )
 
+    async def _current(self, client_id: str) -> ClientRecord | None:
+        """The credential as the bucket holds it now; if JetStream does not answer within
+        ``FRESH_READ_SEC``, as the cache that follows the bucket holds it (which has had
+        that long to hear of a change made before the request)."""
+        assert self.credentials is not None
+        cache = self.cache
+        try:
+            return await asyncio.wait_for(self.credentials.get(client_id), FRESH_READ_SEC)
+        except (TimeoutError, ReachError) as exc:
+            if cache is None or not cache.ready:
+                raise
+            log.debug("credential %s from the cache: the bucket did not answer: %r", client_id, exc)
+            return cache.get(client_id)
+
     async def _actor(self, token: str) -> tuple[ClientRecord, float]:
         """The credential of the gateway whose fabric token is ``token``, and when that
         token expires: AuthenticationFailed unless it is valid and holds the gateway
@@ -285,7 +301,7 @@ class TokenService:
         claims = self._verifier.verify(token)
         if claims.exp <= self._clock.time():
             raise AuthenticationFailed(f"the token of {claims.client_id} has expired")
-        record = await self.credentials.lookup(claims.client_id)
+        record = await self._current(claims.client_id)
         if record is None:
             raise AuthenticationFailed(f"client {claims.client_id} is unknown")
         if ROLE_GATEWAY not in record.roles:
