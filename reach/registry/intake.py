@@ -35,6 +35,9 @@ CHECK_EVERY_SEC = 0.1
 LAG_LIMIT_SEC = 0.2
 #: seconds between two warnings that the intake is behind
 _WARN_EVERY_SEC = 10.0
+#: how long a round trip may take before the connection is taken for lost: the lag is
+#: what is measured, so its PING is waited for far longer than a flush's usual seconds
+_TRIP_TIMEOUT_SEC = 120
 
 
 class IntakeLag:
@@ -57,7 +60,7 @@ class IntakeLag:
     async def measure(self) -> float:
         """One round trip on the intake (seconds); trouble for as long as it is slow."""
         started = self._clock.monotonic()
-        trip = asyncio.ensure_future(self._conn.flush())
+        trip = asyncio.ensure_future(self._conn.flush(timeout=_TRIP_TIMEOUT_SEC))
         try:
             while True:
                 done, _ = await asyncio.wait({trip}, timeout=LAG_LIMIT_SEC)
