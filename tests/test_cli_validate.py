@@ -55,10 +55,11 @@ def test_capabilities_are_counted(tmp_path: Path) -> None:
 
 def test_a_manifest_without_agent_id_shows_the_rule_not_a_random_id(tmp_path: Path) -> None:
     # a random id printed here would not be the one the agent draws when it starts
-    result = reach("validate", str(write(tmp_path, "agent_name: tiny\nversion: 0.1.0\n")))
+    text = "agent_name: tiny\nversion: 0.1.0\ncapabilities: [{name: x}]\n"
+    result = reach("validate", str(write(tmp_path, text)))
     assert result.exit_code == 0, result.output
     assert result.stdout == (
-        "OK: tiny-<8 random hex digits> (0 capabilities); each start of the agent draws"
+        "OK: tiny-<8 random hex digits> (1 capability); each start of the agent draws"
         " a new agent_id (set agent_id to keep one)\n"
     )
 
@@ -75,7 +76,8 @@ def test_a_number_written_as_text_is_refused_naming_the_field(tmp_path: Path) ->
         "health.interval_sec: Input should be a valid number, got the text '5'",
     ]
     # as a YAML float for a version is
-    result = reach("validate", str(write(tmp_path, "agent_name: a\nversion: 1.0\n")))
+    text = "agent_name: a\nversion: 1.0\ncapabilities: [{name: x}]\n"
+    result = reach("validate", str(write(tmp_path, text)))
     assert result.stdout == "version: Input should be a valid string, got the number 1.0\n"
 
 
@@ -98,7 +100,8 @@ def test_every_error_is_printed_with_its_path_and_exit_code_is_one(tmp_path: Pat
 
 
 def test_a_single_problem_is_reported_in_the_singular(tmp_path: Path) -> None:
-    result = reach("validate", str(write(tmp_path, "agent_name: a\nversion: '1'\n")))
+    text = "agent_name: a\nversion: '1'\ncapabilities: [{name: x}]\n"
+    result = reach("validate", str(write(tmp_path, text)))
     assert result.exit_code == 1
     assert result.stderr.endswith("invalid manifest, 1 problem\n")
 
@@ -257,3 +260,46 @@ def test_validate_refuses_an_identifier_with_a_trailing_newline(
     assert loaded[field] == VALID[field] + "\n"  # the YAML escape is read as a newline
     with pytest.raises(ConfigurationError):
         parse_manifest(data)
+
+
+def test_one_run_lists_every_problem_with_a_suggestion_for_a_typo(tmp_path: Path) -> None:
+    """A duplicate capability is said beside a problem inside one, and a mistyped field
+    is answered with the field it is close to."""
+    text = (
+        "agent_name: a\nversion: 1.0.0\nmax_concurency: 5\n"
+        "capabilities: [{name: x, security_level: 9}, {name: x}]\n"
+    )
+    result = reach("validate", str(write(tmp_path, text)))
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        "capabilities[0].security_level: Input should be less than or equal to 4",
+        "max_concurency: unknown field (did you mean max_concurrency?)",
+        "capabilities: capability 'x' is declared twice",
+    ]
+
+
+def test_a_manifest_without_capabilities_is_refused(tmp_path: Path) -> None:
+    for text in (
+        "agent_name: a\nversion: 1.0.0\ncapabilities: []\n",
+        "agent_name: a\nversion: 1.0.0\n",
+    ):
+        result = reach("validate", str(write(tmp_path, text)))
+        assert result.exit_code == 1
+        assert result.stdout.startswith("capabilities: "), result.stdout
+
+
+def test_a_contract_that_refers_to_another_document_is_refused(tmp_path: Path) -> None:
+    """It is never fetched: the agent would start, and every call fail its contract."""
+    text = (
+        "agent_name: a\nversion: 1.0.0\ncapabilities:\n  - name: x\n"
+        "    input_schema: {$ref: 'https://example.com/order.json'}\n"
+    )
+    result = reach("validate", str(write(tmp_path, text)))
+    assert result.exit_code == 1
+    assert "capabilities[0].input_schema: not a valid contract" in result.stdout
+    assert "https://example.com/order.json" in result.stdout
+    local = (
+        "agent_name: a\nversion: 1.0.0\ncapabilities:\n  - name: x\n"
+        "    input_schema: {$ref: '#/$defs/order', $defs: {order: {type: object}}}\n"
+    )
+    assert reach("validate", str(write(tmp_path, local))).exit_code == 0

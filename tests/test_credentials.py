@@ -353,7 +353,13 @@ def test_clients_and_agents_connect_where_their_credentials_file_says(
     creds = _creds(tmp_path / "w.creds", "nats://fabric.example:4333")
     assert ReachClient(credentials=creds).servers == ["nats://fabric.example:4333"]
     agent = Agent(
-        {"agent_id": "a-1", "agent_name": "a", "version": "1.0.0"}, credentials=str(creds)
+        {
+            "agent_id": "a-1",
+            "agent_name": "a",
+            "version": "1.0.0",
+            "capabilities": [{"name": "echo"}],
+        },
+        credentials=str(creds),
     )
     assert agent.servers == ["nats://fabric.example:4333"]
     monkeypatch.setenv("REACH_URL", "nats://env:2")

@@ -62,9 +62,11 @@ def test_the_annotated_example_parses() -> None:
 
 
 def test_a_minimal_manifest_gets_the_documented_defaults() -> None:
-    manifest = parse_manifest({"agent_name": "tiny", "version": "0.1.0"})
+    manifest = parse_manifest(
+        {"agent_name": "tiny", "version": "0.1.0", "capabilities": [{"name": "x"}]}
+    )
     assert manifest.mode == "sync"
-    assert manifest.capabilities == []
+    assert manifest.capabilities[0].security_level == 4
     assert manifest.health.interval_sec == 15
     assert manifest.health.timeout_sec == 3
     assert manifest.health.failures_before_unhealthy == 2
@@ -225,15 +227,21 @@ def test_valid_json_schemas_are_kept_as_written() -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "path"),
+    ("data", "line"),
     [
-        (manifest_data(owner="me"), "owner"),
-        (manifest_data(capabilities=[capability_data(timeout=3)]), "capabilities[0].timeout"),
-        (manifest_data(health={"interval": 5}), "health.interval"),
+        (manifest_data(owner="me"), "owner: unknown field"),
+        (
+            manifest_data(capabilities=[capability_data(timeout=3)]),
+            "capabilities[0].timeout: unknown field (did you mean timeout_sec?)",
+        ),
+        (
+            manifest_data(health={"interval": 5}),
+            "health.interval: unknown field (did you mean interval_sec?)",
+        ),
     ],
 )
-def test_unknown_fields_are_rejected(data: dict[str, Any], path: str) -> None:
-    assert errors_of(data) == [f"{path}: unknown field"]
+def test_unknown_fields_are_rejected(data: dict[str, Any], line: str) -> None:
+    assert errors_of(data) == [line]
 
 
 def test_duplicate_capability_names_are_rejected() -> None:
@@ -278,7 +286,11 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_missing_required_fields_are_named() -> None:
-    assert [line.split(":", 1)[0] for line in errors_of({})] == ["agent_name", "version"]
+    assert [line.split(":", 1)[0] for line in errors_of({})] == [
+        "agent_name",
+        "version",
+        "capabilities",
+    ]
 
 
 def test_a_manifest_that_is_not_a_mapping_is_reported_at_the_root() -> None:

@@ -6,11 +6,12 @@ The same models validate a YAML file, an announce message and a KV record, and
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, NamedTuple, Self
 
 from pydantic import (
@@ -61,8 +62,11 @@ _TYPE_ERRORS = frozenset({"int_type", "float_type", "bool_type", "string_type"})
 _KIND = {str: "the text", int: "the integer", float: "the number", bool: "the boolean"}
 
 
-def format_validation_error(exc: ValidationError, *, root: str = "") -> list[str]:
-    """Turn pydantic errors into ``capabilities[0].tags[2]: message`` lines."""
+def format_validation_error(
+    exc: ValidationError, *, root: str = "", known: Iterable[str] = ()
+) -> list[str]:
+    """Turn pydantic errors into ``capabilities[0].tags[2]: message`` lines; an unknown
+    field close to one of the ``known`` names says which it may have meant."""
     lines = []
     for err in exc.errors(include_url=False):
         path = root
@@ -74,10 +78,16 @@ def format_validation_error(exc: ValidationError, *, root: str = "") -> list[str
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+            field = err["loc"][-1] if err["loc"] else ""
+            close = difflib.get_close_matches(str(field), list(known), n=1, cutoff=0.75)
+            if close:
+                msg += f" (did you mean {close[0]}?)"
         elif err["type"] in _TYPE_ERRORS:
             value = err["input"]
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
             msg = f"{msg}, got {_KIND.get(type(value), type(value).__name__)} {shown}"
+        elif err["type"] == "too_short" and err["loc"] == ("capabilities",):
+            msg = "a manifest declares at least one capability"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         lines.append(f"{path or '<root>'}: {msg}")
@@ -232,7 +242,7 @@ class Manifest(_Model):
     agent_name: SubjectToken
     version: SemVer
     mode: Literal["sync", "async"] = "sync"
-    capabilities: list[Capability] = Field(default_factory=list)
+    capabilities: list[Capability] = Field(min_length=1)
     max_concurrency: StrictInt = Field(64, ge=1, le=100_000, description="calls handled at once")
     health: HealthSettings = Field(default_factory=HealthSettings)
 
@@ -484,4 +494,25 @@ def parse_manifest(data: Any, *, source: str = "manifest") -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        raise ConfigurationError(f"invalid {source}", format_validation_error(exc)) from None
+        lines = format_validation_error(exc, known=_manifest_fields())
+        # the checks across capabilities run only once each capability is valid: said
+        # here too, so that one run lists every problem
+        for line in _duplicate_names(data):
+            if line not in lines:
+                lines.append(line)
+        raise ConfigurationError(f"invalid {source}", lines) from None
+
+
+def _manifest_fields() -> set[str]:
+    """Every field name a manifest may hold, at any depth."""
+    return {name for model in (Manifest, Capability, HealthSettings) for name in model.model_fields}
+
+
+def _duplicate_names(data: Any) -> list[str]:
+    """The duplicate-capability lines of ``data`` as given (not validated)."""
+    capabilities = data.get("capabilities") if isinstance(data, dict) else None
+    if not isinstance(capabilities, list):
+        return []
+    names = [c.get("name") for c in capabilities if isinstance(c, dict)]
+    twice = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+    return [f"capabilities: capability {name!r} is declared twice" for name in twice]

@@ -42,6 +42,30 @@ def _depth_over(value: Any, limit: int) -> bool:
     return True
 
 
+def _remote_ref(value: Any) -> str | None:
+    """The first ``$ref`` of ``value`` that names another document than the schema (one
+    not within it: neither a ``#`` fragment nor a URI one of its ``$id`` gives)."""
+    refs: list[str] = []
+    ids: set[str] = set()
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            ref, own = item.get("$ref"), item.get("$id")
+            if isinstance(ref, str):
+                refs.append(ref)
+            if isinstance(own, str):
+                ids.add(own.split("#", 1)[0])
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    for ref in refs:
+        document = ref.split("#", 1)[0]
+        if document and document not in ids:
+            return ref
+    return None
+
+
 def checked_json_schema(value: dict[str, Any]) -> dict[str, Any]:
     """``value`` if it is a JSON Schema a contract may carry (Draft 2020-12, JSON only, at
     most ``MAX_SCHEMA_DEPTH`` deep); a PydanticCustomError saying what is wrong otherwise."""
@@ -63,6 +87,14 @@ def checked_json_schema(value: dict[str, Any]) -> dict[str, Any]:
         key = None  # not JSON: the check below says what is wrong
     if key is not None and key in _CHECKED_SCHEMAS:
         return value
+    remote = _remote_ref(value)
+    if remote is not None:
+        raise PydanticCustomError(
+            "json_schema",
+            "not a valid contract: $ref {ref} names another document, which is never"
+            " fetched (put that schema under $defs and refer to it as #/$defs/...)",
+            {"ref": repr(remote)},
+        )
     try:
         Draft202012Validator.check_schema(value)
     except SchemaError as exc:

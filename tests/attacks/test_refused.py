@@ -164,7 +164,12 @@ async def test_an_agent_cannot_speak_for_another(
         manifest = {
             "instance_id": secrets.token_hex(8),
             "started_at": time.time(),
-            "manifest": {"agent_id": "vault-1", "agent_name": "v", "version": "1.0.0"},
+            "manifest": {
+                "agent_id": "vault-1",
+                "agent_name": "v",
+                "version": "1.0.0",
+                "capabilities": [{"name": "customer_orders"}],
+            },
         }
         reply = await ask(nc, subjects.announce("eve-2"), request_bytes(manifest, token))
         answer = msgpack.unpackb(reply["b"])
