@@ -116,6 +116,8 @@ async def test_the_nats_server_killed_under_the_console(
         assert time.monotonic() - started < 2
         search = await http.get("/calls", params={"call_id": "x"})
         assert search.status_code == 503  # said, not hung
+        # the live feed says the figures are frozen, not "live" over them
+        assert await _fabric_state(http) == "down"
         await asyncio.to_thread(nats_server.restart)
         made = 0
         deadline = time.monotonic() + 30
@@ -127,9 +129,22 @@ async def test_the_nats_server_killed_under_the_console(
                 await asyncio.sleep(0.2)
         assert made == 20
         await until(lambda: counted() >= 40, "the calls after", timeout=20)
+        assert await _fabric_state(http) == "up"
         await asyncio.sleep(1)  # (none counted twice either: the follower goes on by sequence)
         assert counted() == 40
         assert (await http.get("/agents")).status_code == 200
+
+
+async def _fabric_state(http: httpx.AsyncClient) -> str:
+    """The ``fabric`` event the agents page's live feed opens with."""
+    async with asyncio.timeout(10), http.stream("GET", "/live/agents") as feed:
+        event = None
+        async for line in feed.aiter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "fabric":
+                return line.removeprefix("data: ")
+    raise AssertionError("the feed ended without a fabric event")
 
 
 def columns_batch(

@@ -195,13 +195,21 @@ class Console:
         )
 
     async def _feed(self, page: str, params: dict[str, str]) -> AsyncIterator[str]:
-        """The page part as an ``update`` event now and whenever it changes; ends when the
-        console closes (or the browser goes: the server then stops the stream)."""
+        """The page part as an ``update`` event now and whenever it changes, and a
+        ``fabric`` event (``up``, ``down``) now and whenever the console's connection to
+        the fabric comes or goes; ends when the console closes (or the browser goes: the
+        server then stops the stream)."""
         self.feeds += 1
         try:
             last: str | None = None
+            fabric: bool | None = None
             quiet = 0.0
             while not self.closing.is_set():
+                # whether the figures are current: the page stays, the fabric may not
+                up = self.view.conn.is_connected
+                if up != fabric:
+                    fabric = up
+                    yield f"event: fabric\ndata: {'up' if up else 'down'}\n\n"
                 html, cost = self._fragment(page, params)
                 if html != last:
                     last, quiet = html, 0.0
