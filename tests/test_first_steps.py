@@ -111,6 +111,8 @@ async def test_ctrl_c_stops_an_agent_cleanly_and_it_leaves_the_registry(
     assert proc.returncode == 0, err.decode()
     assert "Traceback" not in err.decode(), err.decode()
     assert out.decode().endswith("STOPPED\n")
+    if how == "run":  # a program that is one agent says what it serves, where
+        assert f"serving say_hello at {nats_server.url}" in err.decode(), err.decode()
     # it said goodbye: gone from the registry at once, not after missed heartbeats
     await client.routes.wait_for(lambda c: not c.find("say_hello"), timeout=2)
     if how == "two_agents":  # both did

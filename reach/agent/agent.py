@@ -249,7 +249,12 @@ class Agent:
             raise failure
         self._server.accepting = True
         self._heartbeat_task = asyncio.create_task(presence.heartbeat_loop(), name="heartbeat")
-        log.info("agent %s serving %d capabilities", self.agent_id, len(self._endpoints))
+        log.info(
+            "agent %s serving %s at %s",
+            self.agent_id,
+            ", ".join(self._endpoints) or "nothing",
+            conn.connected_url,
+        )
 
     async def _connect(self, deadline: Deadline) -> tuple[Connection, CredentialsFile | None]:
         """The connection given, or one opened and logged in; the credentials with it."""
@@ -365,6 +370,7 @@ class Agent:
         life of a program that is one agent (``python agent.py``). A signal while it
         joins ends it once joined (so that it leaves the registry as it came); an error
         that ends it is told in one line on stderr, and exits with status 1."""
+        _log_to_stderr()
         try:
             asyncio.run(_serve(self))
         except KeyboardInterrupt:  # a second Ctrl-C while leaving: it was asked twice
@@ -460,6 +466,19 @@ class Agent:
             if self._refresh is None or self._refresh.done():
                 self._refresh = asyncio.create_task(self.current_readiness())
         return self._readiness.ready, self._readiness.reason
+
+
+def _log_to_stderr() -> None:
+    """A program that is one agent (``Agent.run``) and set up no logging of its own says
+    what the agent does on stderr: that it serves, that it lost the fabric and came back,
+    what it refused. One that did set up logging keeps its own."""
+    if logging.getLogger().handlers or logging.getLogger("reach").handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    reach_log = logging.getLogger("reach")
+    reach_log.addHandler(handler)
+    reach_log.setLevel(logging.INFO)
 
 
 async def _serve(agent: Agent) -> None:
