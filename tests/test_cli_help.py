@@ -77,7 +77,9 @@ def test_a_command_like_no_other_gets_no_suggestion() -> None:
 def test_a_command_without_its_extra_says_which_to_install(
     monkeypatch: pytest.MonkeyPatch, command: str, module: str, extra: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    # as if it were not installed: it and what of it another test imported already
+    for name in [module, *(n for n in sys.modules if n.startswith(f"{module}."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     result = CliRunner().invoke(main, [command], catch_exceptions=False)
     assert result.exit_code != 0, result.output
     assert f"pip install 'agent-reach[{extra}]'" in result.output
