@@ -7,15 +7,9 @@ evicted for the handover (silence is counted from the takeover, never from befor
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -26,11 +20,11 @@ from reach.transport import connect
 from reach.wire import subjects
 
 from .hbsim import Simulator, ids_per_partition
+from .registrar_helpers import RegistrarProcess
 
 # a three-registrar fault scenario of 30 s and more: `make test-long`
 pytestmark = [pytest.mark.slow, pytest.mark.faults_long, pytest.mark.timeout(400)]
 
-HERE = Path(__file__).parent
 INSTANCES = 5_000
 #: the instances' heartbeat interval, and their probe timeout
 HB_INTERVAL = 5.0
@@ -41,62 +35,14 @@ REG_INTERVAL = 1.0
 SWEEP_TICK = 1.0
 
 
-class _RegistrarProcess:
-    def __init__(self, url: str, registrar_id: str, log: IO[str]) -> None:
-        self.registrar_id = registrar_id
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / "registrar_process.py"),
-                url,
-                registrar_id,
-                str(REG_INTERVAL),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-            if line.startswith("READY"):
-                self.ready.set()
-
-    @property
-    def marks(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("UNHEALTHY")]
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
-
-
 @pytest.fixture
 def registrar_processes(
     mapped_server: NatsServer, tmp_path: Path
-) -> Iterator[list[_RegistrarProcess]]:
+) -> Iterator[list[RegistrarProcess]]:
     logs = [(tmp_path / f"reg-{n}.log").open("w") for n in range(3)]
-    procs = [_RegistrarProcess(mapped_server.url, f"reg-{n}", logs[n]) for n in range(3)]
+    procs = [
+        RegistrarProcess(mapped_server.url, f"reg-{n}", REG_INTERVAL, logs[n]) for n in range(3)
+    ]
     try:
         for proc in procs:
             assert proc.ready.wait(30), f"{proc.registrar_id} did not start: {proc.lines}"
@@ -113,7 +59,7 @@ async def _owners(sim: Simulator, probe_ids: list[str]) -> dict[int, str]:
 
 
 async def test_killing_one_of_three_registrars_hands_its_share_over_and_flaps_nobody(
-    mapped_server: NatsServer, registrar_processes: list[_RegistrarProcess]
+    mapped_server: NatsServer, registrar_processes: list[RegistrarProcess]
 ) -> None:
     sim = Simulator(mapped_server.url, "sim", INSTANCES, HB_INTERVAL, HB_TIMEOUT)
     await sim.start()

@@ -8,11 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,10 +17,10 @@ from reach.fabric.embedded import wait_stopped
 from reach.testing import NatsServer
 
 from .calls_helpers import make_agent, wait_routable
+from .registrar_helpers import RegistrarProcess
 
 pytestmark = pytest.mark.timeout(120)
 
-HERE = Path(__file__).parent
 AGENTS = ("steady-1", "steady-2", "steady-3")
 #: the agents' heartbeat interval (make_agent's health: 0.5 s, probes time out at 0.3 s,
 #: unhealthy after 2 missed): the stall is many of these
@@ -34,49 +30,9 @@ STALL = 4.0
 AFTER = 3.0
 
 
-class _Registrar:
-    """``tests/registrar_process.py``: prints a line for each instance it marks down."""
-
-    def __init__(self, url: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "registrar_process.py"), url, "reg-stall", "1.0"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-            if line.startswith("READY"):
-                self.ready.set()
-
-    @property
-    def marks(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("UNHEALTHY")]
-
-    def stop(self) -> str:
-        """Stop it; its standard error."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-        try:
-            _, err = self.proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
-
-
 @pytest.fixture
-def registrar_process(mapped_server: NatsServer) -> Iterator[_Registrar]:
-    registrar = _Registrar(mapped_server.url)
+def registrar_process(mapped_server: NatsServer) -> Iterator[RegistrarProcess]:
+    registrar = RegistrarProcess(mapped_server.url, "reg-stall", 1.0)
     try:
         assert registrar.ready.wait(30), f"the registrar did not start: {registrar.lines}"
         yield registrar
@@ -85,7 +41,7 @@ def registrar_process(mapped_server: NatsServer) -> Iterator[_Registrar]:
 
 
 async def test_a_registrar_stalled_for_many_intervals_marks_nobody_down(
-    mapped_server: NatsServer, registrar_process: _Registrar
+    mapped_server: NatsServer, registrar_process: RegistrarProcess
 ) -> None:
     agents = [make_agent(mapped_server.url, agent_id)[0] for agent_id in AGENTS]
     calls = failed = 0
