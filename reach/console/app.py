@@ -196,13 +196,13 @@ class Console:
 
     async def _feed(self, page: str, params: dict[str, str]) -> AsyncIterator[str]:
         """The page part as an ``update`` event now and whenever it changes, and a
-        ``fabric`` event (``up``, ``down``) now and whenever the console's connection to
-        the fabric comes or goes; ends when the console closes (or the browser goes: the
-        server then stops the stream)."""
+        ``fabric`` event (``down``, then ``up``) whenever the console's connection to the
+        fabric goes or comes back (a page takes it as up until told); ends when the
+        console closes (or the browser goes: the server then stops the stream)."""
         self.feeds += 1
         try:
             last: str | None = None
-            fabric: bool | None = None
+            fabric = True  # as a page takes it until told otherwise
             quiet = 0.0
             while not self.closing.is_set():
                 # whether the figures are current: the page stays, the fabric may not

@@ -168,7 +168,8 @@ async def test_an_agent_cannot_speak_for_another(
                 "agent_id": "vault-1",
                 "agent_name": "v",
                 "version": "1.0.0",
-                "capabilities": [{"name": "customer_orders"}],
+                # what its credential may serve: only the other agent's id is wrong
+                "capabilities": [{"name": "vault", "security_level": 3}],
             },
         }
         reply = await ask(nc, subjects.announce("eve-2"), request_bytes(manifest, token))
