@@ -143,7 +143,8 @@ test-long: pytest-long pytest-pure test-faults
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
 
 pytest-long: $(NATIVE) node-deps browser
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q $(PARALLEL) -m long
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q $(PARALLEL) -m "long and not serial"
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "long and serial"
 
 test-faults: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long

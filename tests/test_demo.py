@@ -18,7 +18,8 @@ from reach.security.membership import connect_as
 from reach.wire import envelope, subjects
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
-pytestmark = pytest.mark.long
+# alone: each checks that no demo process is left, which a demo running beside it has
+pytestmark = [pytest.mark.long, pytest.mark.serial]
 
 REACH = str(Path(sys.executable).parent / "reach")
 
