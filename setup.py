@@ -56,6 +56,7 @@ COMPILED = [
     "reach/agent/replycache.py",
     "reach/resilience/_window.py",
     "reach/resilience/breaker.py",
+    "reach/resilience/outliers.py",
     "reach/resilience/retrybudget.py",
     "reach/caller/routing.py",
     "reach/security/ratelimit.py",

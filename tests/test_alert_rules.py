@@ -402,3 +402,41 @@ def test_a_batch_with_skipped_rows_is_notable_and_raises_the_alert() -> None:
     (alert,) = engine.observe_batch(encode_batch([skipped_row(3)]))  # 4 of 34
     assert alert.rule == "breaker_rejections"
     assert alert.details == {"capability": "query", "rejected": 4, "calls": 34}
+
+
+def crashed_row(n: int, callee: str = "dq-1", capability: str = "query") -> CallEvent:
+    """A call whose handler failed at ``callee``."""
+    return make_event(
+        ts=0.0,
+        capability=capability,
+        call_id=f"x-{n}",
+        caller="sched",
+        callee=callee,
+        outcome="error",
+        error="InternalError",
+        attempts=[{"agent_id": callee, "outcome": "InternalError", "latency_ms": 1.0}],
+    )
+
+
+def test_an_instance_whose_handler_fails_eleven_calls_in_a_minute_alerts() -> None:
+    """Its probes pass: the audit's failed handlers are what tells the operator."""
+    summary = RowSummary()
+    summary.add(crashed_row(0))
+    assert summary.notable == 1  # the writer's summary says its rows need a look
+    clock = ManualClock()
+    engine = AlertEngine(clock=clock)
+    for n in range(10):
+        assert engine.observe_batch(encode_batch([plain_row(n), crashed_row(n)])) == []
+        assert engine.observe_batch(encode_batch([crashed_row(n, callee="dq-2")])) == []
+        clock.advance(5.0)
+    (alert,) = engine.observe_batch(encode_batch([crashed_row(10)]))
+    assert alert.rule == "instance_errors"
+    assert alert.key == "dq-1"
+    assert alert.severity == "critical"
+    assert alert.details == {"agent_id": "dq-1", "capability": "query", "failures": 11}
+    assert engine.observe_batch(encode_batch([crashed_row(11)])) == []  # once a minute
+    # failures spread over more than the window never add up to an alert
+    clock.advance(120.0)
+    for n in range(30):
+        assert engine.observe_batch(encode_batch([crashed_row(n, callee="dq-3")])) == []
+        clock.advance(6.1)

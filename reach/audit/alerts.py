@@ -8,6 +8,9 @@ field):
 * ``unhealthy`` — an instance turned unhealthy (the registrar's reason included);
 * ``breaker_rejections`` — breaker rejections above 10 % of a capability's calls in a
   minute (at least 20 calls): a warning while the success rate still looks fine;
+* ``instance_errors`` — one instance's handler failed (``InternalError``) on more than
+  10 calls within a minute while it passes its probes: what callers' outlier detection
+  sets aside (``reach.resilience.outliers``), said to the operator;
 * ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe;
 * ``audit_dropped`` — an audit writer dropped events (REACH_AUDIT did not ack for longer
   than its memory and spool could hold, or events could not be packed): raised from the
@@ -31,6 +34,7 @@ from typing import Any, Literal, TypeVar, get_args
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from reach.audit.batch import NOTABLE_ERRORS
 from reach.audit.decode import decode_raw, read_counts
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError
@@ -49,7 +53,12 @@ __all__ = [
 log = logging.getLogger("reach.alerts")
 
 RuleName = Literal[
-    "retry_storm", "unhealthy", "breaker_rejections", "new_agent_probe_failed", "audit_dropped"
+    "retry_storm",
+    "unhealthy",
+    "breaker_rejections",
+    "instance_errors",
+    "new_agent_probe_failed",
+    "audit_dropped",
 ]
 RULES: tuple[str, ...] = get_args(RuleName)
 
@@ -104,6 +113,9 @@ class AlertRules:
     breaker_share: float = 0.10
     breaker_min_calls: int = 20
     breaker_window_sec: float = 60.0
+    #: more than this many calls whose handler failed at one instance in ``errors_window_sec``
+    errors_threshold: int = 10
+    errors_window_sec: float = 60.0
     #: agents younger than this that fail a probe raise ``new_agent_probe_failed``
     new_agent_sec: float = 24 * 3600.0
     #: one alert per rule and subject within this time (then it may fire again)
@@ -170,6 +182,7 @@ class AlertEngine:
         self._retries: dict[tuple[str, str], _Window] = {}
         self._calls: dict[str, _Counts] = {}
         self._rejections: dict[str, _Window] = {}
+        self._errors: dict[str, _Window] = {}
         self._last_fired: dict[tuple[str, str], float] = {}
         self._status: dict[str, tuple[str, int]] = {}
         self._pruned_at = 0.0
@@ -232,7 +245,8 @@ class AlertEngine:
             counted[capability] = counted.get(capability, 0) + 1
             attempts = event.get("attempts")
             retried = isinstance(attempts, list) and len(attempts) > 1
-            if retried or event.get("error") == "breaker" or event.get("skipped"):
+            error = event.get("error")
+            if retried or error in NOTABLE_ERRORS or event.get("skipped"):
                 special.append(event)
         self.count_calls(counted)
         alerts: list[Alert] = []
@@ -286,10 +300,12 @@ class AlertEngine:
         _drop_empty(self._calls, now)
         _drop_empty(self._retries, now)
         _drop_empty(self._rejections, now)
+        _drop_empty(self._errors, now)
         repeat = self.rules.repeat_after_sec
         for key in [k for k, at in self._last_fired.items() if now - at >= repeat]:
             del self._last_fired[key]
-        if max(len(self._calls), len(self._retries), len(self._rejections)) < MAX_TRACKED:
+        tables = (self._calls, self._retries, self._rejections, self._errors)
+        if max(len(t) for t in tables) < MAX_TRACKED:
             self._full_warned = False  # room again: a later flood is worth a line again
 
     def _observe_call(
@@ -324,6 +340,10 @@ class AlertEngine:
                 )
                 if alert is not None:
                     alerts.append(alert)
+        if error == "InternalError" and tried:
+            alert = self._handler_failed(capability, str(tried[-1] or capability), now)
+            if alert is not None:
+                alerts.append(alert)
         if error != "breaker":
             return alerts
         calls = self._calls.get(capability)
@@ -349,6 +369,29 @@ class AlertEngine:
             if alert is not None:
                 alerts.append(alert)
         return alerts
+
+    def _handler_failed(self, capability: str, callee: str, now: float) -> Alert | None:
+        """A call whose handler failed at ``callee``: an alert once they are too many."""
+        window = self._errors.get(callee)
+        if window is None:
+            if not self._room(self._errors, now):
+                return None
+            window = self._errors[callee] = _Window(self.rules.errors_window_sec)
+        count = window.add(now)
+        if count <= self.rules.errors_threshold:
+            return None
+        return self._fire(
+            "instance_errors",
+            callee,
+            now,
+            severity="critical",
+            summary=(
+                f"{callee}'s handler failed {count} calls in the last"
+                f" {self.rules.errors_window_sec:.0f}s (capability {capability}): callers"
+                " set it aside for a while, its probes may still pass"
+            ),
+            details={"agent_id": callee, "capability": capability, "failures": count},
+        )
 
     def registry_change(self, inst: Instance) -> list[Alert]:
         """Alerts a new version of an instance record raises."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -26,6 +26,7 @@ from reach.wire.codec import packb
 __all__ = [
     "BATCH_VERSION",
     "CALLS_HEADER",
+    "NOTABLE_ERRORS",
     "NOTABLE_HEADER",
     "BatchBuilder",
     "RowSummary",
@@ -76,6 +77,11 @@ def pack_event(event: CallEvent) -> bytes:
     return packed
 
 
+#: a caller event with one of these errors is notable: ``breaker`` (refused by open
+#: breakers), ``InternalError`` (the handler failed: the ``instance_errors`` alert)
+NOTABLE_ERRORS: Final = frozenset({"breaker", "InternalError"})
+
+
 class RowSummary:
     """What a batch says about its events: calls per capability, notable ones."""
 
@@ -84,14 +90,15 @@ class RowSummary:
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
         #: caller events the alert rules look at: retried calls, breaker rejections (a
-        #: call refused by open breakers, or one that passed an open breaker over)
+        #: call refused by open breakers, or one that passed an open breaker over), calls
+        #: whose handler failed
         self.notable = 0
 
     def add(self, event: CallEvent) -> None:
         if event.side == "caller":
             capability = event.capability
             self.calls[capability] = self.calls.get(capability, 0) + 1
-            if len(event.attempts) > 1 or event.error == "breaker" or event.skipped:
+            if len(event.attempts) > 1 or event.error in NOTABLE_ERRORS or event.skipped:
                 self.notable += 1
         elif event.side == "callee" and event.primary:
             capability = event.capability

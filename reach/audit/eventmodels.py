@@ -162,7 +162,9 @@ class AuditBatch(_Model):
         description="calls in the batch by capability: its primary events (a caller's, or a"
         " callee's of a call its caller does not record)",
     )
-    notable: int | None = Field(None, description="caller rows with retries or a breaker rejection")
+    notable: int | None = Field(
+        None, description="caller rows with retries, a breaker rejection or a failed handler"
+    )
     positions: list[int] | None = Field(
         None, description="place of each row among all the events (with plain)"
     )
@@ -184,7 +186,9 @@ class AuditNotice(_Model):
     calls: dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1)]] = Field(
         description="calls in the batch by capability (its primary events, see AuditBatch)"
     )
-    notable: int = Field(ge=0, description="caller rows with retries or a breaker rejection")
+    notable: int = Field(
+        ge=0, description="caller rows with retries, a breaker rejection or a failed handler"
+    )
     dropped: int = Field(
         0,
         ge=0,

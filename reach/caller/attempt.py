@@ -7,12 +7,15 @@ the request and reads the reply. What happened is told to the instance's breaker
 latency estimate, and kept in the call's route for its audit event. A failure raises the
 one documented error tree (``reach.errors``), naming whose fault it was: the instance's
 (its breaker counts it), or this side's (its connection, its payload, its credentials:
-the instance's breaker only gives its slot back).
+the instance's breaker only gives its slot back). An instance that answers, but with
+its handler failing or far slower than its peers, is told to the outlier detection
+(``reach.resilience.outliers``), which may set it aside for a while.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 from reach.agent.jobs import ClientJobs, JobHandle
@@ -25,8 +28,10 @@ from reach.deadline import Deadline
 from reach.errors import (
     AuthenticationFailed,
     AuthError,
+    BusinessError,
     ConfigurationError,
     Disconnected,
+    InternalError,
     NoResponders,
     NotFound,
     ReachError,
@@ -35,6 +40,7 @@ from reach.errors import (
     Unavailable,
 )
 from reach.resilience import BreakerBoard, CircuitBreaker
+from reach.resilience.outliers import OutlierDetector, OutlierState
 from reach.security.membership import FabricSecurity
 from reach.transport import Connection, RawRequest
 from reach.wire import codec, envelope, subjects
@@ -45,6 +51,11 @@ __all__ = ["AttemptRunner", "remote_error"]
 _CONNECT_WAIT_SLICE = 0.25
 
 _NOT_CONNECTED = "connect the client first: `async with ReachClient() as client:`"
+
+
+def _outliers(state: CallState) -> Iterator[OutlierState]:
+    """The outlier states of the call's candidates (the capability's instances)."""
+    return (entry.peer.outlier for entry in state.candidates)
 
 
 async def _not_connected(subject: str, data: bytes, timeout: float, batch: bool) -> bytes:
@@ -65,6 +76,8 @@ class AttemptRunner:
         self.breakers = breakers
         #: what this client observed of each instance (latency) and its calls in flight
         self.peers = peers
+        #: sets aside instances that answer badly (their handler fails, or far too slowly)
+        self.outliers = OutlierDetector(clock=clock)
         self.jobs = jobs
         self.conn: Connection | None = None
         self.security = FabricSecurity()
@@ -136,7 +149,8 @@ class AttemptRunner:
                 raise self._explain(exc, subject, started, reconnects) from exc
             reply = envelope.unpack_reply(raw)
         except ReachError as exc:
-            self._unanswered(state, exc, breaker, (clock.perf_counter() - started) * 1000)
+            elapsed_ms = (clock.perf_counter() - started) * 1000
+            self._unanswered(state, exc, chosen, breaker, elapsed_ms)
             if isinstance(exc, NoResponders) and not target:
                 raise NotFound(f"no instance offers {state.capability}") from exc
             raise
@@ -148,9 +162,9 @@ class AttemptRunner:
             peer.outstanding -= 1
         elapsed_ms = (clock.perf_counter() - started) * 1000
         if reply.ok and reply.job:
-            self._answered(state, reply, peer, breaker, elapsed_ms)
+            self._answered(state, reply, chosen, peer, breaker, elapsed_ms)
             return JobHandle(await self.jobs.store(), reply.job, state.capability, reply.by)
-        return self._answered(state, reply, peer, breaker, elapsed_ms)
+        return self._answered(state, reply, chosen, peer, breaker, elapsed_ms)
 
     def _target(self, state: CallState) -> tuple[RouteEntry | None, str, Peer]:
         """The instance this attempt goes to (None: the capability's queue group), its
@@ -226,9 +240,15 @@ class AttemptRunner:
         return fetched
 
     def _unanswered(
-        self, state: CallState, exc: ReachError, breaker: CircuitBreaker | None, elapsed_ms: float
+        self,
+        state: CallState,
+        exc: ReachError,
+        chosen: RouteEntry | None,
+        breaker: CircuitBreaker | None,
+        elapsed_ms: float,
     ) -> None:
-        """A request that got no reply: whose fault it was decides what its breaker hears."""
+        """A request that got no reply: whose fault it was decides what its breaker hears
+        (and a timeout, the outlier detection)."""
         target = state.last_target
         if isinstance(exc, NoResponders):
             # while the fabric settles after a reconnect the instance has not reconnected
@@ -244,24 +264,34 @@ class AttemptRunner:
                 breaker.release()  # only its slot back
             else:
                 breaker.record_failure()
+        if chosen is not None and isinstance(exc, ReachTimeout):
+            self._slow(state, chosen, elapsed_ms)
         state.route.append((target, state.score, error_class(exc), elapsed_ms))
 
     def _answered(
         self,
         state: CallState,
         reply: envelope.Reply,
+        chosen: RouteEntry | None,
         peer: Peer,
         breaker: CircuitBreaker | None,
         elapsed_ms: float,
     ) -> Any:
         """The value of a reply (an accepted job: its id), or its error raised; the
-        breaker and the latency estimate told of it."""
+        breaker, the latency estimate and the outlier detection told of it."""
         target = state.last_target
         if reply.ok:
             state.route.append((reply.by or target, state.score, "ok", elapsed_ms))
             if breaker is not None:
                 breaker.record_success()
                 self.peers.fold(peer, elapsed_ms)
+            if chosen is not None:
+                if elapsed_ms * chosen.per_sla_ms > 1.0:
+                    self._slow(state, chosen, elapsed_ms)
+                else:
+                    outlier = peer.outlier
+                    if outlier.errors or outlier.slow or outlier.ejections:
+                        self.outliers.good(outlier)
             if reply.by and not target:
                 state.last_target = reply.by
             if reply.job:
@@ -282,7 +312,41 @@ class AttemptRunner:
                 self.peers.fold(peer, elapsed_ms)
             else:
                 breaker.release()
+        if chosen is not None:
+            # a handler that fails is an outlier's sign; a business error is an answer
+            if isinstance(error, InternalError):
+                self.outliers.error(peer.outlier, chosen.agent_id, _outliers(state))
+            elif isinstance(error, BusinessError):
+                outlier = peer.outlier
+                if outlier.errors or outlier.slow or outlier.ejections:
+                    self.outliers.good(outlier)
         raise error
+
+    def _slow(self, state: CallState, chosen: RouteEntry, elapsed_ms: float) -> None:
+        """An attempt over the capability's SLA (answered late, or timed out): the outlier
+        detection compares it with the best average among the peers that answered since
+        the instance's run of slow attempts began."""
+        now = self._clock.monotonic()
+        outlier = chosen.peer.outlier
+        if not outlier.slow:
+            outlier.run_started = now - elapsed_ms / 1000.0
+        since = outlier.run_started
+        best = -1.0
+        for entry in state.candidates:
+            other = entry.peer
+            if (
+                entry is chosen
+                or not other.measured
+                or other.seen < since
+                or other.outlier.until > now
+                or entry.unhealthy
+            ):
+                continue
+            if best < 0.0 or other.latency_ms < best:
+                best = other.latency_ms
+        self.outliers.slow(
+            outlier, chosen.agent_id, elapsed_ms, None if best < 0.0 else best, _outliers(state)
+        )
 
     async def _until_connected(
         self, conn: Connection, state: CallState, meta: envelope.RequestMeta

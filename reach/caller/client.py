@@ -42,6 +42,7 @@ from reach.registry.store import RegistryStore
 from reach.resilience import BreakerBoard, BreakerConfig, RetryBudget
 from reach.resilience.fallback import NO_FALLBACK, Fallback
 from reach.resilience.fallbackcall import Fallbacks, falls_back
+from reach.resilience.outliers import OutlierDetector
 from reach.resilience.retry import RetryPolicy
 from reach.security.credentials import CredentialsFile
 from reach.security.membership import FabricSecurity, connect_as
@@ -133,6 +134,12 @@ class ReachClient:
     def peers(self) -> Peers:
         """What this client observed of each instance (latency) and its calls in flight."""
         return self._attempts.peers
+
+    @property
+    def outliers(self) -> OutlierDetector:
+        """The outlier detection: which instances answer badly enough to be set aside
+        (each peer's ``.outlier`` says whether it is, and why)."""
+        return self._attempts.outliers
 
     @property
     def retry_budget(self) -> RetryBudget:
@@ -231,11 +238,15 @@ class ReachClient:
 
     def _instance_changed(self, agent_id: str, instance: Instance | None) -> None:
         """An instance left the registry: what this client kept of it goes too. Otherwise
-        its breaker hears what the registry says of its health."""
+        its breaker and the outlier detection hear what the registry says of it."""
         if instance is None:
             self.breakers.forget(agent_id)  # (its peer the route cache forgets)
         else:
-            self.breakers.registry_health(agent_id, instance.status == "healthy")
+            healthy = instance.status == "healthy"
+            self.breakers.registry_health(agent_id, healthy)
+            if agent_id in self.peers:
+                outlier = self.peers.peer(agent_id).outlier
+                self.outliers.registry(outlier, instance.instance_id, healthy)
 
     async def close(self) -> None:
         """Stop what the client started and close the connections it opened (not one it

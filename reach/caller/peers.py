@@ -8,6 +8,7 @@ from typing import Final, final
 
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError
+from reach.resilience.outliers import OutlierState
 
 __all__ = ["LATENCY_STALE_SEC", "Peer", "Peers"]
 
@@ -31,7 +32,7 @@ class Peer:
     each heartbeat; this is not), so a choice reads it directly: no dictionary lookup per
     candidate, and its numbers sit in the object itself."""
 
-    __slots__ = ("agent_id", "latency_ms", "measured", "outstanding", "seen")
+    __slots__ = ("agent_id", "latency_ms", "measured", "outlier", "outstanding", "seen")
 
     def __init__(self, agent_id: str) -> None:
         self.agent_id = agent_id
@@ -42,6 +43,8 @@ class Peer:
         self.seen = 0.0
         #: this caller's calls in flight to the instance
         self.outstanding = 0
+        #: its runs of bad answers, and whether it is ejected (reach.resilience.outliers)
+        self.outlier = OutlierState()
 
     def observe(self, ms: float, alpha: float, now: float = 0.0) -> None:
         """Fold one observed latency in with weight ``alpha``, at monotonic time ``now``;

@@ -11,6 +11,7 @@ calls in flight); cheap enough to run on every call.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final, TypeVar, final
@@ -305,9 +306,12 @@ def _score_into(
     routes: list[RouteEntry],
     scores: list[float],
     fresh_after: float,
+    now: float,
 ) -> None:
     """The entries that can take a call, appended to ``routes`` in the order given, with
-    their scores at the same places in ``scores``.
+    their scores at the same places in ``scores``: neither unhealthy, nor in ``exclude``,
+    nor ejected by this caller's outlier detection at monotonic time ``now`` (``math.inf``:
+    ejected ones too).
 
     Load is the larger of the instance's own in-flight count (from its last heartbeat,
     possibly stale) and the caller's own calls in flight to it (its peer's, always
@@ -326,6 +330,8 @@ def _score_into(
         if entry.unhealthy or (excluding and entry.agent_id in exclude):
             continue
         peer = entry.peer
+        if peer.outlier.until > now:
+            continue
         mine = peer.outstanding
         load = route_load(entry)
         score = entry.base + W_LOAD * (1.0 - (0.0 if load < 0.0 else 1.0 if load > 1.0 else load))
@@ -403,11 +409,15 @@ def rank(
     An instance whose latency this caller has not observed yet (``peers``) is scored with
     the best latency observed among the candidates, so a new instance gets tried and
     measured instead of starved; so is one whose average is stale (``LATENCY_STALE_SEC``).
+    Instances this caller's outlier detection ejected are left out while others remain.
     """
     routes: list[RouteEntry] = []
     scores: list[float] = []
-    fresh_after = peers.clock.monotonic() - LATENCY_STALE_SEC
-    _score_into(route_entries(instances, capability, peers), exclude, routes, scores, fresh_after)
+    now = peers.clock.monotonic()
+    entries = route_entries(instances, capability, peers)
+    _score_into(entries, exclude, routes, scores, now - LATENCY_STALE_SEC, now)
+    if not routes:  # every one left is ejected: they take calls rather than nobody
+        _score_into(entries, exclude, routes, scores, now - LATENCY_STALE_SEC, math.inf)
     return [(score, entry.instance) for score, entry in _ranked(routes, scores, rng)]
 
 
@@ -440,9 +450,11 @@ def choose(
     among the members of this caller's ``aperture`` if it is given; all of them if the
     sample has nobody to offer. The best one goes, or one picked at random among those within
     ``TIE_BAND`` of the best (see ``rank``). Instances in ``failed`` are tried only when
-    nothing else is left. Instances passed over because their breaker is open are appended
-    to ``skipped``. NoHealthyInstance if every known instance is unhealthy; CircuitOpen
-    (saying when to try again) if every breaker is open.
+    nothing else is left, and those this caller's outlier detection ejected
+    (``reach.resilience.outliers``) only when not even they are. Instances passed over
+    because their breaker is open are appended to ``skipped``. NoHealthyInstance if every
+    known instance is unhealthy; CircuitOpen (saying when to try again) if every breaker is
+    open.
     """
     if len(entries) == 1 and not failed:
         only = entries[0]
@@ -451,12 +463,15 @@ def choose(
     pool, aperture = _pool(entries, aperture)
     routes: list[RouteEntry] = []
     scores: list[float] = []
-    fresh_after = breakers.clock.monotonic() - LATENCY_STALE_SEC
-    _score_into(pool, failed, routes, scores, fresh_after)
+    now = breakers.clock.monotonic()
+    fresh_after = now - LATENCY_STALE_SEC
+    _score_into(pool, failed, routes, scores, fresh_after, now)
     if not routes and pool is not entries:
-        _score_into(entries, failed, routes, scores, fresh_after)
+        _score_into(entries, failed, routes, scores, fresh_after, now)
     if not routes and failed:
-        _score_into(entries, (), routes, scores, fresh_after)
+        _score_into(entries, (), routes, scores, fresh_after, now)
+    if not routes:  # every one left is ejected: they take calls rather than nobody
+        _score_into(entries, (), routes, scores, fresh_after, math.inf)
     if not routes:
         if not entries:
             return None, None
