@@ -24,7 +24,10 @@ Child side, shared with ``bench.growth`` (run by the benches, not by hand)::
     python -m bench.failover agents URL MANIFESTS_JSON
 
 runs every agent of the JSON list in one process (echo handlers), prints ``READY`` and
-serves until its standard input closes or it gets SIGTERM.
+serves until its standard input closes or it gets SIGTERM. SIGUSR1 turns its handlers
+into ones that raise on every call, SIGUSR2 into ones that answer at five times the
+capability's latency SLA (the fault scenarios' alive-but-wrong instances); the same
+signal again turns them back. The process and its probes stay as they were.
 """
 
 from __future__ import annotations
@@ -175,13 +178,28 @@ async def _serve_agents(url: str, manifests: list[dict[str, Any]]) -> None:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
 
-    async def echo(req: Any) -> Any:
-        return req
+    misbehave = {"crash": False, "crawl": False}
+
+    def toggle(mode: str) -> None:
+        misbehave[mode] = not misbehave[mode]
+
+    loop.add_signal_handler(signal.SIGUSR1, toggle, "crash")
+    loop.add_signal_handler(signal.SIGUSR2, toggle, "crawl")
+
+    def echo_for(sla_ms: float) -> Any:
+        async def echo(req: Any) -> Any:
+            if misbehave["crash"]:
+                raise RuntimeError("this instance raises on every call (SIGUSR1)")
+            if misbehave["crawl"]:
+                await asyncio.sleep(5 * sla_ms / 1000.0)
+            return req
+
+        return echo
 
     agents = [Agent(m, servers=url) for m in manifests]
     for agent in agents:
         for cap in agent.manifest.capabilities:
-            agent.capability(cap.name)(echo)
+            agent.capability(cap.name)(echo_for(cap.latency_sla_ms))
     started: list[Any] = []
     # each start asks the token issuer, which checks the secret with scrypt (~40 ms of
     # CPU, one at a time): dozens at once wait past the 5 s token request timeout

@@ -43,7 +43,7 @@ def what_happened(outcome: dict[str, Any]) -> str:
     elif outcome["recovered_sec"] is None:
         parts.append("an instance never served again")
     for key, label in (
-        ("breaker_open_after_sec", "breaker open after"),
+        ("breaker_open_after_sec", "breaker open or ejected after"),
         ("serving_again_after_sec", "serving again after SIGCONT"),
         ("fair_after_sec", "fair shares after"),
         ("gate_back_sec", "gate back after"),
@@ -51,6 +51,11 @@ def what_happened(outcome: dict[str, Any]) -> str:
         if key in facts:
             value = facts[key]
             parts.append(f"{label} {'never' if value is None else f'{value:.2f} s'}")
+    if "share_after" in facts:
+        parts.append(
+            f"{facts['share_after']:.2%} of the attempts to it from {facts['within_sec']:g} s on"
+            f" ({facts['attempts_before']} before)"
+        )
     failing = [c["detail"].splitlines()[0] for c in outcome["checks"] if not c["passed"]]
     parts += failing[:3]
     return "; ".join(parts).replace("|", "/")

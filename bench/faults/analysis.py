@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Call", "Check", "Fault", "audit_match", "calls_of", "check_calls", "share_at"]
+__all__ = [
+    "Call",
+    "Check",
+    "Fault",
+    "attempt_share",
+    "audit_match",
+    "calls_of",
+    "check_calls",
+    "handler_failed_at",
+    "share_at",
+]
 
 
 @dataclass(frozen=True)
@@ -71,17 +81,33 @@ def in_flight_on(call: Call, victim: str, at: float, grace: float) -> bool:
     )
 
 
+def handler_failed_at(call: Call, victim: str) -> bool:
+    """Whether ``call`` failed because its handler raised at ``victim``."""
+    return (
+        (call.error or "").startswith("InternalError")
+        and bool(call.attempts)
+        and call.attempts[-1][0] == victim
+    )
+
+
 def check_calls(
     calls: Sequence[Call],
     fault: Fault,
     *,
     idempotent: bool,
     grace: float,
+    handler_fails: bool = False,
 ) -> tuple[Check, list[Call]]:
     """Failed calls: none for an idempotent capability; otherwise only those in flight
-    on the instance that died. Returns the check and the failed calls not allowed."""
+    on the instance that died; with ``handler_fails`` (its handler raised on every call)
+    only those it answered with its handler's failure. Returns the check and the failed
+    calls not allowed."""
     failed = [c for c in calls if not c.ok]
-    if idempotent or fault.victim is None:
+    if handler_fails and fault.victim is not None:
+        victim = fault.victim
+        wrong = [c for c in failed if not handler_failed_at(c, victim)]
+        rule = f"only calls whose handler failed at {victim} may fail"
+    elif idempotent or fault.victim is None:
         wrong = failed
         rule = "0 failed (idempotent)"
     else:
@@ -150,6 +176,16 @@ def back_in_rotation(
     return Check("every instance back in rotation", not absent, detail), back
 
 
+def attempt_share(
+    calls: Sequence[Call], victim: str, since: float, until: float
+) -> tuple[float, int, int]:
+    """The attempts sent to ``victim`` per call, among the calls started in
+    [since, until): the share, the attempts, the calls."""
+    window = [c for c in calls if since <= c.start < until]
+    sent = sum(1 for c in window for a in c.attempts if a[0] == victim)
+    return (sent / len(window) if window else 0.0), sent, len(window)
+
+
 def share_at(
     calls: Sequence[Call], instances: Sequence[str], until: float, window: float
 ) -> dict[str, float]:
@@ -180,14 +216,17 @@ def first_fair(
     return None
 
 
-def breaker_opened(breakers: Sequence[Sequence[Any]], target: str, since: float) -> float | None:
-    """Time of the first sampled change of ``target``'s breaker to open at or after
+def breaker_opened(
+    breakers: Sequence[Sequence[Any]], target: str, since: float, states: Sequence[str] = ("open",)
+) -> float | None:
+    """Time of the first sampled change of ``target``'s breaker to open (or to another of
+    ``states``: "ejected", the caller's outlier detection setting it aside) at or after
     ``since``."""
     return next(
         (
             float(t)
             for t, who, state in breakers
-            if who == target and t >= since and state == "open"
+            if who == target and t >= since and state in states
         ),
         None,
     )

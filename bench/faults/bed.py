@@ -64,6 +64,15 @@ class Timing:
     #: attempts sent to a killed instance this soon after the kill count as in flight
     #: (the server sees the process gone only once the kernel closed its socket)
     in_flight_grace_sec: float = 0.25
+    #: how long an instance raises on every call, or crawls at 5 × its SLA, while its
+    #: probes pass
+    misbehave_sec: float = 8.0
+    #: from this long after such a fault began, the instance's share of the attempts ...
+    outlier_within_sec: float = 5.0
+    #: ... is below this when it raises on every call, and below ``crawl_share`` when it
+    #: crawls
+    crash_share: float = 0.02
+    crawl_share: float = 0.005
     instances: int = 3
 
 

@@ -15,7 +15,7 @@ record written to OUT_JSON; then it prints ``DONE``.
 The record holds, per call: its call id, start and end (``time.monotonic()``, which is
 system-wide on Linux, so the engine's fault times compare), the outcome, the error and
 every attempt (the instance it was sent to, when, and how it ended), and the breaker
-states of every instance as sampled while the load ran.
+states and outlier ejections of every instance as sampled while the load ran.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class _Record:
     """What the caller saw, written as JSON for the engine."""
 
     calls: list[list[Any]] = field(default_factory=list)
-    #: [time, instance, state]: breaker state changes, as sampled
+    #: [time, instance, state]: breaker state changes, and the caller's outlier
+    #: ejections (state "ejected", then "admitted"), as sampled
     breakers: list[list[Any]] = field(default_factory=list)
     late_starts: int = 0
     audit: dict[str, Any] = field(default_factory=dict)
@@ -156,14 +157,20 @@ class _Peek:
 
 async def _sample_breakers(client: Any, tap: _Tap, record: _Record, stop: asyncio.Event) -> None:
     seen: dict[str, str] = {}
+    ejected: dict[str, bool] = {}
     while not stop.is_set():
         tap.install()
         with contextlib.suppress(Exception):  # a changed breaker API must not stop the load
+            now = time.monotonic()
             for target, snap in client.breakers.snapshot().items():
                 state = str(getattr(snap, "state", snap))
                 if seen.get(target) != state:
                     seen[target] = state
-                    record.breakers.append([time.monotonic(), target, state])
+                    record.breakers.append([now, target, state])
+                out = target in client.peers and client.peers.peer(target).outlier.ejected(now)
+                if ejected.get(target, False) != out:
+                    ejected[target] = out
+                    record.breakers.append([now, target, "ejected" if out else "admitted"])
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), _SAMPLE_SEC)
 

@@ -164,7 +164,11 @@ def _verdict(
 ) -> dict[str, Any]:
     timing = bed.timing
     failed_check, _ = check_calls(
-        calls, fault, idempotent=scenario.idempotent, grace=timing.in_flight_grace_sec
+        calls,
+        fault,
+        idempotent=scenario.idempotent,
+        grace=timing.in_flight_grace_sec,
+        handler_fails=scenario.handler_fails,
     )
     audit_check, kept = audit_match(calls, event_ids)
     rotation_check, back = back_in_rotation(calls, bed.instances, fault, timing.tail_sec)

@@ -22,6 +22,7 @@ from bench.faults.analysis import (
     Call,
     Check,
     Fault,
+    attempt_share,
     breaker_opened,
     first_fair,
     share_at,
@@ -61,6 +62,8 @@ class Scenario:
     rate_at_least: float = 0.0
     #: the call deadline (default: the timing's)
     call_timeout: Callable[[Timing], float] | None = None
+    #: the victim's handler raises: calls it answered so may fail
+    handler_fails: bool = False
 
 
 async def _until(check: Callable[[], bool], timeout: float) -> float | None:
@@ -104,6 +107,55 @@ def _pause(seconds: Callable[[Timing], float]) -> FaultFn:
     return pause
 
 
+def _misbehave(sig: signal.Signals) -> FaultFn:
+    """The victim's handlers raise on every call (SIGUSR1) or crawl at 5 × the SLA
+    (SIGUSR2) for ``misbehave_sec``, while the process and its probes stay healthy."""
+
+    async def misbehave(bed: Bed) -> Fault:
+        victim = bed.instances[0]
+        pid = bed.agents[victim].pid
+        at = time.monotonic()
+        os.kill(pid, sig)
+        try:
+            await asyncio.sleep(bed.timing.misbehave_sec)
+        finally:
+            os.kill(pid, sig)
+        return Fault(at, time.monotonic(), victim)
+
+    return misbehave
+
+
+def _set_aside(limit: Callable[[Timing], float]) -> ExtraChecks:
+    """The victim's share of the attempts, from ``outlier_within_sec`` after the fault
+    began until it ended, is below ``limit``."""
+
+    def check(bed: Bed, fault: Fault, calls: Sequence[Call], _b: object) -> list[Check]:
+        t = bed.timing
+        victim = fault.victim or ""
+        since = fault.at + t.outlier_within_sec
+        share, sent, window = attempt_share(calls, victim, since, fault.end)
+        _, early, _ = attempt_share(calls, victim, fault.at, since)
+        fault.facts.update(
+            share_after=round(share, 4),
+            attempts_after=sent,
+            attempts_before=early,
+            within_sec=t.outlier_within_sec,
+        )
+        target = limit(t)
+        return [
+            Check(
+                "the misbehaving instance is set aside",
+                window > 0 and share < target,
+                f"{victim} got {sent} attempts for {window} calls started"
+                f" {t.outlier_within_sec:g}–{fault.end - fault.at:.1f}s after the fault"
+                f" ({share:.2%}; target < {target:.1%}); {early} in the first"
+                f" {t.outlier_within_sec:g}s",
+            )
+        ]
+
+    return check
+
+
 def _fair_share(bed: Bed, fault: Fault, calls: Sequence[Call], _b: object) -> list[Check]:
     t = bed.timing
     until = fault.at + t.fair_within_sec
@@ -134,7 +186,8 @@ def _no_breaker_opened(
 def _breaker_timing(bed: Bed, fault: Fault, calls: Sequence[Call], breakers: object) -> list[Check]:
     t = bed.timing
     victim = fault.victim or ""
-    opened = breaker_opened(breakers, victim, fault.at)  # type: ignore[arg-type]
+    # its breaker opens, or the outlier detection ejects it first: either sets it aside
+    opened = breaker_opened(breakers, victim, fault.at, ("open", "ejected"))  # type: ignore[arg-type]
     open_sec = None if opened is None else opened - fault.at
     back = next(
         (
@@ -152,9 +205,9 @@ def _breaker_timing(bed: Bed, fault: Fault, calls: Sequence[Call], breakers: obj
     back_in_time = back is not None and back <= t.breaker_within_sec
     return [
         Check(
-            "breaker opens during the hang",
+            "set aside during the hang",
             opened_in_time,
-            f"{victim}'s breaker opened "
+            f"{victim}'s breaker opened or it was ejected "
             + ("never during the run" if open_sec is None else f"{open_sec:.2f}s after the hang")
             + f" (target ≤ {t.breaker_within_sec:g}s)",
         ),
@@ -376,6 +429,21 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "kill-registrar", "SIGKILL of reach up's registrar part", "single", _kill_registrar
+        ),
+        Scenario(
+            "crash-instance",
+            "1 of 3 raises on every call, its probes passing",
+            "single",
+            _misbehave(signal.SIGUSR1),
+            extra=_set_aside(lambda t: t.crash_share),
+            handler_fails=True,
+        ),
+        Scenario(
+            "crawl-instance",
+            "1 of 3 answers at 5 × its SLA, its probes passing",
+            "single",
+            _misbehave(signal.SIGUSR2),
+            extra=_set_aside(lambda t: t.crawl_share),
         ),
     )
 }

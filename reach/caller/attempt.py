@@ -315,7 +315,8 @@ class AttemptRunner:
         if chosen is not None:
             # a handler that fails is an outlier's sign; a business error is an answer
             if isinstance(error, InternalError):
-                self.outliers.error(peer.outlier, chosen.agent_id, _outliers(state))
+                sent = self._clock.monotonic() - elapsed_ms / 1000.0
+                self.outliers.error(peer.outlier, chosen.agent_id, sent, _outliers(state))
             elif isinstance(error, BusinessError):
                 outlier = peer.outlier
                 if outlier.errors or outlier.slow or outlier.ejections:
@@ -327,9 +328,10 @@ class AttemptRunner:
         detection compares it with the best average among the peers that answered since
         the instance's run of slow attempts began."""
         now = self._clock.monotonic()
+        sent = now - elapsed_ms / 1000.0
         outlier = chosen.peer.outlier
         if not outlier.slow:
-            outlier.run_started = now - elapsed_ms / 1000.0
+            outlier.run_started = sent
         since = outlier.run_started
         best = -1.0
         for entry in state.candidates:
@@ -345,7 +347,12 @@ class AttemptRunner:
             if best < 0.0 or other.latency_ms < best:
                 best = other.latency_ms
         self.outliers.slow(
-            outlier, chosen.agent_id, elapsed_ms, None if best < 0.0 else best, _outliers(state)
+            outlier,
+            chosen.agent_id,
+            sent,
+            elapsed_ms,
+            None if best < 0.0 else best,
+            _outliers(state),
         )
 
     async def _until_connected(

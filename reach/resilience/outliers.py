@@ -99,6 +99,7 @@ class OutlierState:
     is ejected (until when, monotonic seconds; 0: never was)."""
 
     __slots__ = (
+        "ejected_at",
         "ejections",
         "errors",
         "good",
@@ -112,6 +113,9 @@ class OutlierState:
 
     def __init__(self) -> None:
         self.until = 0.0
+        #: when it was ejected last (monotonic): attempts sent before then were counted
+        #: already, or are the run that ejected it, and count no more
+        self.ejected_at = -math.inf
         #: handler failures in a row
         self.errors = 0
         #: answers over the SLA in a row
@@ -158,9 +162,14 @@ class OutlierDetector:
             if state.good >= self.config.consecutive_errors:
                 state.ejections = state.good = 0
 
-    def error(self, state: OutlierState, agent_id: str, peers: Iterable[OutlierState]) -> bool:
-        """The handler failed (``InternalError``); True if that ejects the instance.
-        ``peers``: the states of the capability's candidates, this one's included."""
+    def error(
+        self, state: OutlierState, agent_id: str, started: float, peers: Iterable[OutlierState]
+    ) -> bool:
+        """The handler failed (``InternalError``) on an attempt sent at ``started``
+        (monotonic); True if that ejects the instance. ``peers``: the states of the
+        capability's candidates, this one's included."""
+        if started < state.ejected_at:
+            return False  # in flight when it was ejected: part of the run that did it
         state.errors += 1
         state.slow = 0
         if state.errors < self._run(self.config.consecutive_errors, state):
@@ -171,14 +180,18 @@ class OutlierDetector:
         self,
         state: OutlierState,
         agent_id: str,
+        started: float,
         observed_ms: float,
         best_peer_ms: float | None,
         peers: Iterable[OutlierState],
     ) -> bool:
-        """An attempt slower than the SLA (its time: ``observed_ms``); True if that ejects
-        the instance. ``best_peer_ms``: the best average among the other candidates that
-        are not ejected and answered since the run began (:attr:`OutlierState.run_started`,
-        which the caller sets when ``state.slow`` is 0); None: none did."""
+        """An attempt slower than the SLA, sent at ``started`` (monotonic), its time
+        ``observed_ms``; True if that ejects the instance. ``best_peer_ms``: the best
+        average among the other candidates that are not ejected and answered since the
+        run began (:attr:`OutlierState.run_started`, which the caller sets when
+        ``state.slow`` is 0); None: none did."""
+        if started < state.ejected_at:
+            return False  # in flight when it was ejected: part of the run that did it
         state.slow += 1
         state.errors = 0
         if state.slow < self._run(self.config.consecutive_slow, state):
@@ -193,6 +206,7 @@ class OutlierDetector:
         instance that resumed), its probation kept."""
         if state.instance_id and instance_id != state.instance_id:
             state.until = 0.0
+            state.ejected_at = -math.inf
             state.errors = state.slow = state.ejections = state.good = 0
         elif healthy and not state.probes_pass and state.until > 0.0:
             state.until = 0.0
@@ -220,6 +234,7 @@ class OutlierDetector:
             return False  # too many out already: it keeps its share
         length = min(config.max_ejection_sec, config.base_ejection_sec * 2.0**state.ejections)
         state.until = now + length
+        state.ejected_at = now
         state.ejections += 1
         state.errors = state.slow = state.good = 0
         state.reason = reason

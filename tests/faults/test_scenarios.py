@@ -86,11 +86,12 @@ async def test_after_a_150ms_pause_every_instance_gets_its_share_again(
     await _scenario("pause-short", single_node, tmp_path)
 
 
-async def test_a_10s_hang_opens_its_breaker_during_the_hang_and_not_after(
+async def test_a_10s_hang_sets_the_instance_aside_during_the_hang_and_not_after(
     single_node: Fabric, tmp_path: Path
 ) -> None:
-    """The hung instance's breaker opens within 1 s; it serves again within 1 s of
-    SIGCONT."""
+    """The hung instance is set aside within 1 s (its breaker opens, or the caller's
+    outlier detection ejects it, whichever comes first); it serves again within 1 s of
+    SIGCONT (its probes pass again: the ejection ends)."""
     await _scenario("hang-long", single_node, tmp_path)
 
 
@@ -109,3 +110,20 @@ async def test_sigkill_of_the_node_leading_the_credentials_is_survived(
     clients on it log in again on another node during the bucket's leader election, no
     call fails and no audit event is lost."""
     await _scenario("cluster-kill-credentials-leader", cluster3, tmp_path)
+
+
+async def test_an_instance_raising_on_every_call_is_set_aside_within_5s(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """Its probes pass and its breaker stays closed (a handler's failure is an answer):
+    the caller's outlier detection sets it aside, below 2 % of the attempts from 5 s on;
+    only calls its handler failed fail."""
+    await _scenario("crash-instance", single_node, tmp_path)
+
+
+async def test_an_instance_crawling_at_5x_its_sla_is_set_aside_within_5s(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """Its probes pass; its attempts time out and are retried elsewhere (no call fails),
+    and from 5 s on it gets below 0.5 % of the attempts."""
+    await _scenario("crawl-instance", single_node, tmp_path)
