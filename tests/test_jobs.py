@@ -4,7 +4,10 @@ as msgpack carries it (bytes, NaN), and a result that cannot be stored fails the
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -172,3 +175,95 @@ async def test_an_async_job_whose_result_cannot_be_stored_fails_and_says_why(
         assert record.status == "failed"
         output["value"] = {"x": 1}  # and the agent goes on
         assert await (await client.submit("work", {})).result(timeout=5) == {"x": 1}
+
+
+def mixed_agent(url: str) -> Agent:
+    """One agent: a quick sync capability and one that runs as a job (its own mode)."""
+    agent = Agent(
+        {
+            "agent_id": "mixed-1",
+            "agent_name": "mixed",
+            "version": "1.0.0",
+            "capabilities": [
+                {"name": "quick_lookup", "security_level": 1, "latency_sla_ms": 200},
+                {
+                    "name": "slow_export",
+                    "security_level": 1,
+                    "latency_sla_ms": 200,
+                    "mode": "async",
+                    "input_schema": SCHEMA,
+                },
+            ],
+        },
+        servers=url,
+    )
+
+    @agent.capability("quick_lookup")
+    async def lookup(req: dict[str, Any]) -> dict[str, Any]:
+        return {"found": req.get("key", "")}
+
+    @agent.capability("slow_export")
+    async def export(req: dict[str, Any]) -> dict[str, Any]:
+        if req["rows"] < 0:
+            raise BusinessError("negative export", code="bad_rows")
+        return {"file": f"export-{req['rows']}.csv"}
+
+    return agent
+
+
+async def test_one_agent_offers_a_quick_call_and_a_job(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    async with mixed_agent(nats_server.url):
+        await wait_routable(client, "slow_export", 1)
+        quick = await client.call("quick_lookup", {"key": "k"})
+        assert quick.job is None
+        assert quick.value == {"found": "k"}
+        job = await client.submit("slow_export", {"rows": 3})
+        assert await job.result(timeout=5) == {"file": "export-3.csv"}
+        with pytest.raises(ConfigurationError, match="not an async-mode capability"):
+            await client.submit("quick_lookup", {"key": "k"})
+        instance = client.routes.find("quick_lookup")[0]
+        assert instance.manifest.mode_of("quick_lookup") == "sync"
+        assert instance.manifest.mode_of("slow_export") == "async"
+
+
+def _reach(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reach", *args, "--servers", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_the_cli_waits_for_a_job_or_reads_it_later(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    async with mixed_agent(nats_server.url):
+        await wait_routable(client, "slow_export", 1)
+        url = nats_server.url
+        waited = await asyncio.to_thread(
+            _reach, url, "call", "slow_export", '{"rows": 7}', "--wait", "10"
+        )
+        assert waited.returncode == 0, waited.stderr
+        assert json.loads(waited.stdout) == {"file": "export-7.csv"}
+        later = await asyncio.to_thread(_reach, url, "call", "slow_export", '{"rows": 8}')
+        assert later.returncode == 0, later.stderr
+        job_id = json.loads(later.stdout)["job_id"]
+        assert f"reach jobs get {job_id}" in later.stderr
+        got = await asyncio.to_thread(_reach, url, "jobs", "get", job_id, "--wait")
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout) == {"file": "export-8.csv"}
+        failed = await client.call("slow_export", {"rows": -1})
+        assert failed.job is not None
+        with pytest.raises(BusinessError):
+            await failed.job.result(timeout=5)
+        refused = await asyncio.to_thread(_reach, url, "jobs", "get", failed.job.job_id)
+        assert refused.returncode == 1
+        assert "BusinessError" in refused.stderr
+        assert "negative export" in refused.stderr
+        unknown = await asyncio.to_thread(_reach, url, "jobs", "get", "no-such-job")
+        assert unknown.returncode == 1
+        assert "NotFound" in unknown.stderr

@@ -256,6 +256,28 @@ def test_mode_is_sync_or_async() -> None:
     assert line.startswith("mode: ")
 
 
+def test_a_capability_may_have_a_mode_of_its_own() -> None:
+    data = manifest_data()
+    data["capabilities"] = [
+        {"name": "quick", "security_level": 1},
+        {"name": "export", "security_level": 1, "mode": "async"},
+    ]
+    manifest = Manifest.model_validate(data)
+    assert manifest.mode_of("quick") == "sync"
+    assert manifest.mode_of("export") == "async"
+    assert manifest.runs_jobs
+    data["mode"] = "async"
+    data["capabilities"][1]["mode"] = "sync"
+    flipped = Manifest.model_validate(data)
+    assert flipped.mode_of("quick") == "async"
+    assert flipped.mode_of("export") == "sync"
+    data["mode"] = "sync"
+    assert not Manifest.model_validate(data).runs_jobs
+    data["capabilities"][1]["mode"] = "batch"
+    [line] = errors_of(data)
+    assert line.startswith("capabilities[1].mode: ")
+
+
 @pytest.mark.parametrize(
     ("health", "path"),
     [

@@ -193,7 +193,7 @@ class Agent:
                 raise ConfigurationError(f"the handler of {name!r} must be an async function")
             declared = self.manifest.capability(name)
             assert declared is not None
-            endpoint = endpoint_for(declared, func)
+            endpoint = endpoint_for(declared, func, job=self.manifest.mode_of(name) == "async")
             self._endpoints[name] = endpoint
             if endpoint.capability != declared:
                 # schemas derived from the handler's pydantic models travel in the manifest
@@ -294,7 +294,7 @@ class Agent:
             await run_step(self.agent_id, "audit writer (REACH_AUDIT)", deadline, self.audit.start)
             self._server.on_denied = self._audit_denial
             self._server.audit = self.audit  # every call served is recorded
-        if self.manifest.mode == "async":
+        if self.manifest.runs_jobs:
             self._server.jobs = await run_step(
                 self.agent_id, "job store (REACH_JOBS)", deadline, lambda: self._open_jobs(conn)
             )
@@ -308,8 +308,8 @@ class Agent:
             return await JobStore.open(conn)
         except ConfigurationError:
             raise ConfigurationError(
-                f"{self.agent_id} runs in async mode but the REACH_JOBS bucket does"
-                " not exist: is `reach up` running?"
+                f"{self.agent_id} runs capabilities as jobs (mode async) but the"
+                " REACH_JOBS bucket does not exist: is `reach up` running?"
             ) from None
 
     async def _subscribe(self) -> None:

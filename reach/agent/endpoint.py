@@ -68,6 +68,8 @@ class Endpoint:
     #: the audience of the tokens its calls carry (``call_audience``; ``endpoint_for``
     #: sets it)
     audience: str = ""
+    #: it runs as a job (an async-mode capability): a call is answered with the job's id
+    job: bool = False
     #: what it served: shared by the copies made for its subjects (``dataclasses.replace``)
     stats: ServedStats = field(default_factory=ServedStats, compare=False, repr=False)
 
@@ -76,8 +78,9 @@ class Endpoint:
         return self.capability.name
 
 
-def endpoint_for(capability: Capability, handler: Handler) -> Endpoint:
-    """Compile a capability's contract; pydantic models in the handler's signature win."""
+def endpoint_for(capability: Capability, handler: Handler, *, job: bool = False) -> Endpoint:
+    """Compile a capability's contract; pydantic models in the handler's signature win.
+    ``job``: it runs as a job (its mode, or its agent's, is async)."""
     try:
         hints = typing.get_type_hints(handler)
     except Exception:
@@ -101,6 +104,7 @@ def endpoint_for(capability: Capability, handler: Handler) -> Endpoint:
         input_model=input_model,
         output_model=output_model,
         audience=call_audience(capability.name),
+        job=job,
     )
 
 

@@ -85,6 +85,7 @@ def _endpoint_metadata(endpoint: Endpoint) -> dict[str, str]:
         "input_schema": json.dumps(cap.input_schema, separators=(",", ":"), sort_keys=True),
         "output_schema": json.dumps(cap.output_schema, separators=(",", ":"), sort_keys=True),
         "security_level": str(cap.security_level),
+        "mode": "async" if endpoint.job else "sync",
     }
 
 

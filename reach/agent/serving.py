@@ -230,7 +230,7 @@ class CallServer:
             if isinstance(arg, Failure):
                 kind = arg.kind
                 reply, remember = self._fail(endpoint, *arg)
-            elif self.jobs is not None:
+            elif endpoint.job and self.jobs is not None:
                 # the job's record is read by whoever holds the connection that called: a
                 # gateway calling for a client (``actor``), else the client
                 reply = await self._job_runner.accept(
@@ -395,7 +395,7 @@ class CallServer:
                 f" client {claims.client_id} holds {claims.level}",
                 claims,
             )
-        if self.jobs is not None and claims.actor is None and not claims.roles & JOB_READERS:
+        if endpoint.job and claims.actor is None and not claims.roles & JOB_READERS:
             # the job's result is in REACH_JOBS, which this client may not read: refused
             # before it runs, not after, when the caller could only fail to fetch it
             return self._deny(

@@ -325,7 +325,7 @@ class ReachClient:
         if not routes.ready(capability):
             await routes.follow(capability, self._sync_timeout)
         known = routes.entries(capability, kwargs.get("tags", ()))
-        if known and all(entry.instance.manifest.mode != "async" for entry in known):
+        if known and all(entry.instance.manifest.mode_of(capability) != "async" for entry in known):
             # refused before it runs: a sync call made here would do the work for nothing
             raise ConfigurationError(f"{capability} is not an async-mode capability")
         result = await self.call(capability, payload, **kwargs)

@@ -123,10 +123,10 @@ def capabilities_of(instances: Iterable[Instance]) -> list[Capability]:
 
 
 def runs_as_job(instances: Iterable[Instance], capability: str) -> bool:
-    """Whether an instance serving ``capability`` runs it as a job (an async-mode agent)."""
+    """Whether an instance serving ``capability`` runs it as a job (its mode is async)."""
     return any(
-        inst.manifest.mode == "async"
-        and any(cap.name == capability for cap in inst.manifest.capabilities)
+        inst.manifest.capability(capability) is not None
+        and inst.manifest.mode_of(capability) == "async"
         for inst in instances
     )
 

@@ -47,6 +47,7 @@ __all__ = [
     "HeartbeatReply",
     "Instance",
     "Manifest",
+    "Mode",
     "ProbeReply",
     "Readiness",
     "RegistrarRecord",
@@ -157,6 +158,9 @@ SubjectToken = Annotated[
 Tag = Annotated[
     str, AfterValidator(_tag), WithJsonSchema({"type": "string", "pattern": _TAG_RE.pattern})
 ]
+#: how a capability answers: with its result (sync), or with a job whose result is kept
+#: in REACH_JOBS (async)
+Mode = Literal["sync", "async"]
 SemVer = Annotated[
     str, AfterValidator(_semver), WithJsonSchema({"type": "string", "pattern": _SEMVER_RE.pattern})
 ]
@@ -229,6 +233,13 @@ class Capability(_Model):
     # When in doubt, level high: a capability nobody classified is treated as a core asset.
     security_level: StrictInt = Field(4, ge=1, le=4)
     idempotent: StrictBool = False
+    mode: Mode | None = Field(
+        None,
+        description=(
+            "sync: the call waits for the handler's result; async: the call returns a job"
+            " at once and the result is kept in REACH_JOBS. Unset: the agent's mode"
+        ),
+    )
     vendor: str | None = None
     version: SemVer | None = None
 
@@ -241,7 +252,7 @@ class Manifest(_Model):
     )
     agent_name: SubjectToken
     version: SemVer
-    mode: Literal["sync", "async"] = "sync"
+    mode: Mode = Field("sync", description="the mode of the capabilities that do not say")
     capabilities: list[Capability] = Field(min_length=1)
     max_concurrency: StrictInt = Field(64, ge=1, le=100_000, description="calls handled at once")
     health: HealthSettings = Field(default_factory=HealthSettings)
@@ -277,6 +288,16 @@ class Manifest(_Model):
             if cap.name == name:
                 return cap
         return None
+
+    def mode_of(self, name: str) -> Mode:
+        """The mode of capability ``name``: its own, else the agent's."""
+        cap = self.capability(name)
+        return cap.mode if cap is not None and cap.mode is not None else self.mode
+
+    @functools.cached_property
+    def runs_jobs(self) -> bool:
+        """Whether any of its capabilities runs as a job (it needs REACH_JOBS)."""
+        return any((cap.mode or self.mode) == "async" for cap in self.capabilities)
 
     @functools.cached_property
     def highest_level(self) -> int:
