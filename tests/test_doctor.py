@@ -237,3 +237,20 @@ async def test_doctor_on_an_agent_that_left_finds_its_calls_in_the_audit_stream(
     unknown = await diagnose(conn, "never-1", probe_timeout=1)
     assert unknown.layer == "registry"
     assert "unknown name" in unknown.conclusion
+
+
+async def test_doctor_counts_the_calls_an_agent_completed_and_when_the_last_was(
+    nats_server: NatsServer, client: ReachClient
+) -> None:
+    """The record is written only when a figure callers route on moves; the probe's
+    answer is current: after calls, the agent step counts them."""
+    agent, _ = make_agent(nats_server.url, "counted-1", capability("counted_cap"))
+    async with agent:
+        await wait_routable(client, "counted_cap", 1)
+        for _ in range(30):
+            await client.call("counted_cap", {})
+        result = await doctor(nats_server, "counted_cap")
+    [finding] = result["steps"][3]["findings"]
+    assert "30 completed" in finding, finding
+    assert "-0s" not in finding
+    assert "last completion just now" in finding or "s ago" in finding, finding

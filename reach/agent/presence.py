@@ -236,6 +236,7 @@ class Presence:
             in_flight=server.in_flight,
             max_concurrency=self.manifest.max_concurrency,
             last_completion_at=server.last_completion_at,
+            completed=server.completed,
             readiness=await self._readiness(),
         )
         await self.connection.respond(msg, envelope.pack_ok(encode_model(reply), self.agent_id))

@@ -177,6 +177,10 @@ async def _audit_drops(conn: Connection, since: float) -> list[Alert]:
 
 
 def _ago(seconds: float) -> str:
+    """How long ago, said plainly (a moment from another process's clock may be a
+    little ahead of this one's: just now)."""
+    if seconds < 1:
+        return "just now"
     if seconds < 90:
         return f"{seconds:.0f}s ago"
     if seconds < 5400:
@@ -391,13 +395,16 @@ def _agent_step(ev: Evidence, blame: list[tuple[Layer, str]]) -> Step:
     verdict: Verdict = "ok"
     for inst in ev.instances:
         result = ev.probes.get(inst.agent_id)
-        in_flight = result.reply.in_flight if result and result.reply else inst.in_flight
-        last = result.reply.last_completion_at if result and result.reply else None
-        last = last or inst.last_completion_at
+        # the probe's answer is now; the record is written only when a figure callers
+        # route on moved, so its counts may be old
+        reply = result.reply if result else None
+        in_flight = reply.in_flight if reply else inst.in_flight
+        last = (reply.last_completion_at if reply else None) or inst.last_completion_at
+        completed = reply.completed if reply and reply.completed is not None else inst.completed
         done = f"last completion {_ago(ev.now - last)}" if last else "no completion yet"
         findings.append(
             f"{inst.agent_id}: {in_flight}/{inst.max_concurrency} in flight,"
-            f" {inst.completed} completed, {done};"
+            f" {completed} completed, {done};"
             f" record last written {_ago(ev.now - inst.last_heartbeat_at)}"
         )
         sla = max((c.latency_sla_ms for c in inst.manifest.capabilities), default=1000.0)

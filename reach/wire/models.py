@@ -420,6 +420,7 @@ class ProbeReply(_Model):
     in_flight: int = Field(ge=0)
     max_concurrency: int = Field(ge=1)
     last_completion_at: float | None = None
+    completed: int | None = Field(None, ge=0, description="calls completed since start")
     readiness: Readiness = Field(default_factory=Readiness)
 
 
