@@ -238,7 +238,9 @@ def test_auth_callout_needs_the_secrets_nats_auth_wrote(
     assert "reach nats-auth --store elsewhere" in lines[0]
 
 
-def test_busy_port_fails_with_a_one_line_reason(reach_up: Spawn, nats_server: NatsServer) -> None:
+def test_busy_port_fails_with_a_one_line_reason_and_leaves_no_store(
+    reach_up: Spawn, nats_server: NatsServer, tmp_path: Path
+) -> None:
     proc = reach_up("--port", str(nats_server.port), "--store", "store")
     out, err = proc.communicate(timeout=READY_TIMEOUT)
     assert proc.returncode != 0
@@ -247,6 +249,14 @@ def test_busy_port_fails_with_a_one_line_reason(reach_up: Spawn, nats_server: Na
     assert len(lines) == 1, lines
     assert str(nats_server.port) in lines[0]
     assert "in use" in lines[0]
+    assert not (tmp_path / "store").exists()  # the next try starts as a first one would
+    # a store that was there before stays, whatever failed
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine").write_text("x")
+    proc = reach_up("--port", str(nats_server.port), "--store", "kept")
+    proc.communicate(timeout=READY_TIMEOUT)
+    assert proc.returncode != 0
+    assert (tmp_path / "kept" / "mine").read_text() == "x"
 
 
 def test_replicas_need_an_external_cluster(reach_up: Spawn) -> None:

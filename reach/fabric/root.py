@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -238,6 +239,7 @@ class Fabric:
             raise ConfigurationError("a Fabric starts once; make a new one to start again")
         loop = asyncio.get_running_loop()
         self._ended = loop.create_future()
+        new_store = not self.store.exists()
         try:
             private_dir(self.store)  # secrets, JetStream data, server logs: owner only
             if self._given is None:
@@ -254,6 +256,10 @@ class Fabric:
             self._watch = asyncio.create_task(self._keep())
         except BaseException:
             await self.stop()
+            if new_store:
+                # a fabric that never started leaves no store behind (a busy port, say):
+                # the next try starts as the first would have
+                shutil.rmtree(self.store, ignore_errors=True)
             raise
         return self
 
