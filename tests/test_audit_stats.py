@@ -145,6 +145,7 @@ def test_every_command_shows_the_same_latency_for_the_same_call() -> None:
     assert "  1.5ms (call 6.2ms)  " in format_event(call)
     # each says what it measures
     assert "round trip of the attempt that answered" in LATENCY
+    assert len(LATENCY) <= 80  # every command says it: a line, not a paragraph
     diagnosis = Diagnosis(target="echo", steps=[], layer="none", conclusion="fine")
     assert LATENCY in render_doctor(diagnosis, colour=False)
     from rich.console import Console

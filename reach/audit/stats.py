@@ -16,13 +16,11 @@ from reach.audit.eventmodels import AuditAttempt, AuditEvent
 __all__ = ["LATENCY", "CallStats", "Tally", "percentile"]
 
 #: what the operator commands' latency figures measure (``AuditEvent.answer_ms``), said
-#: in their headers; a call's whole time (``CallResult.latency_ms``) adds the caller's
-#: own work to it: a first call's token fetch, retries and their back-off
-LATENCY = (
-    "latency: round trip of the attempt that answered, request sent to reply received,"
-    " as the caller timed it (a whole call that took longer, a token fetch or retries"
-    " included, is `call` in reach audit tail)"
-)
+#: in their headers in a few words: the answering attempt's round trip. A call's whole
+#: time (``CallResult.latency_ms``; ``call`` in ``reach audit tail``) adds the caller's
+#: own work to it: a first call's token fetch, retries and their back-off (the docs'
+#: operations page says so at length)
+LATENCY = "latency: round trip of the attempt that answered, as its caller timed it"
 
 
 def percentile(values: list[float], q: float) -> float | None:
