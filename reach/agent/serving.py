@@ -83,9 +83,8 @@ class CallServer:
         self.max_concurrency = max_concurrency
         #: calls holding a slot (running, or handed one and about to run)
         self.in_flight = 0
-        #: calls waiting for a slot (``_wait_for_slot``), and how many ever did
+        #: calls waiting for a slot (``_wait_for_slot``)
         self.waiting = 0
-        self.waited = 0
         # the waiting calls' futures, first come first served (those given up stay
         # until they reach the front, done); one is handed a slot with True
         self._waiters: deque[asyncio.Future[bool]] = deque()
@@ -397,7 +396,6 @@ class CallServer:
         slot: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(slot)
         self.waiting += 1
-        self.waited += 1
         timer = loop.call_later(bound, self._give_up, slot)
         # no await inside the except block: compiled by mypyc, an await there loses
         # track of which exception is being handled
