@@ -385,7 +385,7 @@ class Agent:
         if self._conn is None:
             return
         conn = self._conn
-        self._server.accepting = False
+        self._server.stop_accepting()
         for sub in self._cap_subs:
             await sub.drain()
         self._cap_subs.clear()

@@ -5,7 +5,9 @@ Order matters and is part of the contract with callers:
 1. unpack the envelope (bad bytes → ``contract``)
 2. honour the deadline (already passed → ``timeout``, the handler never runs)
 3. answer a repeat of a call id / idempotency key with the first result
-4. admission: not ready or over declared capacity → ``unavailable`` at once
+4. admission: not ready or over the declared qps → ``unavailable`` at once; at max
+   concurrency → a brief wait for a slot, first come first served, if one can be expected
+   in time, else ``unavailable``/``over_capacity`` at once
 5. decode and validate the input (→ ``contract``, naming the field)
 6. run the handler under the deadline, with the call in a context variable
 7. validate the output (→ ``contract``), encode, reply
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +54,15 @@ log = logging.getLogger("reach.agent.serving")
 
 _RETRYABLE_KINDS = frozenset({"timeout", "unavailable"})
 
+#: what ``_admit`` says of a call that arrives at max concurrency (no reply is empty): it
+#: may wait for a slot
+_FULL = b""
+#: the weight of the latest call in the moving average of how long a call holds its slot
+_HOLD_WEIGHT = 0.2
+#: calls waiting for a slot, at most, as a multiple of max_concurrency: whatever the
+#: average promises (calls that suddenly take longer must not pile up unbounded)
+_MAX_WAITING_PER_SLOT = 16
+
 
 class CallServer:
     """Runs calls for one agent: admission, dedup, validation, deadline, error mapping."""
@@ -69,7 +81,15 @@ class CallServer:
     ) -> None:
         self.agent_id = agent_id
         self.max_concurrency = max_concurrency
+        #: calls holding a slot (running, or handed one and about to run)
         self.in_flight = 0
+        #: calls waiting for a slot (``_wait_for_slot``)
+        self.waiting = 0
+        # the waiting calls' futures, first come first served (those given up stay
+        # until they reach the front, done); one is handed a slot with True
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        # moving average of how long a call holds its slot, seconds (0: none done yet)
+        self._hold_sec = 0.0
         self.completed = 0
         self.last_completion_at: float | None = None
         #: calls are served (False while the agent stops: each is told so at once)
@@ -110,6 +130,17 @@ class CallServer:
 
     def _error(self, kind: str, code: str, description: str, path: str = "") -> bytes:
         return envelope.pack_error(kind, code, description, self.agent_id, path)
+
+    def stop_accepting(self) -> None:
+        """Calls are served no more: each that arrives is told so at once (``stopping``),
+        and so is each call waiting for a slot; the calls running finish."""
+        self.accepting = False
+        waiters = self._waiters
+        while waiters:
+            slot = waiters.popleft()
+            if not slot.done():
+                self.waiting -= 1
+                slot.set_result(False)
 
     def stopping(self, endpoint: Endpoint) -> bytes:
         """The reply to a call that arrives while the agent stops: not served, retry
@@ -211,11 +242,14 @@ class CallServer:
             if self.audit is not None and not meta.audit:  # answered: recorded too
                 self._record(endpoint, meta, client, actor, reply, started, self._clock.time())
             return reply
-        refused = self._admit(endpoint)
-        if refused is not None:
-            return refused
+        admitted = started
+        refused = self._admit(endpoint)  # None: admitted, its slot counted
+        if refused is not None:  # refused, or at max concurrency (``_FULL``): it may wait
+            refused = refused or await self._wait_for_slot(endpoint, deadline)
+            if refused is not None:
+                return refused
+            admitted = self._clock.time()  # it waited: the slot it was handed is counted
         self._cache.start(key)
-        self.in_flight += 1
         reply = b""
         remember = True
         kind = "ok"
@@ -252,7 +286,7 @@ class CallServer:
                 endpoint, "internal", type(exc).__name__, f"{endpoint.name}: {exc}"
             )
         finally:
-            done_at = self._finished(endpoint, key, reply, remember, kind, span, started)
+            done_at = self._finished(endpoint, key, reply, remember, kind, span, admitted)
             if self.audit is not None and not meta.audit and reply:
                 self._record(endpoint, meta, client, actor, reply, started, done_at, kind)
         return reply
@@ -297,20 +331,24 @@ class CallServer:
         )
 
     def _admit(self, endpoint: Endpoint) -> bytes | None:
-        """None if the call is admitted, else the ``unavailable`` reply: not ready, at its
-        max concurrency, or over the capability's declared qps."""
+        """None if the call is admitted (its slot counted), ``_FULL`` if the instance is at
+        its max concurrency (the call may wait for a slot), else the ``unavailable``
+        reply: not ready, or over the capability's declared qps. Nothing is made or
+        awaited while there is room: this runs on every call."""
         ready, why = self._is_ready()
         if not ready:
             return self._refuse(
                 endpoint, "unavailable", "not_ready", f"{self.agent_id} not ready: {why}"
             )
         if self.in_flight >= self.max_concurrency:
-            return self._refuse(
-                endpoint,
-                "unavailable",
-                "over_capacity",
-                f"{self.agent_id} is at its max concurrency ({self.max_concurrency})",
-            )
+            return _FULL
+        refused = self._take_qps(endpoint)
+        if refused is None:
+            self.in_flight += 1
+        return refused
+
+    def _take_qps(self, endpoint: Endpoint) -> bytes | None:
+        """None if the capability's declared qps admits one more call, else ``over_qps``."""
         admission = self._admission.get(endpoint.name)
         if admission is None:
             admission = self._admission[endpoint.name] = QpsBucket(
@@ -325,6 +363,103 @@ class CallServer:
                 f" {endpoint.capability.qps} qps",
             )
         return None
+
+    def _wait_bound(self, endpoint: Endpoint, deadline: Deadline | None) -> float:
+        """How long a call at max concurrency may wait for a slot: at most its
+        capability's latency SLA, and only as long as its deadline still leaves it the
+        SLA to run (no deadline: the fabric's default, 1.5 × the SLA from now). Zero or
+        less: no wait."""
+        sla = endpoint.capability.latency_sla_ms / 1000.0
+        left = deadline.remaining() if deadline is not None else 1.5 * sla
+        return min(sla, left - sla)
+
+    async def _wait_for_slot(self, endpoint: Endpoint, deadline: Deadline | None) -> bytes | None:
+        """A call arrived at max concurrency: None once it holds a slot (handed over by a
+        call that finished, first come first served), else the ``unavailable`` reply.
+
+        It waits only if the calls ahead of it can be expected to leave it a slot within
+        its wait bound (``_wait_bound``), by how long calls have held their slots lately
+        (the SLA until one finished): a burst is absorbed, while under a sustained
+        overload the queue stays full and the excess is refused at once, so that the
+        calls admitted keep their latency and their callers go elsewhere now."""
+        if not self.accepting:
+            return self.stopping(endpoint)
+        limit = self.max_concurrency
+        bound = self._wait_bound(endpoint, deadline)
+        hold = self._hold_sec or endpoint.capability.latency_sla_ms / 1000.0
+        # slots come free at ``limit`` per ``hold`` seconds: this call's turn comes after
+        # the calls waiting ahead of it
+        expected = (self.waiting + 1) * hold / limit
+        if bound <= 0 or expected > bound or self.waiting >= _MAX_WAITING_PER_SLOT * limit:
+            return self._over_capacity(endpoint)
+        loop = asyncio.get_running_loop()
+        slot: asyncio.Future[bool] = loop.create_future()
+        self._waiters.append(slot)
+        self.waiting += 1
+        timer = loop.call_later(bound, self._give_up, slot)
+        # no await inside the except block: compiled by mypyc, an await there loses
+        # track of which exception is being handled
+        try:
+            granted = await slot
+        except asyncio.CancelledError:
+            timer.cancel()
+            self._abandon(slot)
+            raise
+        timer.cancel()
+        if not self.accepting:
+            if granted:
+                self._release()
+            return self.stopping(endpoint)
+        if not granted:
+            return self._refuse(
+                endpoint,
+                "unavailable",
+                "over_capacity",
+                f"{self.agent_id} is at its max concurrency ({limit}): waited"
+                f" {bound * 1000:.0f} ms for a slot, none came free",
+            )
+        refused = self._take_qps(endpoint)
+        if refused is not None:
+            self._release()
+        return refused
+
+    def _over_capacity(self, endpoint: Endpoint) -> bytes:
+        return self._refuse(
+            endpoint,
+            "unavailable",
+            "over_capacity",
+            f"{self.agent_id} is at its max concurrency ({self.max_concurrency})"
+            f" with {self.waiting} calls waiting",
+        )
+
+    def _give_up(self, slot: asyncio.Future[bool]) -> None:
+        """A waiting call's wait bound passed with no slot for it."""
+        if not slot.done():
+            slot.set_result(False)
+            self.waiting -= 1
+
+    def _abandon(self, slot: asyncio.Future[bool]) -> None:
+        """A waiting call was cancelled: it leaves the queue, or passes on the slot it was
+        just handed."""
+        if not slot.done():
+            slot.cancel()
+            self.waiting -= 1
+        elif slot.cancelled():
+            self.waiting -= 1
+        elif slot.result():
+            self._release()
+
+    def _release(self) -> None:
+        """A call gives its slot back: to the first call still waiting for one, else the
+        slot is free."""
+        waiters = self._waiters
+        while waiters:
+            slot = waiters.popleft()
+            if not slot.done():
+                self.waiting -= 1
+                slot.set_result(True)  # in_flight unchanged: the slot passes on
+                return
+        self.in_flight -= 1
 
     def _reply_of(
         self, endpoint: Endpoint, outcome: tuple[bytes, Any] | Failure, audited: bool = False
@@ -355,15 +490,19 @@ class CallServer:
         remember: bool,
         kind: str,
         span: Span | None,
-        started: float,
+        admitted: float,
     ) -> float:
-        """A call that ran is done: counted, its reply kept for repeats (if it may be).
-        Returns when it was done (the clock's wall time)."""
-        self.in_flight -= 1
+        """A call that ran is done (it held its slot since ``admitted``): counted, its
+        slot given back, its reply kept for repeats (if it may be). Returns when it was
+        done (the clock's wall time)."""
+        self._release()
         self.completed += 1
         self.last_completion_at = done_at = self._clock.time()
-        if done_at > started:  # (the wall clock may have been set back meanwhile)
-            endpoint.stats.busy_sec += done_at - started
+        if done_at > admitted:  # (the wall clock may have been set back meanwhile)
+            held = done_at - admitted
+            endpoint.stats.busy_sec += held
+            average = self._hold_sec
+            self._hold_sec = held if average == 0.0 else average + _HOLD_WEIGHT * (held - average)
         self._cache.finish(key, reply, done_at, remember=remember)
         if self._on_done is not None:
             self._on_done()

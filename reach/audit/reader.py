@@ -13,6 +13,7 @@ from reach.audit.eventmodels import AuditEvent, decode_batch
 from reach.audit.provenance import Verdict, verdict
 from reach.errors import ConfigurationError
 from reach.transport import Connection
+from reach.transport.streamreads import read_stream
 from reach.wire import subjects
 
 __all__ = [
@@ -121,10 +122,13 @@ async def read_records(
     call order per capability (a stream message holds a batch of one capability's
     events). Malformed entries are skipped, and so is a batch of another version (said
     in the log). ``agents`` (client id → bound agent id, from
-    REACH_CREDENTIALS) lets callee-side denials be verified."""
+    REACH_CREDENTIALS) lets callee-side denials be verified. A stream that does not
+    answer for a moment is asked again (``reach.transport.streamreads``)."""
     flt = flt or AuditFilter()
-    stream = await conn.stream(subjects.AUDIT_STREAM)
-    async for msg in stream.read(flt.subject(), since=since, follow=follow, new_only=new_only):
+    reading = read_stream(
+        conn, subjects.AUDIT_STREAM, flt.subject(), since=since, follow=follow, new_only=new_only
+    )
+    async for msg in reading:
         writer = subjects.writer_of(msg.subject)
         try:
             events, _bad = decode_batch(msg.data)

@@ -11,6 +11,7 @@ import click
 from reach.audit.alerts import RULES, Alert, decode_alert
 from reach.audit.reader import parse_since
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
+from reach.transport.streamreads import read_stream
 from reach.wire import subjects
 
 
@@ -28,9 +29,11 @@ async def _alerts(
     start = parse_since(since, time.time()) if since else None
     colour = colour_wanted() and not as_json
     async with connection(target, "reach-alerts") as conn:
-        stream = await conn.stream(subjects.ALERTS_STREAM)
         shown = 0
-        async for msg in stream.read(subjects.alert(rule or "*"), since=start, follow=follow):
+        reading = read_stream(
+            conn, subjects.ALERTS_STREAM, subjects.alert(rule or "*"), since=start, follow=follow
+        )
+        async for msg in reading:
             alert = decode_alert(msg.data)
             if alert is None:
                 continue

@@ -29,6 +29,7 @@ from reach.errors import ReachError
 from reach.registry.store import RegistryStore
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, StreamMessage
+from reach.transport.streamreads import read_stream, start_within
 from reach.wire import subjects
 from reach.wire.models import Instance
 
@@ -141,8 +142,12 @@ class FabricView:
         none counted twice)."""
         self._window_start = self.now() - self.rollup.window_sec
         since = max(self._calls_at[1], self._window_start)
-        stream = await self.conn.stream(subjects.AUDIT_STREAM)
-        await stream.follow(subjects.AUDIT_ALL, self._count, since=since)
+        following = await start_within(
+            self.conn,
+            subjects.AUDIT_STREAM,
+            lambda stream: stream.start_follow(subjects.AUDIT_ALL, self._count, since=since),
+        )
+        await following
 
     def _count(self, msg: StreamMessage) -> None:
         """One batch of the audit stream, folded into the rollup."""
@@ -171,9 +176,11 @@ class FabricView:
             self.bad_events += bad
 
     async def _follow_alerts(self) -> None:
-        stream = await self.conn.stream(subjects.ALERTS_STREAM)
         since = self._alerts_at[1] or self.now() - ALERTS_SINCE_SEC
-        async for msg in stream.read(subjects.alert("*"), since=since, follow=True):
+        reading = read_stream(
+            self.conn, subjects.ALERTS_STREAM, subjects.alert("*"), since=since, follow=True
+        )
+        async for msg in reading:
             self.notes.pop("alerts", None)
             if msg.seq <= self._alerts_at[0]:
                 continue

@@ -38,6 +38,7 @@ from reach.registry.probes import ProbeResult, probe
 from reach.registry.store import RegistryStore
 from reach.settings import resolve_audit_spool
 from reach.transport import Connection
+from reach.transport.streamreads import read_stream
 from reach.wire import subjects
 from reach.wire.models import Instance, RegistrarRecord
 
@@ -166,8 +167,8 @@ async def _audit_drops(conn: Connection, since: float) -> list[Alert]:
     """The ``audit_dropped`` alerts since ``since`` (none if REACH_ALERTS is unreadable)."""
     found: list[Alert] = []
     try:
-        stream = await conn.stream(subjects.ALERTS_STREAM)
-        async for msg in stream.read(subjects.alert("audit_dropped"), since=since):
+        alerts = subjects.alert("audit_dropped")
+        async for msg in read_stream(conn, subjects.ALERTS_STREAM, alerts, since=since):
             alert = decode_alert(msg.data)
             if alert is not None:
                 found.append(alert)

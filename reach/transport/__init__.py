@@ -8,6 +8,8 @@ translated into the Agent-Reach tree here (``denials.translate_error``), at this
 - ``kv``: JetStream KV buckets with compare-and-set; ``kvfollow`` follows a public
   bucket without a JetStream consumer;
 - ``streams``: JetStream streams, idempotent publishing and ordered reads;
+  ``streamreads``: an operator's read of a stream, started again after a transient
+  failure within its deadline;
 - ``denials``: nats-py's errors in Agent-Reach terms, and the server's permission refusals;
 - ``link``: nats-py's client, made to keep a connection through refused logins;
   ``linkstate``: the state of a connection (up, or down since when and why);

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import datetime
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,16 +94,59 @@ class Stream:
         ``new_only``) in order; then, with ``follow``, new ones as they arrive. With
         ``headers_only`` the server sends their headers alone (``data`` is empty; ``get``
         fetches a message's data by its sequence)."""
+        messages = await self.start_read(
+            subject, since=since, new_only=new_only, follow=follow, headers_only=headers_only
+        )
+        async with contextlib.aclosing(messages):
+            async for msg in messages:
+                yield msg
+
+    async def start_read(
+        self,
+        subject: str = ">",
+        *,
+        since: float | None = None,
+        new_only: bool = False,
+        follow: bool = False,
+        headers_only: bool = False,
+    ) -> AsyncGenerator[StreamMessage, None]:
+        """``read``, started: its consumer made (and, reading history, the messages to
+        read counted) when this returns, so that a failure to start is raised here and
+        not by the first message. Iterate what it returns at once: that ends the
+        consumer when it ends."""
         sub = await self._subscribe(subject, since, new_only, headers_only)
+        # history only: stop at the last matching message (num_pending 0); if the
+        # server counts none pending, only messages already on the wire are left
+        quiet = _FOLLOW_CHECK
+        if not follow and not new_only:
+            started = time.monotonic()
+            counted = False
+            try:
+                info = await sub.consumer_info()
+                counted = True
+            except Exception as exc:
+                raise self._denials.explain(exc, f"read {self.name}", started) from exc
+            finally:
+                if not counted:  # (cancelled too) the consumer goes with the read
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+            quiet = _HISTORY_QUIET if not info.num_pending else _HISTORY_STALL
+        return self._messages(sub, subject, since, new_only, follow, headers_only, quiet)
+
+    async def _messages(
+        self,
+        sub: Any,
+        subject: str,
+        since: float | None,
+        new_only: bool,
+        follow: bool,
+        headers_only: bool,
+        quiet: float,
+    ) -> AsyncGenerator[StreamMessage, None]:
+        """What ``read`` yields from the consumer ``sub``, which it ends when it ends."""
         try:
             if new_only and not follow:
                 return
-            # history only: stop at the last matching message (num_pending 0); if the
-            # server counts none pending, only messages already on the wire are left
-            quiet: float | None = _FOLLOW_CHECK
-            if not follow:
-                info = await sub.consumer_info()
-                quiet = _HISTORY_QUIET if not info.num_pending else _HISTORY_STALL
             seen_reconnects = self._reconnects()
             last = 0
             while True:
@@ -150,6 +193,17 @@ class Stream:
         as each message arrives (called on the event loop, not awaited), until cancelled;
         raises what ``handle`` raises. For a reader of every message of a busy stream:
         a message costs a call, not a wait for it."""
+        await (await self.start_follow(subject, handle, since=since))
+
+    async def start_follow(
+        self,
+        subject: str,
+        handle: Callable[[StreamMessage], None],
+        *,
+        since: float | None = None,
+    ) -> Coroutine[Any, Any, None]:
+        """``follow``, started: its consumer made when this returns (a failure to start is
+        raised here); await what it returns at once, which follows until cancelled."""
         last = 0
         failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -172,21 +226,23 @@ class Stream:
             except Exception as exc:
                 failed.set_exception(exc)
 
-        sub = await self._subscribe(subject, since, False, False, cb=deliver)
-        try:
-            seen_reconnects = self._reconnects()
-            while True:
-                await asyncio.wait({failed}, timeout=_FOLLOW_CHECK)
-                if failed.done():
-                    failed.result()
-                if self._reconnects() == seen_reconnects:
-                    continue
-                # as in ``read``: a new consumer goes on after the last message handled
+        async def following(sub: Any) -> None:
+            try:
                 seen_reconnects = self._reconnects()
-                sub = await self._again(sub, subject, since, False, False, last, deliver)
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                while True:
+                    await asyncio.wait({failed}, timeout=_FOLLOW_CHECK)
+                    if failed.done():
+                        failed.result()
+                    if self._reconnects() == seen_reconnects:
+                        continue
+                    # as in ``read``: a new consumer goes on after the last message handled
+                    seen_reconnects = self._reconnects()
+                    sub = await self._again(sub, subject, since, False, False, last, deliver)
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+        return following(await self._subscribe(subject, since, False, False, cb=deliver))
 
     async def _again(
         self,
