@@ -11,7 +11,6 @@ is tried again until it is stored.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Coroutine
@@ -33,8 +32,7 @@ log = logging.getLogger("reach.alerts")
 
 #: alerts an AlertWatcher keeps in ``fired``
 FIRED_KEPT = 1000
-#: an alert the store did not take is tried again this often (at once when the store
-#: takes writes again)
+#: an alert the store did not take is tried again this often
 STORE_AGAIN_SEC = 2.0
 
 
@@ -56,8 +54,6 @@ class AlertWatcher:
         self._audit: Stream | None = None
         #: the alerts this watcher raised, the latest ``FIRED_KEPT``
         self.fired: deque[Alert] = deque(maxlen=FIRED_KEPT)
-        #: set when the JetStream store takes writes again: a waiting alert goes now
-        self._store_back = asyncio.Event()
 
     async def start(self) -> None:
         self._alerts = await self._conn.stream(subjects.ALERTS_STREAM)
@@ -87,11 +83,7 @@ class AlertWatcher:
         """The JetStream store takes no writes (``problem``, what the servers report) or
         takes them again (""): ``store_full`` is raised as it begins, and tried until
         stored (the store that cannot take it is the one it is about)."""
-        if not problem:
-            self._store_back.set()
-            return
-        self._store_back.clear()
-        alert = self.engine.store_full(problem)
+        alert = self.engine.store_full(problem) if problem else None
         if alert is not None and self._alerts is not None:
             self._spawn(self._publish_until_stored(alert))
 
@@ -111,9 +103,10 @@ class AlertWatcher:
 
     async def _publish_until_stored(self, alert: Alert) -> None:
         self._fired(alert)
-        while not await self._store(alert, quiet=True):
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._store_back.wait(), STORE_AGAIN_SEC)
+        while True:
+            if await self._store(alert, quiet=True):
+                return
+            await asyncio.sleep(STORE_AGAIN_SEC)  # the store says nothing when it is back
 
     async def _store(self, alert: Alert, *, quiet: bool = False) -> bool:
         """Whether REACH_ALERTS took ``alert`` (``quiet``: a refusal is not logged)."""

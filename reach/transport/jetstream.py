@@ -373,7 +373,7 @@ async def _create(js: Any, denials: Denials, config: StreamConfig, min_bytes: in
         except Exception as exc:
             raise denials.explain(exc, f"create stream {name}", started) from exc
         return
-    size = want
+    size, min_bytes = want, min(min_bytes, want)
     while size >= min_bytes:
         try:
             await js.add_stream(dataclasses.replace(config, max_bytes=2 * size))
