@@ -15,8 +15,9 @@ contract mismatch from a routing failure without reading logs::
     ├── TransportError                           (retryable)
     │   ├── NoResponders                         nobody listens on the subject
     │   ├── ReachTimeout (also TimeoutError)     no reply before the deadline
-    │   └── Disconnected                         the NATS connection is gone
-    │       └── LoginUnanswered                  no login gate answered the login in time
+    │   ├── Disconnected                         the NATS connection is gone
+    │   │   └── LoginUnanswered                  no login gate answered the login in time
+    │   └── StoreFull                            the JetStream store takes no writes (disk full)
     ├── Unavailable                              (retryable) instance alive but not taking calls
     ├── CircuitOpen(target, retry_at)            every candidate's breaker is open
     ├── RetriesExhausted(attempts, last)         last (= __cause__) is the last error
@@ -57,6 +58,7 @@ __all__ = [
     "RegistrationRefused",
     "RemoteError",
     "RetriesExhausted",
+    "StoreFull",
     "TransportError",
     "Unavailable",
 ]
@@ -177,6 +179,20 @@ class LoginUnanswered(Disconnected):
     """The server did not answer the login in time, or refused it only when its own wait
     for the login gate ended: no verdict on the credentials, a gate away (trying again
     can succeed)."""
+
+
+class StoreFull(TransportError):
+    """A write to JetStream (an audit batch, a registry record, an alert) was not stored
+    because the fabric's JetStream store takes no writes: the disk under it is full (the
+    server's "no space left on device", or its storage limit reached), or the server
+    disabled JetStream after a store error. ``problem`` is what the fabric's servers
+    report. Writes succeed again once space is freed and the server recovers (``reach
+    up`` restarts a server of its own once its store has room); until then writers keep
+    what they could not write (the audit writer in memory and its spool)."""
+
+    def __init__(self, message: str, *, problem: str) -> None:
+        self.problem = problem
+        super().__init__(message)
 
 
 class Unavailable(ReachError):

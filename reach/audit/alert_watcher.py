@@ -2,8 +2,10 @@
 
 :class:`AlertWatcher` feeds the pure :class:`~reach.audit.alerts.AlertEngine` from the
 audit writers' notices (``reach.v1.audited.<capability>.<writer>``: a batch is stored,
-its summary, and the batch itself from REACH_AUDIT when some rows need a look) and from
-the registry watch of whoever runs it (the registrar), and publishes what it returns.
+its summary, and the batch itself from REACH_AUDIT when some rows need a look), from
+the registry watch of whoever runs it (the registrar) and from what it learns of the
+JetStream store, and publishes what it returns. An alert that a full store cannot take
+is tried again until it is stored.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 from reach.audit.alerts import Alert, AlertEngine, AlertRules, encode_alert
 from reach.audit.decode import BatchVersionError
@@ -28,6 +32,8 @@ log = logging.getLogger("reach.alerts")
 
 #: alerts an AlertWatcher keeps in ``fired``
 FIRED_KEPT = 1000
+#: an alert the store did not take is tried again this often
+STORE_AGAIN_SEC = 2.0
 
 
 class AlertWatcher:
@@ -71,24 +77,52 @@ class AlertWatcher:
             return
         alerts = self.engine.registry_change(instance)
         if alerts and self._alerts is not None:
-            task = asyncio.get_running_loop().create_task(self._publish(alerts))
-            self._publishing.add(task)
-            task.add_done_callback(self._publishing.discard)
+            self._spawn(self._publish(alerts))
+
+    def store_changed(self, problem: str) -> None:
+        """The JetStream store takes no writes (``problem``, what the servers report) or
+        takes them again (""): ``store_full`` is raised as it begins, and tried until
+        stored (the store that cannot take it is the one it is about)."""
+        alert = self.engine.store_full(problem) if problem else None
+        if alert is not None and self._alerts is not None:
+            self._spawn(self._publish_until_stored(alert))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
 
     async def _publish(self, alerts: list[Alert]) -> None:
-        assert self._alerts is not None
         for alert in alerts:
-            self.fired.append(alert)
-            log.warning("alert %s: %s", alert.rule, alert.summary)
-            try:
-                await self._alerts.publish(
-                    subjects.alert(alert.rule),
-                    encode_alert(alert),
-                    msg_id=alert.msg_id(self.engine.rules.repeat_after_sec),
-                    timeout=5.0,
-                )
-            except ReachError as exc:
+            self._fired(alert)
+            await self._store(alert)
+
+    def _fired(self, alert: Alert) -> None:
+        self.fired.append(alert)
+        log.warning("alert %s: %s", alert.rule, alert.summary)
+
+    async def _publish_until_stored(self, alert: Alert) -> None:
+        self._fired(alert)
+        while True:
+            if await self._store(alert, quiet=True):
+                return
+            await asyncio.sleep(STORE_AGAIN_SEC)  # the store says nothing when it is back
+
+    async def _store(self, alert: Alert, *, quiet: bool = False) -> bool:
+        """Whether REACH_ALERTS took ``alert`` (``quiet``: a refusal is not logged)."""
+        assert self._alerts is not None
+        try:
+            await self._alerts.publish(
+                subjects.alert(alert.rule),
+                encode_alert(alert),
+                msg_id=alert.msg_id(self.engine.rules.repeat_after_sec),
+                timeout=5.0,
+            )
+        except ReachError as exc:
+            if not quiet:
                 log.warning("could not store alert %s: %s", alert.rule, exc)
+            return False
+        return True
 
     async def _on_notice(self, msg: Message) -> None:
         """One batch stored in REACH_AUDIT (a writer's notice): its calls are counted; its

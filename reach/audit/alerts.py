@@ -14,7 +14,10 @@ field):
 * ``new_agent_probe_failed`` — an agent in its first 24 h failed a probe;
 * ``audit_dropped`` — an audit writer dropped events (REACH_AUDIT did not ack for longer
   than its memory and spool could hold, or events could not be packed): raised from the
-  writer's report (a notice with a ``dropped`` count), one alert per report.
+  writer's report (a notice with a ``dropped`` count), one alert per report;
+* ``store_full`` — the fabric's JetStream store takes no writes (its disk is full, or a
+  server disabled JetStream after a store error), as the servers' health says: raised
+  when it begins, and stored once the store takes writes again.
 
 The engine is pure (clock injected, no I/O);
 :class:`reach.audit.alert_watcher.AlertWatcher` feeds it from the audit writers' notices
@@ -43,6 +46,7 @@ from reach.wire.models import Instance
 
 __all__ = [
     "RULES",
+    "STORE_KEY",
     "Alert",
     "AlertEngine",
     "AlertRules",
@@ -59,11 +63,15 @@ RuleName = Literal[
     "instance_errors",
     "new_agent_probe_failed",
     "audit_dropped",
+    "store_full",
 ]
 RULES: tuple[str, ...] = get_args(RuleName)
 
 _K = TypeVar("_K")
 
+#: what a ``store_full`` alert is about: the fabric's JetStream store, whichever server
+#: reported it (the details say)
+STORE_KEY = "jetstream"
 #: names (capabilities, caller→callee pairs) one rule tracks at most at a time
 MAX_TRACKED = 10_000
 #: how often windows that emptied are forgotten
@@ -449,6 +457,22 @@ class AlertEngine:
                 " packed); see `reach doctor` and the writer's log"
             ),
             details={"writer": writer, "dropped": dropped, "seq": seq},
+        )
+
+    def store_full(self, problem: str) -> Alert | None:
+        """The alert for the fabric's JetStream store taking no writes (``problem``: what
+        its servers report); None within ``repeat_after_sec`` of the last one."""
+        return self._fire(
+            "store_full",
+            STORE_KEY,
+            self._clock.time(),
+            severity="critical",
+            summary=(
+                f"the JetStream store takes no writes: {problem}; writes to the registry,"
+                f" {subjects.AUDIT_STREAM} and {subjects.ALERTS_STREAM} fail until space is"
+                " freed (audit events wait in their writers' memory and spools)"
+            ),
+            details={"problem": problem},
         )
 
 

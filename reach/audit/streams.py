@@ -20,8 +20,13 @@ class StreamSettings:
     audit_max_age: float = 7 * _DAY
     #: how long alerts are kept
     alerts_max_age: float = 30 * _DAY
-    #: size cap of the audit stream (oldest dropped first); -1 = none
+    #: size cap of the audit stream (oldest dropped first); -1 = none. Made on a store
+    #: without room for it (and as much again free), the stream gets the largest half,
+    #: quarter, … of it that fits, down to ``audit_min_bytes``; below that the registrar
+    #: does not start (StoreFull names the space needed). A stream keeps the cap it was
+    #: made with.
     audit_max_bytes: int = 1 << 30
+    audit_min_bytes: int = 64 << 20
     #: copies in a JetStream cluster (3 for ``reach up --cluster 3``)
     replicas: int = 1
     #: a resend of the same batch within this window is stored once (writers resend
@@ -42,6 +47,7 @@ async def ensure_streams(
         create=True,
         max_age=s.audit_max_age,
         max_bytes=s.audit_max_bytes,
+        min_bytes=s.audit_min_bytes,
         replicas=s.replicas,
         duplicate_window=s.duplicate_window,
     )

@@ -38,7 +38,7 @@ from reach.audit.events import CallEvent
 from reach.audit.notices import Notices
 from reach.audit.spool import Batch, Spool
 from reach.audit.writerconfig import WriterConfig
-from reach.errors import ConfigurationError, NoResponders, ReachError
+from reach.errors import ConfigurationError, NoResponders, ReachError, StoreFull
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Stream
@@ -98,8 +98,13 @@ class AuditWriter:
         self.dropped = 0
         #: the alert rules' notices, and the drops not told to them yet
         self._notices = Notices(conn, self.config.ack_timeout)
-        #: said once per outage: the stream does not ack, events go to the spool, dropped
+        #: why the stream does not ack now (a ``StoreFull`` names a full disk); None while
+        #: it acks
+        self.last_error: ReachError | None = None
+        #: said once per outage (and once more when it turns out to be a full store): the
+        #: stream does not ack, events go to the spool, dropped
         self._warned = False
+        self._warned_full = False
         self._spilling = False
         self._dropping = False
 
@@ -452,7 +457,8 @@ class AuditWriter:
 
     def _back(self) -> None:
         """The stream acks again after an outage: the next one is worth a line again."""
-        self._warned = self._spilling = self._dropping = False
+        self._warned = self._warned_full = self._spilling = self._dropping = False
+        self.last_error = None
         log.info("audit: %s acks again; %d event(s) to write", subjects.AUDIT_STREAM, self.pending)
 
     async def _publish(self, batch: Batch) -> int:
@@ -466,8 +472,11 @@ class AuditWriter:
         )
 
     def _warn(self, exc: ReachError) -> None:
-        if not self._warned:
+        self.last_error = exc
+        full = isinstance(exc, StoreFull)
+        if not self._warned or (full and not self._warned_full):
             self._warned = True
+            self._warned_full = full
             hint = (
                 " (`reach up` or a registrar creates it)" if isinstance(exc, NoResponders) else ""
             )

@@ -57,5 +57,6 @@ def register(main: click.Group) -> None:
         target: Target, follow: bool, rule: str | None, since: str | None, as_json: bool
     ) -> None:
         """Print alerts: retry storms, instances turning unhealthy, breaker rejections,
-        new agents failing probes, audit events dropped."""
+        new agents failing probes, audit events dropped, a JetStream store that takes no
+        writes (a full disk)."""
         run(_alerts(target, rule, since, follow, as_json))

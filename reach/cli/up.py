@@ -9,7 +9,9 @@ registry, credentials, keys and audit streams at 3 replicas, fsync on every writ
 runs the registrar part as a child process, ``reach up --servers … --auth-callout
 --supervised``, whose pid is in ``<store>/registrar.pid``; a login gate answers on every
 node. The fabric keeps these children running (``reach.fabric.supervisor``): a nats-server or
-registrar part that dies is started again (same port and store).
+registrar part that dies is started again (same port and store), and so is a nats-server
+whose JetStream store takes no writes (a full disk) once its disk has room again; what
+happens to the store is printed on stderr as it changes.
 It runs until SIGINT/SIGTERM, then stops the registrar part and the servers in that
 order; a second signal stops at once.
 """
@@ -109,7 +111,10 @@ def up(
     auth_callout: bool,
     supervised: bool,
 ) -> None:
-    """Start NATS with JetStream and a registrar, and run until interrupted."""
+    """Start NATS with JetStream and a registrar, and run until interrupted.
+
+    What dies is started again; so is a nats-server whose store's disk filled, once it
+    has room again (said on stderr)."""
     ctx = click.get_current_context()
     # An explicit --servers or REACH_URL means "use that NATS"; the default means "start one".
     explicit = ctx.params.get("servers") is not None or bool(os.environ.get("REACH_URL"))

@@ -5,7 +5,8 @@
 3. connectivity — does each instance answer a probe now, and how fast?
 4. the agent — did requests arrive, did the handler fail or stall?
 5. dependencies — the agent's readiness report (pools, queues)
-6. the fabric — registrar alive, registry records kept, breaker states, audit events
+6. the fabric — registrar alive, its JetStream store taking writes (a full disk stops
+   them: the registrars say so), registry records kept, breaker states, audit events
    dropped (``audit_dropped`` alerts) or waiting in spools on this machine
 
 Each step gives a verdict (ok / warn / fail / skip) with its evidence; the diagnosis
@@ -38,6 +39,7 @@ from reach.registry.probes import ProbeResult, probe
 from reach.registry.store import RegistryStore
 from reach.settings import resolve_audit_spool
 from reach.transport import Connection
+from reach.transport.storestate import problem_in_ping_answer
 from reach.transport.streamreads import read_stream
 from reach.wire import subjects
 from reach.wire.models import Instance, RegistrarRecord
@@ -73,6 +75,8 @@ class Evidence:
     probes: dict[str, ProbeResult] = field(default_factory=dict)
     registrars: list[RegistrarRecord] = field(default_factory=list)
     registrar_answered: bool = False
+    #: what the registrars say is wrong with the fabric's JetStream store ("" for nothing)
+    store_problem: str = ""
     window_sec: float = 600.0
     #: ``audit_dropped`` alerts in the window: writers that lost events
     audit_drops: list[Alert] = field(default_factory=list)
@@ -156,8 +160,9 @@ async def gather(
     )
     ev.probes = {inst.agent_id: r for inst, r in zip(ev.instances, results, strict=True)}
     try:
-        await conn.request(subjects.REGISTRAR_PING, b"", timeout=probe_timeout)
+        answer = await conn.request(subjects.REGISTRAR_PING, b"", timeout=probe_timeout)
         ev.registrar_answered = True
+        ev.store_problem = problem_in_ping_answer(answer) or ""
     except ReachError:
         ev.registrar_answered = False
     return ev
@@ -206,6 +211,9 @@ def conclude(ev: Evidence) -> Diagnosis:
         _fabric_step(ev, stats, blame),
     ]
     blame += hints
+    if ev.store_problem:
+        # nothing the fabric keeps can be written: first, whatever else went wrong after it
+        blame.insert(0, ("fabric", f"the JetStream store takes no writes: {ev.store_problem}"))
     if blame:
         layer, why = blame[0]
     else:
@@ -459,6 +467,13 @@ def _fabric_step(ev: Evidence, stats: CallStats, blame: list[tuple[Layer, str]])
         verdict = "fail"
         findings.append("no registrar answers and none refreshed its record: health is unkept")
         blame.append(("fabric", "no registrar is running: nothing probes or evicts instances"))
+    if ev.store_problem:
+        verdict = "fail"
+        findings.append(
+            f"JetStream store takes NO WRITES: {ev.store_problem}; registry records, audit"
+            " events and alerts are not stored until space is freed on the disk of the"
+            " server's store (audit events wait in their writers' memory and spools)"
+        )
     # records change on a change only; a running registrar marks and evicts the silent
     kept = "kept" if ev.registrar_answered or live else "UNKEPT (no registrar)"
     for inst in ev.instances:

@@ -5,8 +5,9 @@ fabrics here. A fabric is nats-servers (started here: one, or a JetStream cluste
 N on loopback; or given: ``servers=``) and its registrar part (token issuer, login gates,
 registrar: ``reach.fabric.services``), run in this process, in a child process, or not
 at all. Everything it started is kept running (``reach.fabric.supervisor``: a nats-server or
-registrar part that dies is started again) and stopped in order: the registrar part
-first, then the servers.
+registrar part that dies is started again, and so is a nats-server whose JetStream store
+failed on a full disk, once the disk has room: ``reach.fabric.storewatch``) and stopped
+in order: the registrar part first, then the servers.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from typing import TYPE_CHECKING, Literal
 
 from reach.errors import ConfigurationError, ReachError
 from reach.fabric.embedded import EmbeddedServer, private_dir
+from reach.fabric.storewatch import Checkup, HealthPoll, StoreGuard
 from reach.fabric.supervisor import Child, ServerChild, ServiceProcess, Supervisor
 from reach.registry import Registrar, RegistrarConfig
 from reach.security.credentials import CredentialsFile, CredentialStore
 from reach.security.membership import connect_as
 from reach.tasks import cancel_and_wait
+from reach.transport import Connection, connect
 
 if TYPE_CHECKING:
     # imported when a fabric starts: ``import reach`` stays without the login gate's
@@ -107,6 +110,7 @@ class Fabric:
         self._process: ServiceProcess | None = None
         self._supervisor: Supervisor | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._health: HealthPoll | None = None
         self._ended: asyncio.Future[str] | None = None
         self._created: list[Path] = []
 
@@ -292,9 +296,43 @@ class Fabric:
         except (ReachError, ValueError, KeyError, TypeError) as exc:
             raise ReachError(f"the registrar did not start: {exc}") from exc
 
+    def _store_guards(self) -> list[StoreGuard | None]:
+        """A guard of each node's JetStream store, on a poll of the servers' health
+        through the system account (a fabric with logins only: an open one has no
+        user there); None for each node otherwise."""
+        if not (self.logins and self._supervise and self.nodes):
+            return [None] * len(self.nodes)
+        from reach.security import natsconf
+
+        try:
+            user = natsconf.prepare(self.store, create=False).system_user
+        except OSError as exc:  # the servers were configured from it: not expected
+            log.warning("the servers' stores go unwatched: %s", exc)
+            return [None] * len(self.nodes)
+
+        async def system_connection() -> Connection:
+            return await connect(
+                self.urls,
+                name="reach-up-store-health",
+                user=user.name,
+                password=user.password,
+                connect_timeout=2.0,
+            )
+
+        self._health = HealthPoll(system_connection, expect=len(self.nodes))
+        self._health.start()
+        single = len(self.nodes) == 1
+        return [
+            StoreGuard(self._health, node.store_dir, name=None if single else node.name)
+            for node in self.nodes
+        ]
+
     async def _keep(self) -> None:
         """Supervise what runs until ``stop``; the reason it cannot go on ends ``wait``."""
-        children: list[Child] = [ServerChild(node) for node in self.nodes]
+        guards = self._store_guards()
+        children: list[Child] = [
+            ServerChild(node, guard) for node, guard in zip(self.nodes, guards, strict=True)
+        ]
         if self._process is not None:
             children.append(self._process)
         elif self._services is not None:
@@ -335,6 +373,9 @@ class Fabric:
         if self._watch is not None:
             await cancel_and_wait([self._watch])
             self._watch = None
+        if self._health is not None:
+            await self._health.stop()
+            self._health = None
         if self._services is not None:
             await self._services.stop()
             self._services = None
@@ -376,8 +417,16 @@ class _InProcessPart:
     def exit_note(self) -> str:
         return "a connection to NATS was closed for good"
 
+    def check(self) -> Checkup:
+        return Checkup()  # it ends by itself when it cannot go on (``running``)
+
     async def start(self) -> None:
         await self._fabric._restart_services()
+
+    async def stop(self) -> None:
+        services = self._fabric.services
+        if services is not None:
+            await services.stop()
 
 
 def _registrar_config(

@@ -5,8 +5,11 @@
 starts the token issuer (REACH_CREDENTIALS, REACH_KEYS; the signing key in
 ``<store>/signing.key``) and writes the first credentials (``<store>/admin.creds``,
 ``<store>/dev.creds``), starts a login gate per server (with logins on: each answers
-the logins of its own node), then the registrar. ``Fabric`` runs it here or in a child
-process (``reach up --servers … --supervised``).
+the logins of its own node), then the registrar. With logins it also reads the servers'
+health through the system account, every second, and tells the registrar what it says of
+their JetStream store (``reach.fabric.storewatch``): a full disk is then named in the
+answers to registrar pings, in the alert ``store_full`` and in its own writes' errors.
+``Fabric`` runs it here or in a child process (``reach up --servers … --supervised``).
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from reach.errors import ConfigurationError, Disconnected, ReachError
+from reach.fabric.storewatch import HealthPoll, fabric_store_problem
 from reach.registry import Registrar, RegistrarConfig
 from reach.security import natsconf
 from reach.security.credentials import CredentialStore
 from reach.security.gate import LoginGate
 from reach.security.issuer import TokenService, ensure_first_credentials
 from reach.transport import Connection, connect
+from reach.transport.serverhealth import ServerHealth
 
 __all__ = ["FabricServices", "cluster_ready", "quietly"]
 
@@ -67,6 +72,8 @@ class FabricServices:
         self.issuer: TokenService | None = None
         self.gates: list[LoginGate] = []
         self.registrar: Registrar | None = None
+        #: the servers' health, read for what it says of their JetStream store (logins on)
+        self.health: HealthPoll | None = None
         #: credentials files written by this start (a fabric's first)
         self.created: list[Path] = []
 
@@ -114,6 +121,31 @@ class FabricServices:
         self.intake = await connect_as("reach-up-intake")
         self.registrar = Registrar(self.conn, self.registrar_config, intake=self.intake)
         await self.registrar.start()
+        if setup is not None:
+            system = setup.system_user
+
+            async def system_connection() -> Connection:
+                return await connect(
+                    self.servers,
+                    name="reach-up-store-health",
+                    user=system.name,
+                    password=system.password,
+                    connect_timeout=2.0,
+                )
+
+            self.health = HealthPoll(
+                system_connection, expect=len(self.servers), on_answers=self._store_health
+            )
+            self.health.start()
+
+    def _store_health(self, answers: list[ServerHealth]) -> None:
+        """A round of the servers' health: what it says of their store goes to the
+        registrar and to every connection of ours that writes to JetStream."""
+        problem = fabric_store_problem(answers)
+        if self.issuer_conn is not None:
+            self.issuer_conn.denials.store.known = problem
+        if self.registrar is not None:
+            self.registrar.store_changed(problem)
 
     def _setup(self) -> natsconf.SecureSetup:
         try:
@@ -138,6 +170,9 @@ class FabricServices:
     async def stop(self) -> None:
         """The registrar first (it writes to NATS as it stops), then the gates, the issuer
         and the connection; each within a bound, a failure logged."""
+        if self.health is not None:
+            await quietly(self.health.stop(), "stop reading the servers' health")
+            self.health = None
         if self.registrar is not None:
             await quietly(self.registrar.stop(), "stop the registrar")
         for gate in self.gates:

@@ -6,7 +6,10 @@ registrar), a child process (``ServiceProcess``) or in the fabric's own process.
 that exits unexpectedly is reported once and started again after a short pause; one
 that keeps dying soon after each start waits longer each time (doubling, capped), so a
 crash loop does not spin; one that cannot be started again after several tries in a row
-ends the supervision with the reason. Every child dies with its parent (Linux
+ends the supervision with the reason. A child that runs but cannot recover by itself is
+started again too, when its ``check`` says so: a nats-server whose JetStream store failed
+(a full disk) once the disk has room again (``reach.fabric.storewatch``); what a check
+finds is reported as it changes. Every child dies with its parent (Linux
 ``PR_SET_PDEATHSIG``, see ``reach.fabric.embedded``), so a killed supervisor leaves none behind.
 """
 
@@ -27,9 +30,11 @@ from typing import Protocol
 from reach.clock import Clock, system_clock
 from reach.errors import Disconnected, ReachError
 from reach.fabric.embedded import EmbeddedServer, die_with_parent
+from reach.fabric.storewatch import Checkup, StoreGuard
 from reach.tasks import cancel_and_wait
 
 __all__ = [
+    "Checkup",
     "Child",
     "RestartPolicy",
     "ServerChild",
@@ -59,6 +64,15 @@ class Child(Protocol):
 
     async def start(self) -> None:
         """Start it and return once it serves; ReachError if it cannot."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop it (to start it again)."""
+        ...
+
+    def check(self) -> Checkup:
+        """What changed since the last check, and whether it must be started again
+        although it runs (called every quarter second while it runs: no waiting)."""
         ...
 
 
@@ -114,18 +128,25 @@ class Supervisor:
         quick_deaths = 0
         failed_starts = 0
         while True:
-            while child.running:
+            restart = ""
+            while child.running and not restart:
                 await asyncio.wait({stopped}, timeout=_WATCH_INTERVAL)
                 if stopped.done():
                     return None
+                restart = self._check(child)
             if failed_starts == 0:
                 if self._clock.monotonic() - started_at < policy.stable_sec:
                     quick_deaths += 1
                 else:
                     quick_deaths = 0
-                self._report(
-                    f"{child.label} exited unexpectedly; starting it again ({child.exit_note()})"
-                )
+                if restart:
+                    self._report(f"{child.label}: {restart}")
+                    await child.stop()
+                else:
+                    self._report(
+                        f"{child.label} exited unexpectedly; starting it again"
+                        f" ({child.exit_note()})"
+                    )
             pause = min(policy.max_delay, policy.delay * 2 ** max(0, quick_deaths - 1))
             await asyncio.wait({stopped}, timeout=pause)
             if stopped.done():
@@ -144,12 +165,21 @@ class Supervisor:
             started_at = self._clock.monotonic()
             self.restarts[child.label] = self.restarts.get(child.label, 0) + 1
 
+    def _check(self, child: Child) -> str:
+        """The child's check: what changed is reported; why it must be started again."""
+        checkup = child.check()
+        if checkup.said:
+            self._report(f"{child.label}: {checkup.said}")
+        return checkup.restart
+
 
 class ServerChild:
-    """An embedded nats-server as a supervised child."""
+    """An embedded nats-server as a supervised child; with a ``guard``, also started
+    again when its JetStream store failed and its disk has room again."""
 
-    def __init__(self, server: EmbeddedServer) -> None:
+    def __init__(self, server: EmbeddedServer, guard: StoreGuard | None = None) -> None:
         self.server = server
+        self.guard = guard
 
     @property
     def label(self) -> str:
@@ -167,6 +197,14 @@ class ServerChild:
             await self.server.start()
         except Disconnected as exc:
             raise Disconnected(server_failure(self.server, exc)) from exc
+        if self.guard is not None:
+            self.guard.started()
+
+    async def stop(self) -> None:
+        await self.server.stop()
+
+    def check(self) -> Checkup:
+        return self.guard.check() if self.guard is not None else Checkup()
 
 
 def server_failure(server: EmbeddedServer, exc: Exception) -> str:
@@ -222,6 +260,9 @@ class ServiceProcess:
     def exit_note(self) -> str:
         code = self._proc.returncode if self._proc is not None else None
         return f"exit code {code}" if code is not None else "not started"
+
+    def check(self) -> Checkup:
+        return Checkup()  # a process that runs serves, or exits
 
     async def start(self) -> None:
         if self.running:

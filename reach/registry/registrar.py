@@ -52,7 +52,6 @@ from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
 from reach.wire import envelope, subjects
 from reach.wire.codec import Limits
-from reach.wire.modelcodec import encode_model
 from reach.wire.models import Instance, RegistrarRecord
 
 __all__ = ["Registrar", "RegistrarConfig"]
@@ -61,6 +60,8 @@ log = logging.getLogger("reach.registrar")
 
 #: how long start() waits for the registry watch to deliver every record
 _SYNC_TIMEOUT_SEC = 30.0
+#: the longest store problem said (``RegistrarRecord.store_problem``)
+_PROBLEM_MAX = 4096
 
 
 class Registrar:
@@ -125,6 +126,9 @@ class Registrar:
         self._stopping = False
         self._audit: AuditWriter | None = None
         self._alerts: AlertWatcher | None = None
+        #: what the fabric's servers report wrong with its JetStream store ("" for
+        #: nothing), as whoever reads their health tells it (``store_changed``)
+        self.store_problem = ""
 
     @property
     def registrar_id(self) -> str:
@@ -265,18 +269,43 @@ class Registrar:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # -- the fabric's JetStream store ---------------------------------------------------
+
+    def store_changed(self, problem: str) -> None:
+        """The fabric's JetStream store takes no writes now (``problem``: what its servers
+        report, a full disk above all), or takes them again (""). Said in the answer to a
+        registrar ping (where clients whose writes go unanswered, and ``reach doctor``,
+        read it), raised as the alert ``store_full``, and known to this registrar's own
+        writes, whose errors name it."""
+        problem = problem[:_PROBLEM_MAX]
+        for conn in (self._conn, self._intake):
+            conn.denials.store.known = problem
+        began, ended = problem and not self.store_problem, self.store_problem and not problem
+        self.store_problem = problem  # its words change as more streams meet the full disk
+        if began:
+            log.error(
+                "the JetStream store takes no writes: %s; registry, audit and alert writes"
+                " fail until space is freed",
+                problem,
+            )
+        elif ended:
+            log.warning("the JetStream store takes writes again")
+        if (began or ended) and self._alerts is not None:
+            self._alerts.store_changed(problem)
+
     # -- this registrar's own record ---------------------------------------------------
 
-    def _own_record(self) -> RegistrarRecord:
+    def _own_record(self, store_problem: str = "") -> RegistrarRecord:
         return RegistrarRecord(
             registrar_id=self.registrar_id,
             started_at=self._policy.started_at,
             seen_at=self._clock.time(),
             interval_sec=self.config.liveness_interval_sec,
+            store_problem=store_problem,
         )
 
     async def _on_ping(self, msg: Message) -> None:
-        record = encode_model(self._own_record())
+        record = self._own_record(self.store_problem).encode()
         await self._conn.respond(msg, envelope.pack_ok(record, self.registrar_id))
 
     async def _refresh_liveness(self) -> None:

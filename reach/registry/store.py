@@ -227,10 +227,7 @@ class RegistryStore:
         return {key.split(".", 2)[1] for key in keys if key.count(".") >= 2}
 
     async def put_registrar(self, record: RegistrarRecord) -> None:
-        await self.bucket.put(
-            subjects.registrar_key(record.registrar_id),
-            codec.encode(record.model_dump(mode="json"), checked=False),
-        )
+        await self.bucket.put(subjects.registrar_key(record.registrar_id), record.encode())
 
     async def delete_registrar(self, registrar_id: str) -> None:
         await self.bucket.delete(subjects.registrar_key(registrar_id))

@@ -7,10 +7,13 @@ translated into the Agent-Reach tree here (``denials.translate_error``), at this
   subscribe, request/reply, flush, KV buckets and streams), and ``connect``;
 - ``kv``: JetStream KV buckets with compare-and-set; ``kvfollow`` follows a public
   bucket without a JetStream consumer;
-- ``streams``: JetStream streams, idempotent publishing and ordered reads;
-  ``streamreads``: an operator's read of a stream, started again after a transient
-  failure within its deadline;
+- ``jetstream``: JetStream streams, idempotent publishing and ordered reads, a size cap
+  fitted to the server's storage limit; ``streamreads``: an operator's read of a stream,
+  started again after a transient failure within its deadline;
 - ``denials``: nats-py's errors in Agent-Reach terms, and the server's permission refusals;
+  ``storestate``: a JetStream write that went unanswered, named ``StoreFull`` when the
+  fabric's store takes no writes; ``serverhealth``: the servers' own health (system
+  account), and what it says of their store;
 - ``link``: nats-py's client, made to keep a connection through refused logins;
   ``linkstate``: the state of a connection (up, or down since when and why);
 - ``natsio`` and ``mux``: the call path's socket plumbing (direct writes, inline

@@ -22,7 +22,7 @@ from nats.aio.client import Client as _NatsClient
 from nats.aio.msg import Msg as _NatsMsg
 from nats.aio.subscription import Subscription as _NatsSubscription
 
-from reach.errors import PermissionDenied, ReachTimeout
+from reach.errors import PermissionDenied, ReachError, ReachTimeout
 from reach.settings import resolve_reconnect_for
 from reach.transport.denials import Denials, is_permission_error, refusal_of, translate_error
 from reach.transport.internals import resolve as resolve_internals
@@ -32,6 +32,7 @@ from reach.transport.link import Link, PublicClient, open_client
 from reach.transport.mux import ReplyBatch, ReplyMux, batch_bytes
 from reach.transport.natsio import Writer, barrier, subscribe_inline
 from reach.transport.replies import ReplyInbox
+from reach.transport.storestate import ASK_TIMEOUT, problem_in_ping_answer
 from reach.wire import subjects
 
 __all__ = [
@@ -105,8 +106,10 @@ class Connection:
         #: logged it in as (a client id, the registrar's service user), on an open fabric
         #: ``subjects.ANONYMOUS``; the server's permissions hold each client to its own
         self.writer = subjects.writer_token(user)
-        #: refusals the server reported on this connection (see ``Denials``)
+        #: refusals the server reported on this connection (see ``Denials``), and what
+        #: it knows of the fabric's JetStream store (asked of the registrars)
         self.denials = denials or Denials()
+        self.denials.store.set_ask(self._ask_store)
         self._js = nc.jetstream()
         self._writer = Writer(nc, self.uses_internals)
         self._mux = ReplyMux(nc, self._writer, inbox_prefix)
@@ -193,6 +196,15 @@ class Connection:
             raise
         except Exception as exc:
             raise self.denials.explain(exc, subject, started, subject) from exc
+
+    async def _ask_store(self) -> str | None:
+        """What the registrars say is wrong with the fabric's JetStream store ("" for
+        nothing); None when none answered."""
+        try:
+            data = await self.request(subjects.REGISTRAR_PING, b"", timeout=ASK_TIMEOUT)
+        except ReachError:
+            return None
+        return problem_in_ping_answer(data)
 
     async def publish(self, subject: str, data: bytes, reply: str = "") -> None:
         try:
@@ -310,12 +322,15 @@ class Connection:
         max_bytes: int = -1,
         replicas: int = 1,
         duplicate_window: float = 120.0,
+        min_bytes: int = 0,
     ) -> Stream:
         """A JetStream stream; with ``create``, made (or its limits updated) if needed.
 
         Streams made here are file-backed and deny delete and purge: what they hold is
         a record, and nobody edits a record. ``check=False`` skips asking the server
-        whether it exists (a publisher without JetStream API permissions).
+        whether it exists (a publisher without JetStream API permissions). A new
+        stream's size cap ``max_bytes`` is halved down to ``min_bytes`` where the store
+        has no room for it (``reach.transport.jetstream``); an existing one keeps its cap.
         """
         return await open_stream(
             self._js,
@@ -329,6 +344,7 @@ class Connection:
             replicas=replicas,
             duplicate_window=duplicate_window,
             reconnects=lambda: self.reconnects,
+            min_bytes=min_bytes,
         )
 
     async def close(self) -> None:

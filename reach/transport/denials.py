@@ -3,7 +3,9 @@
 ``translate_error`` is the one place a nats-py exception becomes an Agent-Reach error.
 ``Denials`` remembers the permission refusals a server reported on a connection: the
 server drops a message it refuses and says so only in an asynchronous ``-ERR``, so an
-operation whose message was refused would otherwise end as a plain timeout.
+operation whose message was refused would otherwise end as a plain timeout. A write to
+JetStream that went unanswered is explained the same way by what the connection knows
+of the fabric's store (``reach.transport.storestate``): a full disk, not a timeout.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import nats.errors
+import nats.js.errors
 
 from reach.errors import (
     ConfigurationError,
@@ -26,6 +29,7 @@ from reach.errors import (
     TransportError,
 )
 from reach.transport.link import Link
+from reach.transport.storestate import StoreState, store_full
 
 __all__ = [
     "Denials",
@@ -36,6 +40,10 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+#: JetStream's API errors that say its store has no room: the server's storage limit
+#: (``insufficient storage resources available``, ``insufficient resources``)
+_NO_ROOM = (10047, 10023)
 
 
 def translate_error(exc: BaseException, what: str) -> ReachError:
@@ -60,6 +68,9 @@ def translate_error(exc: BaseException, what: str) -> ReachError:
         return ConfigurationError(f"message for {what} exceeds the server's max_payload")
     if isinstance(exc, nats.errors.BadSubjectError):
         return ConfigurationError(f"invalid subject {what!r}")
+    if isinstance(exc, nats.js.errors.APIError) and exc.err_code in _NO_ROOM:
+        # nats-server grants its streams 75 % of the disk space free at its start
+        return store_full(what, f"no room within the server's storage limit: {exc.description}")
     return TransportError(f"{what}: {type(exc).__name__}: {exc}")
 
 
@@ -69,7 +80,7 @@ class Denials:
     error, so a request to it would otherwise end as a plain timeout. ``guard`` ends an
     operation as soon as the refusal arrives instead."""
 
-    __slots__ = ("_link", "_seen", "_waiting")
+    __slots__ = ("_link", "_seen", "_waiting", "store")
 
     def __init__(self, link: Link | None = None) -> None:
         #: the connection's state: an operation that failed while it was down says why
@@ -77,6 +88,8 @@ class Denials:
         self._seen: deque[tuple[float, str]] = deque(maxlen=32)
         #: operations in ``guard``: what to call on a refusal, and which refusals end it
         self._waiting: dict[Callable[[str], None], Callable[[str], bool]] = {}
+        #: what the connection knows of the fabric's JetStream store
+        self.store = StoreState()
 
     def add(self, error: str) -> None:
         error = error.removeprefix("nats: ")
@@ -109,6 +122,15 @@ class Denials:
         if isinstance(err, ReachTimeout | Disconnected) and self._link and self._link.down:
             return Disconnected(f"{what}: {self._link.describe()}")
         return err
+
+    async def explain_write(
+        self, exc: BaseException, what: str, started: float, subject: str | None = None
+    ) -> ReachError:
+        """``explain`` for a write to JetStream: one that went unanswered, or that no
+        stream heard, while the fabric's store takes no writes is a ``StoreFull`` naming
+        why (a full disk), not a timeout."""
+        err = self.explain(exc, what, started, subject)
+        return await self.store.explain(err, what)
 
     async def guard(
         self, operation: Awaitable[_T], what: str, refuses: Callable[[str], bool]

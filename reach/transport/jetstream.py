@@ -1,10 +1,22 @@
-"""JetStream streams: idempotent publishing (message ids, acks) and ordered reads."""
+"""JetStream streams: idempotent publishing (message ids, acks) and ordered reads.
+
+A stream with a size cap is made to fit its store: nats-server reserves the cap of each
+stream within its storage limit, which it sets at its start to 75 % of the disk space
+then free where its store is, and refuses a stream (or any change to one) once the
+reservations pass it. So a cap is reserved only where as much again stays free (a
+restart of the server on a fuller disk still finds room), halved until it fits, down to
+a floor; an existing stream keeps the cap it was made with, and is updated only when
+what it was asked for changed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
+import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,10 +26,15 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import ConsumerConfig, DeliverPolicy, DiscardPolicy, StorageType, StreamConfig
 
-from reach.errors import ConfigurationError, NoResponders, PermissionDenied
+from reach.errors import ConfigurationError, NoResponders, PermissionDenied, StoreFull
 from reach.transport.denials import Denials, api_refusal_of
 
 __all__ = ["Stream", "StreamMessage", "open_stream"]
+
+log = logging.getLogger("reach.transport")
+
+#: the share of the disk space free at its start that nats-server grants its streams
+SERVER_STORE_SHARE = 0.75
 
 #: reading a stream's history: wait for stragglers when none are pending, or for the next
 _HISTORY_QUIET = 0.3
@@ -76,9 +93,14 @@ class Stream:
                 headers={**(headers or {}), "Nats-Msg-Id": msg_id},
             )
         except nats.js.errors.NoStreamResponseError as exc:
-            raise NoResponders(f"no stream answers on {subject} ({self.name})") from exc
+            raise await self._denials.store.explain(
+                NoResponders(f"no stream answers on {subject} ({self.name})"),
+                f"publish to {self.name}",
+            ) from exc
         except Exception as exc:
-            raise self._denials.explain(exc, f"publish to {self.name}", started, subject) from exc
+            raise await self._denials.explain_write(
+                exc, f"publish to {self.name}", started, subject
+            ) from exc
         return int(ack.seq)
 
     async def read(
@@ -333,9 +355,12 @@ async def open_stream(
     replicas: int,
     duplicate_window: float,
     reconnects: Callable[[], int] = lambda: 0,
+    min_bytes: int = 0,
 ) -> Stream:
     """The stream ``name`` (see ``Connection.stream``), made or updated with ``create``,
-    asked whether it exists with ``check``."""
+    asked whether it exists with ``check``. ``min_bytes``: a new stream's size cap may
+    be halved from ``max_bytes`` down to this to fit the store (0: ``max_bytes`` or
+    nothing)."""
     if create:
         config = StreamConfig(
             name=name,
@@ -349,29 +374,98 @@ async def open_stream(
             deny_delete=True,
             deny_purge=True,
         )
-        await _create_or_update(js, denials, config)
+        await _create_or_update(js, denials, config, min_bytes)
     elif check:
         await _exists(js, denials, name)
     return Stream(name, js, denials, reconnects)
 
 
-async def _create_or_update(js: Any, denials: Denials, config: StreamConfig) -> None:
+async def _create_or_update(
+    js: Any, denials: Denials, config: StreamConfig, min_bytes: int
+) -> None:
     name = config.name
     started = time.monotonic()
     try:
-        await js.stream_info(name)
+        info = await js.stream_info(name)
     except nats.js.errors.NotFoundError:
+        await _create(js, denials, config, min_bytes)
+        return
+    except Exception as exc:
+        raise denials.explain(exc, f"open stream {name}", started) from exc
+    # the cap it was made with stays: it was fitted to the store then
+    wanted = dataclasses.replace(config, max_bytes=info.config.max_bytes)
+    if _same(info.config, wanted):
+        return
+    try:
+        await js.update_stream(wanted)
+    except Exception as exc:
+        raise denials.explain(exc, f"update stream {name}", started) from exc
+
+
+def _same(have: StreamConfig, want: StreamConfig) -> bool:
+    """Whether a stream configured as ``have`` is already what ``want`` asks for."""
+    return (
+        sorted(have.subjects or ()) == sorted(want.subjects or ())
+        and math.isclose(have.max_age or 0.0, want.max_age or 0.0, abs_tol=1e-3)
+        and (have.max_bytes or -1) == (want.max_bytes or -1)
+        and (have.num_replicas or 1) == (want.num_replicas or 1)
+        and math.isclose(have.duplicate_window or 0.0, want.duplicate_window or 0.0, abs_tol=1e-3)
+        and have.discard == want.discard
+        and have.storage == want.storage
+        and have.deny_delete == want.deny_delete
+        and have.deny_purge == want.deny_purge
+    )
+
+
+async def _create(js: Any, denials: Denials, config: StreamConfig, min_bytes: int) -> None:
+    """Make the stream; a size cap the store has no room for is halved down to
+    ``min_bytes`` (reserved where twice it fits, then narrowed), else StoreFull."""
+    name = config.name
+    want = config.max_bytes or -1
+    started = time.monotonic()
+    if want <= 0 or min_bytes <= 0:
         try:
             await js.add_stream(config)
         except Exception as exc:
             raise denials.explain(exc, f"create stream {name}", started) from exc
-    except Exception as exc:
-        raise denials.explain(exc, f"open stream {name}", started) from exc
-    else:
+        return
+    size, min_bytes = want, min(min_bytes, want)
+    while size >= min_bytes:
         try:
-            await js.update_stream(config)
+            await js.add_stream(dataclasses.replace(config, max_bytes=2 * size))
         except Exception as exc:
-            raise denials.explain(exc, f"update stream {name}", started) from exc
+            err = denials.explain(exc, f"create stream {name}", started)
+            if not isinstance(err, StoreFull):
+                raise err from exc
+            size //= 2
+            continue
+        try:
+            await js.update_stream(dataclasses.replace(config, max_bytes=size))
+        except Exception as exc:
+            raise denials.explain(exc, f"create stream {name}", started) from exc
+        if size < want:
+            log.warning(
+                "stream %s: the store has no room for a size cap of %s with as much again"
+                " free; its cap is %s",
+                name,
+                _mib(want),
+                _mib(size),
+            )
+        return
+    need = math.ceil(2 * min_bytes / SERVER_STORE_SHARE)
+    problem = f"no room for stream {name}"
+    raise StoreFull(
+        f"create stream {name}: the JetStream store has no room for it: its size cap"
+        f" needs at least {_mib(min_bytes)} with as much again free within the server's"
+        f" storage limit, which is {SERVER_STORE_SHARE:.0%} of the disk space free where"
+        f" the server keeps its store, counted at its start: free at least {_mib(need)}"
+        " there (beside what the store holds) and start the server again",
+        problem=problem,
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
 
 
 async def _exists(js: Any, denials: Denials, name: str) -> None:

@@ -133,7 +133,7 @@ class KVBucket:
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} already exists") from exc
-            raise self._denials.explain(
+            raise await self._denials.explain_write(
                 exc, started=started, what=f"KV create {self.name}/{key}"
             ) from exc
 
@@ -145,7 +145,7 @@ class KVBucket:
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
-            raise self._denials.explain(
+            raise await self._denials.explain_write(
                 exc, started=started, what=f"KV update {self.name}/{key}"
             ) from exc
 
@@ -154,7 +154,7 @@ class KVBucket:
         try:
             return int(await self._kv.put(key, value))
         except Exception as exc:
-            raise self._denials.explain(
+            raise await self._denials.explain_write(
                 exc, started=started, what=f"KV put {self.name}/{key}"
             ) from exc
 
@@ -166,7 +166,7 @@ class KVBucket:
         except Exception as exc:
             if _is_conflict(exc):
                 raise KVConflict(f"{self.name}/{key} changed since revision {last}") from exc
-            raise self._denials.explain(
+            raise await self._denials.explain_write(
                 exc, started=started, what=f"KV delete {self.name}/{key}"
             ) from exc
 

@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from reach.errors import ConfigurationError
-from reach.wire import subjects
+from reach.wire import codec, subjects
 from reach.wire.schemacheck import checked_json_schema
 
 __all__ = [
@@ -509,6 +509,22 @@ class RegistrarRecord(_Model):
     started_at: float
     seen_at: float
     interval_sec: float
+    store_problem: str = Field(
+        "",
+        max_length=4096,
+        description=(
+            "what the fabric's servers report wrong with its JetStream store (its disk"
+            " full, JetStream disabled after a store error), said in the answer to a"
+            " registrar ping; left out when nothing is (and from the record in the bucket)"
+        ),
+    )
+
+    def encode(self) -> bytes:
+        """Its msgpack form, ``store_problem`` left out when empty (a reader of a release
+        before it refuses fields it does not know)."""
+        value = self.model_dump(mode="json", exclude_defaults=True)
+        data: bytes = codec.encode(value, checked=False)
+        return data
 
 
 def parse_manifest(data: Any, *, source: str = "manifest") -> Manifest:
