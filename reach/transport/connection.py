@@ -384,18 +384,12 @@ class _Events:
         return False
 
     async def reconnected(self) -> None:
-        conn = self.conn
-        if conn is not None:
-            conn._reconnected()
-            log.info("%s: connected to NATS again (%s)", self.name, conn.connected_url)
+        if self.conn is not None:
+            self.conn._reconnected()
         if self._on_reconnect is not None:
             await self._on_reconnect()
 
     async def disconnected(self) -> None:
-        conn = self.conn
-        if conn is not None and not conn.is_closed:
-            # (a connection being closed says so too: nothing to tell then)
-            log.warning("%s: lost its connection to NATS; reconnecting", self.name)
         if self._on_disconnect is not None:
             await self._on_disconnect()
 

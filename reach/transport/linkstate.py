@@ -80,7 +80,7 @@ class Link:
             return
         self.down_since = time.monotonic()
         self.refused = self.unanswered = None
-        log.info("%s: disconnected from NATS at %s; reconnecting", self.name, self.where)
+        log.warning("%s: disconnected from NATS at %s; reconnecting", self.name, self.where)
         if self.give_up_after is not None:
             loop = asyncio.get_running_loop()
             self._give_up = loop.call_later(self.give_up_after, self._expire)
