@@ -154,7 +154,7 @@ class CredentialsFactory:
         capabilities: Iterable[str] = (),
         roles: Iterable[str] = (),
     ) -> Path:
-        served = tuple([capabilities] if isinstance(capabilities, str) else capabilities)
+        served = _names(capabilities)
         if served and agent_id is None:
             raise ConfigurationError(
                 f"credentials {client_id!r}: capabilities name what an agent serves:"
@@ -166,7 +166,7 @@ class CredentialsFactory:
                 " needs the capabilities it serves"
             )
         return await self.fabric.add_client(
-            client_id, level, agent_id=agent_id, capabilities=served, roles=tuple(roles)
+            client_id, level, agent_id=agent_id, capabilities=served, roles=_names(roles)
         )
 
 
@@ -265,6 +265,7 @@ class ClientFactory:
     ) -> ReachClient:
         from reach.caller.client import ReachClient
 
+        roles = _names(roles)
         made = level is not None or bool(roles) or client_id is not None
         if credentials is not None and made:
             raise ConfigurationError(
@@ -294,6 +295,11 @@ class ClientFactory:
     async def close(self) -> None:
         """Close every client connected, the last first (each also when another fails)."""
         await self._stack.aclose()
+
+
+def _names(names: Iterable[str]) -> tuple[str, ...]:
+    """Names given as one string or as several."""
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def _register(agent: Agent, handler: Handler | Mapping[str, Handler]) -> None:

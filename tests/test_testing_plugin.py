@@ -144,7 +144,7 @@ async def test_only_a_client_with_the_jobs_role_submits_jobs(
     reach_secure_fabric: Fabric, reach_agent: AgentFactory, reach_client: ClientFactory
 ) -> None:
     await reach_agent(manifest("export-1", "bulk_export", mode="async"), orders)
-    reader = await reach_client(roles=["jobs"])
+    reader = await reach_client(roles="jobs")
     job = await reader.submit("bulk_export", {"user": 3})
     assert await job.result(timeout=10) == {"user": 3, "orders": []}
     other = await reach_client()
