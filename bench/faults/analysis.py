@@ -97,13 +97,18 @@ def check_calls(
     idempotent: bool,
     grace: float,
     handler_fails: bool = False,
+    stalled_for: float | None = None,
 ) -> tuple[Check, list[Call]]:
     """Failed calls: none for an idempotent capability; otherwise only those in flight
     on the instance that died; with ``handler_fails`` (its handler raised on every call)
-    only those it answered with its handler's failure. Returns the check and the failed
-    calls not allowed."""
+    only those it answered with its handler's failure; with ``stalled_for`` (the server
+    under the caller stalled) only calls started before that many seconds after the
+    stall began. Returns the check and the failed calls not allowed."""
     failed = [c for c in calls if not c.ok]
-    if handler_fails and fault.victim is not None:
+    if stalled_for is not None:
+        wrong = [c for c in failed if c.start >= fault.at + stalled_for]
+        rule = f"0 failed among the calls started {stalled_for:g}s after the stall began or later"
+    elif handler_fails and fault.victim is not None:
         victim = fault.victim
         wrong = [c for c in failed if not handler_failed_at(c, victim)]
         rule = f"only calls whose handler failed at {victim} may fail"

@@ -64,6 +64,12 @@ class Timing:
     #: attempts sent to a killed instance this soon after the kill count as in flight
     #: (the server sees the process gone only once the kernel closed its socket)
     in_flight_grace_sec: float = 0.25
+    #: how long the node under the caller (SIGSTOP) and the registrar part stall
+    node_stall_sec: float = 15.0
+    registrar_stall_sec: float = 15.0
+    #: with the node under the caller stalled, calls started this long after the stall
+    #: began succeed (the connection gave the node up and went to another)
+    stall_recover_sec: float = 3.0
     #: how long an instance raises on every call, or crawls at 5 × its SLA, while its
     #: probes pass
     misbehave_sec: float = 8.0
@@ -77,9 +83,25 @@ class Timing:
 
 
 BENCH = Timing()
-QUICK = Timing(rate=50.0, pre_sec=2.0, post_sec=3.0, gate_down_sec=4.0, long_pause_sec=3.0)
+QUICK = Timing(
+    rate=50.0,
+    pre_sec=2.0,
+    post_sec=3.0,
+    gate_down_sec=4.0,
+    long_pause_sec=3.0,
+    node_stall_sec=5.0,
+    registrar_stall_sec=5.0,
+)
 #: the tests': a few seconds of load each, the targets of the issue unchanged
-TESTS = Timing(rate=40.0, pre_sec=2.0, post_sec=5.0, gate_down_sec=6.0, established_sec=8.0)
+TESTS = Timing(
+    rate=40.0,
+    pre_sec=2.0,
+    post_sec=5.0,
+    gate_down_sec=6.0,
+    established_sec=8.0,
+    node_stall_sec=8.0,
+    registrar_stall_sec=8.0,
+)
 
 
 @dataclass

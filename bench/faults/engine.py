@@ -169,6 +169,7 @@ def _verdict(
         idempotent=scenario.idempotent,
         grace=timing.in_flight_grace_sec,
         handler_fails=scenario.handler_fails,
+        stalled_for=scenario.stalled_for(timing) if scenario.stalled_for else None,
     )
     audit_check, kept = audit_match(calls, event_ids)
     rotation_check, back = back_in_rotation(calls, bed.instances, fault, timing.tail_sec)

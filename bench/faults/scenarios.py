@@ -64,6 +64,9 @@ class Scenario:
     call_timeout: Callable[[Timing], float] | None = None
     #: the victim's handler raises: calls it answered so may fail
     handler_fails: bool = False
+    #: the server under the caller stalls: calls started within this of the stall's
+    #: start may fail, none after
+    stalled_for: Callable[[Timing], float] | None = None
 
 
 async def _until(check: Callable[[], bool], timeout: float) -> float | None:
@@ -123,6 +126,80 @@ def _misbehave(sig: signal.Signals) -> FaultFn:
         return Fault(at, time.monotonic(), victim)
 
     return misbehave
+
+
+async def _stall_caller_node(bed: Bed) -> Fault:
+    """SIGSTOP of the nats-server the caller is connected to: a stalled process keeps its
+    sockets open, so only the connection's own pings tell it from a quiet one."""
+    fabric = bed.fabric
+    port = int(bed.caller_url.rsplit(":", 1)[-1]) if bed.caller_url else None
+    pid = fabric.nats_pids().get(port) if port is not None else None
+    if port is None or pid is None:
+        raise FaultNotInjected(f"no running nats-server under the caller ({bed.caller_url!r})")
+    at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(bed.timing.node_stall_sec)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return Fault(at, time.monotonic(), None, {"stalled_port": port})
+
+
+async def _stall_registrar(bed: Bed) -> Fault:
+    """SIGSTOP of ``reach up``'s registrar part while calls flow; once it resumes, the
+    registry must show no instance turned unhealthy nor evicted since the stall began."""
+    fabric = bed.fabric
+    pid = fabric.registrar_pid()
+    if pid is None:
+        raise FaultNotInjected("no registrar part (no <store>/registrar.pid)")
+    wall = time.time()
+    at = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(bed.timing.registrar_stall_sec)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    end = time.monotonic()
+    # what the registrar decides in the heartbeats after it resumed counts too
+    await asyncio.sleep(3 * bed.timing.health_interval_sec)
+    verdicts = await _health_since(bed, wall)
+    bed.checks.append(
+        Check(
+            "no instance marked unhealthy or evicted after the stall",
+            all(v == "kept healthy" for v in verdicts.values()),
+            ", ".join(f"{agent}: {v}" for agent, v in verdicts.items()),
+        )
+    )
+    return Fault(at, end, None)
+
+
+async def _health_since(bed: Bed, wall: float) -> dict[str, str]:
+    """Each instance's record since ``wall`` (Unix time): "kept healthy", or what
+    happened to it."""
+    from reach.registry.store import RegistryStore
+    from reach.security.membership import connect_as
+
+    conn, _ = await connect_as(
+        bed.fabric.urls, name="faults-registry", credentials=bed.fabric.admin_creds
+    )
+    try:
+        store = await RegistryStore.open(conn, create=False)
+        verdicts: dict[str, str] = {}
+        for agent_id in bed.instances:
+            found = await store.get(agent_id)
+            if found is None:
+                verdicts[agent_id] = "evicted"
+                continue
+            record, _ = found
+            turns = [t for t in record.transitions if t.at >= wall and t.status != "healthy"]
+            verdicts[agent_id] = (
+                "kept healthy"
+                if not turns and record.status == "healthy"
+                else f"{record.status}; " + "; ".join(f"{t.status} ({t.reason})" for t in turns)
+            )
+        return verdicts
+    finally:
+        await conn.close()
 
 
 def _set_aside(limit: Callable[[Timing], float]) -> ExtraChecks:
@@ -429,6 +506,19 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "kill-registrar", "SIGKILL of reach up's registrar part", "single", _kill_registrar
+        ),
+        Scenario(
+            "stall-caller-node",
+            "`--cluster 3`, SIGSTOP of the node under the caller",
+            "cluster",
+            _stall_caller_node,
+            stalled_for=lambda t: t.stall_recover_sec,
+        ),
+        Scenario(
+            "stall-registrar",
+            "SIGSTOP of reach up's registrar part",
+            "single",
+            _stall_registrar,
         ),
         Scenario(
             "crash-instance",

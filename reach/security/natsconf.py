@@ -296,6 +296,15 @@ def route_user(store_dir: str | os.PathLike[str]) -> ServiceUser:
     return ServiceUser(ROUTE_USER, password, SYSTEM_ACCOUNT)
 
 
+#: how often a node pings the other nodes over its routes, and the pings unanswered after
+#: which it gives a route up. A stalled node (SIGSTOP, a hung host) keeps its sockets
+#: open: until its routes are given up, the others keep routing to the subscriptions its
+#: clients had, a login gate's queue subscription included, though those clients have
+#: long moved to another node. nats-server's default notices after minutes.
+ROUTE_PING_INTERVAL = "500ms"
+ROUTE_PING_MAX = 2
+
+
 def cluster_settings(peers: ClusterPeers) -> dict[str, object]:
     """The ``cluster`` block of one node's config."""
     user = f"{ROUTE_USER}:{peers.password}@"
@@ -304,6 +313,8 @@ def cluster_settings(peers: ClusterPeers) -> dict[str, object]:
         "listen": peers.listen,
         "authorization": {"user": ROUTE_USER, "password": peers.password},
         "routes": [f"nats-route://{user}{route}" for route in peers.routes],
+        "ping_interval": ROUTE_PING_INTERVAL,
+        "ping_max": ROUTE_PING_MAX,
     }
 
 

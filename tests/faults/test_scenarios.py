@@ -127,3 +127,19 @@ async def test_an_instance_crawling_at_5x_its_sla_is_set_aside_within_5s(
     """Its probes pass; its attempts time out and are retried elsewhere (no call fails),
     and from 5 s on it gets below 0.5 % of the attempts."""
     await _scenario("crawl-instance", single_node, tmp_path)
+
+
+async def test_a_stalled_node_under_the_caller_costs_its_calls_seconds_not_the_stall(
+    cluster3: Fabric, tmp_path: Path
+) -> None:
+    """``reach up --cluster 3``: the node the caller is connected to is SIGSTOPped (it
+    keeps its sockets open); calls started 3 s after the stall began or later succeed."""
+    await _scenario("stall-caller-node", cluster3, tmp_path)
+
+
+async def test_a_stalled_registrar_marks_nobody_unhealthy_when_it_resumes(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """``reach up``'s registrar part is SIGSTOPped while calls flow: no call fails, and
+    once it resumes no instance is marked unhealthy or evicted on stale evidence."""
+    await _scenario("stall-registrar", single_node, tmp_path)
