@@ -137,10 +137,10 @@ pytest-pure: $(STAMP)
 # kits, the MCP and A2A gateways, the console in a browser) and the pure-Python build's
 # call-path tests, in parallel; then alone, since they measure or fault the machine's
 # processes on a schedule, the fault scenarios (tests/faults and the registrar
-# handover, marker faults_long) and the benchmarks' end-to-end smoke runs (marker
-# bench_smoke).
+# handover, marker faults_long); then the benchmarks' end-to-end smoke runs (marker
+# bench_smoke), as many at once as there are cores: they assert no timing.
 test-long: pytest-long pytest-pure test-faults
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m bench_smoke
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -n $(JOBS) -m bench_smoke
 
 pytest-long: $(NATIVE) node-deps browser
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q $(PARALLEL) -m "long and not serial"

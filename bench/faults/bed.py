@@ -99,8 +99,9 @@ TESTS = Timing(
     post_sec=5.0,
     gate_down_sec=6.0,
     established_sec=8.0,
-    node_stall_sec=8.0,
-    registrar_stall_sec=8.0,
+    node_stall_sec=5.0,
+    registrar_stall_sec=5.0,
+    misbehave_sec=6.0,
 )
 
 
