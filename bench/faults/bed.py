@@ -113,6 +113,8 @@ class Bed:
     capability: str
     idempotent: bool
     logs: Path
+    #: each instance's max_concurrency (None: 64, the manifest's default)
+    max_concurrency: int | None = None
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     agents: dict[str, Child] = field(default_factory=dict)
     #: the server the caller is connected to (from its READY line)
@@ -152,6 +154,7 @@ class Bed:
                 probe_timeout_sec=self.timing.probe_timeout_sec,
                 failures_before_unhealthy=self.timing.failures_before_unhealthy,
                 idempotent=self.idempotent,
+                max_concurrency=self.max_concurrency or 64,
             )
         await asyncio.gather(*(self.start_agent(a) for a in self.manifests))
 

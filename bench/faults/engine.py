@@ -238,6 +238,7 @@ async def run_scenario(
         timing=timing,
         capability=f"faults_{name.replace('-', '_')}_{secrets.token_hex(3)}",
         idempotent=scenario.idempotent,
+        max_concurrency=scenario.max_concurrency,
         logs=logs,
     )
     try:

@@ -64,6 +64,8 @@ class Scenario:
     call_timeout: Callable[[Timing], float] | None = None
     #: the victim's handler raises: calls it answered so may fail
     handler_fails: bool = False
+    #: each instance's max_concurrency (None: the manifest's default, 64)
+    max_concurrency: int | None = None
     #: the server under the caller stalls: calls started within this of the stall's
     #: start may fail, none after
     stalled_for: Callable[[Timing], float] | None = None
@@ -479,6 +481,16 @@ SCENARIOS: dict[str, Scenario] = {
             "single",
             _kill_server,
             extra=_no_breaker_opened,
+        ),
+        Scenario(
+            "kill-server-herd",
+            "single node: SIGKILL nats-server, instances of max_concurrency 2",
+            "single",
+            _kill_server,
+            # the calls held while the server is away come back at once, many times what
+            # three instances admit
+            max_concurrency=2,
+            rate_at_least=200.0,
         ),
         Scenario(
             "pause-short",
