@@ -139,3 +139,17 @@ def test_validate_checks_a_manifest_without_nats_or_the_security_stack(tmp_path:
     for package in ("reach.transport", "reach.security.", "reach.caller", "reach.agent"):
         assert not [n for n in loaded if n.startswith(package) and n not in LIGHT], package
 
+
+def test_the_wire_models_load_json_schema_for_the_first_schema_checked() -> None:
+    # a manifest without schemas, a registry record of one, an alert: nothing to check
+    code = (
+        "import sys\n"
+        "from reach.wire.models import parse_manifest\n"
+        "data = {'agent_id': 'a-1', 'agent_name': 'a', 'version': '1.0.0',\n"
+        "        'capabilities': [{'name': 'x'}]}\n"
+        "parse_manifest(data)\n"
+        "assert 'jsonschema' not in sys.modules\n"
+        "data['capabilities'][0]['input_schema'] = {'type': 'object'}\n"
+        "parse_manifest(data)\n"
+    )
+    assert "jsonschema" in _loaded_after(code)
