@@ -99,10 +99,15 @@ class Stream:
             if new_only and not follow:
                 return
             # history only: stop at the last matching message (num_pending 0); if the
-            # server counts none pending, only messages already on the wire are left
+            # server counts none pending, only messages already on the wire are left, and
+            # if it has sent none either, there is nothing to read: a command that reads
+            # an empty window answers at once
             quiet: float | None = _FOLLOW_CHECK
             if not follow:
                 info = await sub.consumer_info()
+                sent = info.delivered.consumer_seq if info.delivered is not None else 0
+                if not info.num_pending and not sent:
+                    return
                 quiet = _HISTORY_QUIET if not info.num_pending else _HISTORY_STALL
             seen_reconnects = self._reconnects()
             last = 0
