@@ -171,8 +171,8 @@ up: $(RUNNABLE)
 	@$(BIN)/reach up
 
 # Every suite, one after the other (about 30 minutes on 2 cores): call path, discovery,
-# failover, growth, cold path, faults, gateways. Each writes bench/results/<suite>.json
-# (+ PNG, or faults.md) and prints its table.
+# failover, growth, cold path, faults, gateways, command line. Each writes
+# bench/results/<suite>.json (+ PNG, or faults.md) and prints its table.
 bench: $(NATIVE)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.discovery
@@ -181,6 +181,7 @@ bench: $(NATIVE)
 	$(BIN)/python -m bench.coldpath
 	$(BIN)/python -m bench.faults
 	$(BIN)/python -m bench.gateways
+	$(BIN)/python -m bench.cli
 
 schemas: $(STAMP)
 	$(BIN)/reach schema export schemas

@@ -28,8 +28,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-import yaml
-
 from reach.agent.jobs import JobStore
 from reach.agent.joining import run_step
 from reach.agent.microsvc import MicroService
@@ -63,6 +61,8 @@ H = TypeVar("H", bound=Handler)
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read and validate a YAML manifest; ConfigurationError lists every problem."""
+    import yaml  # only an agent built from a file reads YAML
+
     try:
         text = Path(path).read_text()
     except OSError as exc:

@@ -32,13 +32,14 @@ import logging
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach.audit.batch import NOTABLE_ERRORS
 from reach.audit.decode import decode_raw, read_counts
+from reach.audit.rulenames import RULES, RuleName
 from reach.clock import Clock, system_clock
 from reach.errors import ConfigurationError
 from reach.wire import subjects
@@ -55,17 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("reach.alerts")
-
-RuleName = Literal[
-    "retry_storm",
-    "unhealthy",
-    "breaker_rejections",
-    "instance_errors",
-    "new_agent_probe_failed",
-    "audit_dropped",
-    "store_full",
-]
-RULES: tuple[str, ...] = get_args(RuleName)
 
 _K = TypeVar("_K")
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
-from reach.audit.reader import read_events
-from reach.audit.stats import LATENCY, CallStats
-from reach.caller.client import ReachClient
 from reach.cli.common import Target, connection, connection_options, console, run
 from reach.errors import ConfigurationError, ReachError
-from reach.transport import Connection
-from reach.wire.models import Instance
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from reach.transport import Connection
+    from reach.wire.models import Instance
 
 _STATUS_STYLE = {"healthy": "green", "degraded": "yellow", "unhealthy": "red"}
 
@@ -38,6 +39,9 @@ P99_MAX_EVENTS = 200_000
 
 async def observed_p99(conn: Connection, now: float) -> dict[str, float]:
     """Per agent id: p99 latency of successful calls seen in the audit stream."""
+    from reach.audit.reader import read_events
+    from reach.audit.stats import CallStats
+
     stats = CallStats(window_sec=P99_WINDOW_SEC)
     seen = 0
     try:
@@ -62,6 +66,8 @@ async def observed_p99(conn: Connection, now: float) -> dict[str, float]:
 def render_table(
     instances: list[Instance], now: float, p99: dict[str, float] | None = None
 ) -> Table:
+    from rich.table import Table
+
     p99 = p99 or {}
     table = Table(show_edge=False, header_style="bold")
     columns = ("agent", "version", "capabilities", "health", "load", "p99", "probe", "age")
@@ -90,6 +96,9 @@ def render_table(
 async def _agents(
     target: Target, tag: tuple[str, ...], capability: str | None, as_json: bool
 ) -> None:
+    from reach.audit.stats import LATENCY
+    from reach.caller.client import ReachClient
+
     async with ReachClient(servers=target.servers, credentials=target.credentials) as client:
         instances = await client.discover(capability=capability, tags=tag, include_unhealthy=True)
     now = time.time()

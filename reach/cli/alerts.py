@@ -5,14 +5,17 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from typing import TYPE_CHECKING
 
 import click
 
-from reach.audit.alerts import RULES, Alert, decode_alert
-from reach.audit.reader import parse_since
+from reach.audit.rulenames import RULES
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
 from reach.transport.streamreads import read_stream
 from reach.wire import subjects
+
+if TYPE_CHECKING:
+    from reach.audit.alerts import Alert
 
 
 def format_alert(alert: Alert, *, colour: bool) -> str:
@@ -26,6 +29,9 @@ def format_alert(alert: Alert, *, colour: bool) -> str:
 async def _alerts(
     target: Target, rule: str | None, since: str | None, follow: bool, as_json: bool
 ) -> None:
+    from reach.audit.alerts import decode_alert
+    from reach.audit.reader import parse_since
+
     start = parse_since(since, time.time()) if since else None
     colour = colour_wanted() and not as_json
     async with connection(target, "reach-alerts") as conn:

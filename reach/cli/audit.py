@@ -5,24 +5,17 @@ from __future__ import annotations
 
 import json
 import time
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 import click
 
 from reach.audit.events import ErrorClass, Outcome
-from reach.audit.merge import merge_calls
-from reach.audit.reader import (
-    AuditFilter,
-    AuditRecord,
-    format_event,
-    parse_since,
-    read_records,
-)
-from reach.audit.stats import LATENCY
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
 from reach.errors import ReachError
-from reach.security.credentials import CredentialStore
-from reach.transport import Connection
+
+if TYPE_CHECKING:
+    from reach.audit.reader import AuditFilter, AuditRecord
+    from reach.transport import Connection
 
 #: what --kind takes: an outcome, "retry", or an error class
 KINDS = tuple(dict.fromkeys([*get_args(Outcome), "retry", *get_args(ErrorClass)]))
@@ -31,6 +24,8 @@ KINDS = tuple(dict.fromkeys([*get_args(Outcome), "retry", *get_args(ErrorClass)]
 async def _agents_of(conn: Connection) -> dict[str, str | None] | None:
     """Client id → the agent id its credential is bound to (what verifies a callee's
     denial), when these credentials may read REACH_CREDENTIALS (an admin's); else None."""
+    from reach.security.credentials import CredentialStore
+
     try:
         store = await CredentialStore.open(conn, create=False)
         return {record.client_id: record.agent_id for record in await store.list()}
@@ -41,6 +36,10 @@ async def _agents_of(conn: Connection) -> dict[str, str | None] | None:
 async def _tail(
     target: Target, flt: AuditFilter, since: str | None, follow: bool, as_json: bool
 ) -> None:
+    from reach.audit.merge import merge_calls
+    from reach.audit.reader import AuditFilter, format_event, parse_since, read_records
+    from reach.audit.stats import LATENCY
+
     start = parse_since(since, time.time()) if since else None
     colour = colour_wanted() and not as_json
     async with connection(target, "reach-audit-tail") as conn:
@@ -139,6 +138,8 @@ def register(main: click.Group) -> None:
         it is marked FORGED? writer=<id> (--json: "writer", "verified": false). A callee's
         denial is verified only with credentials that may read REACH_CREDENTIALS (an
         admin's); on an open fabric nothing is (writer "anonymous")."""
+        from reach.audit.reader import AuditFilter
+
         flt = AuditFilter(
             caller=caller, callee=callee, capability=capability, kind=kind, actor=actor
         )

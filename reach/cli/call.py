@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from reach.caller.client import ReachClient
 from reach.cli.common import Target, connection_options, fail, run
 from reach.errors import ReachError
 
@@ -16,6 +15,8 @@ from reach.errors import ReachError
 async def _call(
     target: Target, capability: str, payload: Any, timeout: float | None, wait: float | None
 ) -> None:
+    from reach.caller.client import ReachClient
+
     async with ReachClient(
         servers=target.servers, credentials=target.credentials, name="reach-call"
     ) as client:

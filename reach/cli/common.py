@@ -1,8 +1,12 @@
-"""Options every command takes, and the one place CLI errors become exit codes."""
+"""Options every command takes, and the one place CLI errors become exit codes.
+
+The command modules import this one, and ``reach --help`` imports every command module:
+what a command needs to run (NATS, the security stack, the wire models, rich) is
+imported inside the function that runs it, so that listing the commands, or running
+one, does not load the others' (tests/test_cli_imports.py keeps it so)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import difflib
 import functools
@@ -10,15 +14,17 @@ import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from rich.console import Console
 
 from reach.errors import ConfigurationError, ReachError
-from reach.security.membership import connect_as
 from reach.settings import DEFAULT_STORE, resolve_credentials, resolve_servers
-from reach.transport import Connection
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from reach.transport import Connection
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -87,6 +93,8 @@ def store_option(help: str) -> Callable[[F], F]:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; a ReachError becomes a one-line reason and exit code 1."""
+    import asyncio
+
     try:
         return asyncio.run(coro)
     except ConfigurationError as exc:
@@ -105,6 +113,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
 @contextlib.asynccontextmanager
 async def connection(target: Target, name: str) -> AsyncIterator[Connection]:
     """A plain NATS connection for an operator command (the credentials' identity)."""
+    from reach.security.membership import connect_as
+
     conn, _ = await connect_as(target.servers, name=name, credentials=target.credentials)
     try:
         yield conn
@@ -118,6 +128,8 @@ PIPED_WIDTH = 1000
 
 def console() -> Console:
     """Where tables go: the terminal's width on a terminal; unwrapped when piped."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
 
 

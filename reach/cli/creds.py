@@ -5,21 +5,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
 from reach.cli.common import CommandGroup, Target, connection_options, console, fail, run
 from reach.cli.validate import load_yaml
 from reach.errors import ConfigurationError
-from reach.registry.store import RegistryStore
-from reach.security.credentials import KNOWN_ROLES, ROLE_ADMIN, CredentialsFile, CredentialStore
-from reach.security.membership import FabricSecurity, connect_as
-from reach.security.revocation import publish_revocation
-from reach.security.tokens import KeyStore
-from reach.transport import Connection
-from reach.wire import envelope, subjects
-from reach.wire.models import parse_manifest
+from reach.security.claims import KNOWN_ROLES, ROLE_ADMIN
+
+if TYPE_CHECKING:
+    from reach.transport import Connection
 
 
 def register(main: click.Group) -> None:
@@ -79,6 +75,9 @@ def add(
     credential up front only where it knows the level: from --manifest, and from the
     registry for a capability an instance serves now. Any other is checked when the
     agent announces."""
+    from reach.security.credentials import CredentialsFile, CredentialStore
+    from reach.security.membership import connect_as
+
     agent_id, capabilities = _served(level, agent_id, roles, capabilities, manifest)
 
     async def go() -> None:
@@ -143,6 +142,8 @@ def _read_manifest(
     """(agent id, capabilities, each declared capability's security_level) of a
     credential made for the agent of manifest ``path``: the given agent id and
     capabilities, else the manifest's; a usage error where they disagree with it."""
+    from reach.wire.models import parse_manifest
+
     data = load_yaml(path)
     try:
         parsed = parse_manifest(data, source=str(path))
@@ -169,6 +170,8 @@ async def _check_served_levels(conn: Connection, capabilities: tuple[str, ...], 
     calls, and be handed those of callers cleared for more than ``level``."""
     if not capabilities:
         return
+    from reach.registry.store import RegistryStore
+
     try:
         registry = await RegistryStore.open(conn, create=False)
     except ConfigurationError:  # no registry yet: nothing served
@@ -188,6 +191,10 @@ async def _check_served_levels(conn: Connection, capabilities: tuple[str, ...], 
 @connection_options
 def list_(target: Target, as_json: bool) -> None:
     """Every client: level, bound agent, roles, created, revoked."""
+    from rich.table import Table
+
+    from reach.security.credentials import CredentialStore
+    from reach.security.membership import connect_as
 
     async def go() -> None:
         conn, _ = await connect_as(
@@ -230,6 +237,10 @@ def revoke(target: Target, client_id: str) -> None:
     every verifier refuses the tokens it was issued up to now (revoked.<client_id> in
     REACH_KEYS). Revoking again publishes the revocation again (for clients revoked before
     revocations voided tokens)."""
+    from reach.security.credentials import CredentialStore
+    from reach.security.membership import connect_as
+    from reach.security.revocation import publish_revocation
+    from reach.security.tokens import KeyStore
 
     async def go() -> None:
         conn, _ = await connect_as(
@@ -261,6 +272,8 @@ def keys() -> None:
 @connection_options
 def rotate(target: Target) -> None:
     """Sign new tokens with a new key; tokens of the old one stay valid until they expire."""
+    from reach.security.membership import FabricSecurity, connect_as
+    from reach.wire import envelope, subjects
 
     async def go() -> None:
         conn, creds = await connect_as(

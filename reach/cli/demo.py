@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import click
@@ -39,6 +38,8 @@ def register(main: click.Group) -> None:
         commands that look into it (`reach audit tail`, `reach agents`, `reach top`),
         until Enter.
         """
+        import asyncio
+
         from reach.demo import run_demo
 
         if keep is None:

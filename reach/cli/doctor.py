@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
-from reach.audit.stats import LATENCY
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
-from reach.fabric.doctor import Diagnosis, diagnose
+
+if TYPE_CHECKING:
+    from reach.fabric.doctor import Diagnosis
 
 _MARK = {"ok": ("ok  ", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red")}
 
 
 def render(diagnosis: Diagnosis, *, colour: bool) -> str:
+    from reach.audit.stats import LATENCY
+
     lines = [f"reach doctor {diagnosis.target}", f"(p99 {LATENCY})", ""]
     for step in diagnosis.steps:
         mark, fg = _MARK.get(step.verdict, ("skip", "white"))
@@ -29,6 +33,9 @@ def render(diagnosis: Diagnosis, *, colour: bool) -> str:
 
 
 async def _doctor(target: Target, name: str, window: float, as_json: bool) -> None:
+    from reach.audit.stats import LATENCY
+    from reach.fabric.doctor import diagnose
+
     async with connection(target, "reach-doctor") as conn:
         diagnosis = await diagnose(conn, name, window_sec=window, servers=target.servers)
     if as_json:

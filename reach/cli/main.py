@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from reach.cli.common import CommandGroup
@@ -14,6 +12,8 @@ from reach.cli.common import CommandGroup
 @click.version_option(package_name="agent-reach")
 def main(verbose: int) -> None:
     """Agent-Reach: make AI agents reliably reachable by each other over NATS."""
+    import logging
+
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 
 from reach.cli.common import store_option
-from reach.security import natsconf
 
 __all__ = ["register"]
 
@@ -38,6 +37,8 @@ def nats_auth(store: Path, out: Path | None) -> None:
     --store STORE`. Every client must then log in with a credential (`reach creds add`);
     the registrar logs in as a service user. The file holds the service passwords.
     """
+    from reach.security import natsconf
+
     setup = natsconf.prepare(store)
     path = natsconf.write_auth(setup, out if out is not None else store / "nats-auth.conf")
     click.echo(f"wrote {path} (mode 0600): include it in each nats-server's config")

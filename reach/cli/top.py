@@ -6,25 +6,21 @@ breaker states from the audit stream's last minute.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
-from reach.audit.reader import read_events
-from reach.audit.stats import LATENCY, CallStats, Tally
-from reach.caller.routecache import RouteCache
 from reach.cli.agents import _STATUS_STYLE
 from reach.cli.common import Target, connection, connection_options, console, run
 from reach.errors import ReachError
-from reach.registry.store import RegistryStore
-from reach.tasks import cancel_and_wait
-from reach.wire.models import Instance
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from reach.audit.stats import CallStats, Tally
+    from reach.wire.models import Instance
 
 
 def _rate(tally: Tally | None) -> str:
@@ -38,6 +34,12 @@ def _ms(value: float | None) -> str:
 
 
 def render(instances: list[Instance], stats: CallStats, now: float, note: str = "") -> Group:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from reach.audit.stats import LATENCY
+
     stats.trim(now)
     per_inst = stats.by_instance()
     open_breakers = stats.open_breakers(now)
@@ -91,6 +93,16 @@ def render(instances: list[Instance], stats: CallStats, now: float, note: str = 
 
 
 async def _top(target: Target, interval: float, window: float, once: bool) -> None:
+    import asyncio
+
+    from rich.live import Live
+
+    from reach.audit.reader import read_events
+    from reach.audit.stats import CallStats
+    from reach.caller.routecache import RouteCache
+    from reach.registry.store import RegistryStore
+    from reach.tasks import cancel_and_wait
+
     stats = CallStats(window_sec=window)
     async with connection(target, "reach-top") as conn:
         routes = RouteCache(await RegistryStore.open(conn, create=False))

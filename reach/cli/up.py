@@ -18,24 +18,24 @@ order; a second signal stops at once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
 
-from reach.audit.reader import parse_duration
 from reach.cli.common import Target, connection_options, fail, run, store_option
 from reach.errors import ConfigurationError, ReachError
-from reach.fabric import Fabric
-from reach.fabric.root import CLUSTER_MIN
 from reach.runtime import tune_gc
-from reach.security import natsconf
-from reach.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from reach.fabric import Fabric
 
 __all__ = ["register"]
 
@@ -115,6 +115,8 @@ def up(
 
     What dies is started again; so is a nats-server whose store's disk filled, once it
     has room again (said on stderr)."""
+    from reach.audit.reader import parse_duration
+
     ctx = click.get_current_context()
     # An explicit --servers or REACH_URL means "use that NATS"; the default means "start one".
     explicit = ctx.params.get("servers") is not None or bool(os.environ.get("REACH_URL"))
@@ -146,6 +148,8 @@ def up(
 
 def _checked_replicas(ctx: click.Context, explicit: bool, cluster: int, replicas: int) -> int:
     """The replicas to use; exit code 2 with the reason when the options disagree."""
+    from reach.fabric.root import CLUSTER_MIN
+
     if cluster > 1:
         if explicit:
             fail("--cluster starts its own NATS: drop --servers (and REACH_URL)", code=2)
@@ -169,6 +173,8 @@ def _checked_replicas(ctx: click.Context, explicit: bool, cluster: int, replicas
 
 async def _up(options: UpOptions) -> str | None:
     """Run until a signal; a one-line reason if it could not start or cannot go on."""
+    import asyncio
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     fabric = _fabric(options)
@@ -202,6 +208,8 @@ def _fabric(options: UpOptions) -> Fabric:
     """Servers of its own with the registrar part as a supervised child process, or the
     registrar part alone against ``--servers``, in this process (whoever runs this
     process starts it again if it exits)."""
+    from reach.fabric import Fabric
+
     if options.servers is None:
         return Fabric(
             options.store,
@@ -225,6 +233,8 @@ def _fabric(options: UpOptions) -> Fabric:
 def _announce(fabric: Fabric, options: UpOptions) -> None:
     """The ready line (JSON for the ``reach up`` that supervises this one) and the
     credentials files created."""
+    from reach.security import natsconf
+
     if options.supervised:
         created = [str(p) for p in fabric.created]
         click.echo(json.dumps({"registrar": fabric.registrar_id, "created": created}))
@@ -245,6 +255,10 @@ def _announce(fabric: Fabric, options: UpOptions) -> None:
 
 async def _until_stopped_or_ended(stop: asyncio.Event, fabric: Fabric) -> str | None:
     """Wait for ``stop`` (None) or for the fabric to end on its own (the reason)."""
+    import asyncio
+
+    from reach.tasks import cancel_and_wait
+
     stopped = asyncio.create_task(stop.wait())
     ended = asyncio.create_task(fabric.wait())
     try:

@@ -6,12 +6,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-import yaml
 
 from reach.cli.common import Target, connection_options, fail
 from reach.errors import ConfigurationError
-from reach.wire.models import parse_manifest
-from reach.wire.schemas import export_schemas
 
 __all__ = ["load_yaml", "register"]
 
@@ -23,6 +20,8 @@ def _die(message: str) -> NoReturn:
 
 def load_yaml(path: Path) -> Any:
     """Read and parse a YAML file; a missing file or bad syntax exits with a one-line reason."""
+    import yaml
+
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -59,6 +58,8 @@ def register(main: click.Group) -> None:
         one without agent_id, the rule by which each start draws it), else prints one
         "path: problem" line per error and exits 1.
         """
+        from reach.wire.models import parse_manifest
+
         data = load_yaml(file)
         if data is None:
             _die(f"{file}: empty file, expected a manifest")
@@ -89,6 +90,8 @@ def register(main: click.Group) -> None:
     @connection_options
     def export(directory: Path, target: Target) -> None:
         """Write one <model>.schema.json file per wire model into DIR (created if needed)."""
+        from reach.wire.schemas import export_schemas
+
         try:
             paths = export_schemas(directory)
         except OSError as exc:

@@ -138,8 +138,11 @@ class Stream:
         consumer when it ends."""
         sub = await self._subscribe(subject, since, new_only, headers_only)
         # history only: stop at the last matching message (num_pending 0); if the
-        # server counts none pending, only messages already on the wire are left
+        # server counts none pending, only messages already on the wire are left, and if
+        # it has sent none either, there is nothing to read: a command that reads an empty
+        # window answers at once
         quiet = _FOLLOW_CHECK
+        empty = False
         if not follow and not new_only:
             started = time.monotonic()
             counted = False
@@ -152,8 +155,10 @@ class Stream:
                 if not counted:  # (cancelled too) the consumer goes with the read
                     with contextlib.suppress(Exception):
                         await sub.unsubscribe()
+            sent = info.delivered.consumer_seq if info.delivered is not None else 0
+            empty = not info.num_pending and not sent
             quiet = _HISTORY_QUIET if not info.num_pending else _HISTORY_STALL
-        return self._messages(sub, subject, since, new_only, follow, headers_only, quiet)
+        return self._messages(sub, subject, since, new_only, follow, headers_only, quiet, empty)
 
     async def _messages(
         self,
@@ -164,10 +169,12 @@ class Stream:
         follow: bool,
         headers_only: bool,
         quiet: float,
+        empty: bool = False,
     ) -> AsyncGenerator[StreamMessage, None]:
-        """What ``read`` yields from the consumer ``sub``, which it ends when it ends."""
+        """What ``read`` yields from the consumer ``sub``, which it ends when it ends
+        (``empty``: at once, the server having nothing to send)."""
         try:
-            if new_only and not follow:
+            if empty or (new_only and not follow):
                 return
             seen_reconnects = self._reconnects()
             last = 0

@@ -1,14 +1,16 @@
 """A capability's JSON Schema checked before a manifest or a registry record takes it:
 nested no deeper than a contract needs, JSON (no NaN, no infinity), valid against the
-Draft 2020-12 meta-schema; each distinct schema checked once per process."""
+Draft 2020-12 meta-schema; each distinct schema checked once per process.
+
+jsonschema is imported by the first check: a process that reads manifests or records
+without schemas (``reach validate`` of a manifest without one, ``reach alerts``) does not
+load it."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic_core import PydanticCustomError
 
 __all__ = ["MAX_SCHEMA_DEPTH", "checked_json_schema"]
@@ -95,6 +97,9 @@ def checked_json_schema(value: dict[str, Any]) -> dict[str, Any]:
             " fetched (put that schema under $defs and refer to it as #/$defs/...)",
             {"ref": repr(remote)},
         )
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(value)
     except SchemaError as exc:
