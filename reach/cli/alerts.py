@@ -11,7 +11,6 @@ import click
 
 from reach.audit.rulenames import RULES
 from reach.cli.common import Target, colour_wanted, connection, connection_options, run
-from reach.transport.streamreads import read_stream
 from reach.wire import subjects
 
 if TYPE_CHECKING:
@@ -31,6 +30,7 @@ async def _alerts(
 ) -> None:
     from reach.audit.alerts import decode_alert
     from reach.audit.reader import parse_since
+    from reach.transport.streamreads import read_stream
 
     start = parse_since(since, time.time()) if since else None
     colour = colour_wanted() and not as_json

@@ -111,10 +111,8 @@ def up(
     auth_callout: bool,
     supervised: bool,
 ) -> None:
-    """Start NATS with JetStream and a registrar, and run until interrupted.
-
-    What dies is started again; so is a nats-server whose store's disk filled, once it
-    has room again (said on stderr)."""
+    """Start NATS with JetStream and a registrar, and run until interrupted (what dies,
+    and a nats-server whose store's disk filled once it has room, is started again)."""
     from reach.audit.reader import parse_duration
 
     ctx = click.get_current_context()
