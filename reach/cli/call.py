@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from reach.cli.common import Target, connection_options, fail, run
+from reach.cli.common import Target, connection_options, fail, run, wait_option
 from reach.errors import ReachError
 
 
@@ -49,15 +49,9 @@ def register(main: click.Group) -> None:
     @click.argument("capability")
     @click.argument("payload", metavar="JSON", default="{}")
     @click.option("--timeout", type=float, default=None, help="seconds (default: 1.5 × SLA)")
-    @click.option(
-        "--wait",
-        type=float,
-        default=None,
-        is_flag=False,
-        flag_value=0.0,
-        metavar="[SECONDS]",
-        help="for a capability that runs as a job: wait for its result (at most SECONDS;"
-        " without a value, as long as it takes) instead of printing its job id",
+    @wait_option(
+        "for a capability that runs as a job: wait for its result (at most SECONDS;"
+        " without a value, as long as it takes) instead of printing its job id"
     )
     @connection_options
     def call(

@@ -55,6 +55,20 @@ class Target:
     credentials: Path | None
 
 
+def wait_option(help_text: str) -> Callable[[F], F]:
+    """``--wait [SECONDS]``: wait for a job's result, at most SECONDS (without a value,
+    0: as long as it takes)."""
+    return click.option(
+        "--wait",
+        type=float,
+        default=None,
+        is_flag=False,
+        flag_value=0.0,
+        metavar="[SECONDS]",
+        help=help_text,
+    )
+
+
 def connection_options(func: F) -> F:
     """Add ``--servers URL`` and ``--creds FILE`` and pass a ``target: Target``."""
 

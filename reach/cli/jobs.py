@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from reach.cli.common import Target, connection_options, fail, run
+from reach.cli.common import Target, connection_options, fail, run, wait_option
 from reach.errors import ReachError
 
 
@@ -50,15 +50,7 @@ def register(main: click.Group) -> None:
 
     @jobs.command("get", short_help="Print a job's state, or its result once done.")
     @click.argument("job_id")
-    @click.option(
-        "--wait",
-        type=float,
-        default=None,
-        is_flag=False,
-        flag_value=0.0,
-        metavar="[SECONDS]",
-        help="wait for the result (at most SECONDS; without a value, as long as it takes)",
-    )
+    @wait_option("wait for the result (at most SECONDS; without a value, as long as it takes)")
     @connection_options
     def get(target: Target, job_id: str, wait: float | None) -> None:
         """Print the result of job JOB_ID if it succeeded, its typed error if it failed

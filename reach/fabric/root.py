@@ -30,7 +30,6 @@ from reach.registry import Registrar, RegistrarConfig
 from reach.security.credentials import CredentialsFile, CredentialStore
 from reach.security.membership import connect_as
 from reach.tasks import cancel_and_wait
-from reach.transport import Connection, connect
 
 if TYPE_CHECKING:
     # imported when a fabric starts: ``import reach`` stays without the login gate's
@@ -310,16 +309,7 @@ class Fabric:
             log.warning("the servers' stores go unwatched: %s", exc)
             return [None] * len(self.nodes)
 
-        async def system_connection() -> Connection:
-            return await connect(
-                self.urls,
-                name="reach-up-store-health",
-                user=user.name,
-                password=user.password,
-                connect_timeout=2.0,
-            )
-
-        self._health = HealthPoll(system_connection, expect=len(self.nodes))
+        self._health = HealthPoll.as_user(self.urls, user.name, user.password)
         self._health.start()
         single = len(self.nodes) == 1
         return [

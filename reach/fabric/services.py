@@ -124,17 +124,8 @@ class FabricServices:
         if setup is not None:
             system = setup.system_user
 
-            async def system_connection() -> Connection:
-                return await connect(
-                    self.servers,
-                    name="reach-up-store-health",
-                    user=system.name,
-                    password=system.password,
-                    connect_timeout=2.0,
-                )
-
-            self.health = HealthPoll(
-                system_connection, expect=len(self.servers), on_answers=self._store_health
+            self.health = HealthPoll.as_user(
+                self.servers, system.name, system.password, on_answers=self._store_health
             )
             self.health.start()
 

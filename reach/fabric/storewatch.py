@@ -32,7 +32,7 @@ from pathlib import Path
 
 from reach.errors import ReachError
 from reach.tasks import cancel_and_wait
-from reach.transport import Connection
+from reach.transport import Connection, connect
 from reach.transport.serverhealth import ServerHealth, server_health, store_problem
 
 __all__ = [
@@ -114,6 +114,29 @@ class HealthPoll:
         self._task: asyncio.Task[None] | None = None
         self.latest: dict[str, ServerHealth] = {}
         self.answered_at = float("-inf")
+
+    @classmethod
+    def as_user(
+        cls,
+        servers: Sequence[str],
+        user: str,
+        password: str,
+        *,
+        on_answers: Callable[[list[ServerHealth]], None] | None = None,
+    ) -> HealthPoll:
+        """A poll of every server of ``servers``, asking as ``user`` (the system
+        account's: only it may ask the servers of their health)."""
+
+        async def system_connection() -> Connection:
+            return await connect(
+                servers,
+                name="reach-up-store-health",
+                user=user,
+                password=password,
+                connect_timeout=2.0,
+            )
+
+        return cls(system_connection, expect=len(servers), on_answers=on_answers)
 
     def start(self) -> None:
         if self._task is None:
