@@ -148,6 +148,8 @@ def test_each_node_config_has_the_generated_cluster_and_jetstream_blocks(
     assert set(ours["authorization"]) == set(theirs["authorization"])
     assert ours["authorization"]["user"] == theirs["authorization"]["user"]
     assert ours["authorization"]["password"] == "$REACH_ROUTE_PASSWORD"
+    assert ours["ping_interval"] == theirs["ping_interval"]
+    assert ours["ping_max"] == theirs["ping_max"]
 
     # the accounts and the auth callout: what `reach nats-auth` writes, from its volume
     assert docker["include"] == "reach/nats-auth.conf"

@@ -164,7 +164,7 @@ def test_probes_passing_again_end_an_ejection_and_a_new_process_starts_afresh() 
     "field",
     [
         {"consecutive_errors": 0},
-        {"consecutive_slow": True},
+        {"consecutive_slow": -1},
         {"slow_factor": 0.5},
         {"base_ejection_sec": float("nan")},
         {"max_ejection_sec": 1.0},

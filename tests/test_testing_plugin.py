@@ -248,7 +248,9 @@ def test_a_users_test_module_passes_in_both_modes_of_pytest_asyncio(
 ) -> None:
     _ini(pytester, mode)
     pytester.makepyfile(test_user=USER_TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    # in a process of its own: what a user's session leaves to the garbage collector is
+    # not this session's
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
 
 
@@ -319,7 +321,7 @@ async def test_secured_fails(observe, reach_secure_fabric, reach_agent, reach_cl
 def test_a_failing_test_leaves_nothing_running(pytester: pytest.Pytester) -> None:
     _ini(pytester, "strict")
     pytester.makepyfile(test_failing=FAILING_TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(failed=2)
     record = json.loads((pytester.path / "record.json").read_text())
     assert set(record) == {"test_open_fails", "test_secured_fails"}
