@@ -149,7 +149,11 @@ pytest-long: $(NATIVE) node-deps browser
 test-faults: $(NATIVE)
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long
 
-test: lint typecheck docs-check pytest
+# The checks run while the call path compiles (mypyc spends its first minute on one
+# core, type-checking), then the tests
+test:
+	@$(MAKE) --no-print-directory -j3 lint typecheck docs-check build
+	@$(MAKE) --no-print-directory pytest
 
 # The documentation site (mkdocs.yml: MkDocs Material, the API reference from the
 # docstrings) into site/; `mkdocs serve` shows it while it is edited. `make test` builds

@@ -116,33 +116,47 @@ async def run_demo(duration: float = 24.0, rate: float = 40.0, *, keep: bool = F
     try:
         say("starting a secured fabric: nats-server, login gate, registrar")
         async with demo_fabric(workdir) as fabric:
-            say(
-                f"secured fabric at {fabric.url}: logins through the login gate, calls carry"
-                f" tokens their callee checks; registrar {fabric.registrar_id}"
-            )
-            say("starting data-query-1 and data-query-2, each in a process of its own")
-            for agent_id in DATA_QUERIES[:2]:
-                data_queries.append(
-                    DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id))
-                )
-            await asyncio.gather(*(dq.ready() for dq in data_queries))
-            say("data-query-1 and data-query-2 running as separate processes")
-            tally, transitions, alerts, audit = await _scenario(
-                fabric, data_queries, workdir, duration, rate
-            )
-            _summary(tally, transitions, alerts, audit)
-            if keep:
-                await _keep_up(fabric)
-            else:
-                click.echo(
-                    "  (on a terminal, `reach demo` keeps its fabric up after the run for"
-                    " `reach audit tail`, `reach agents` and `reach top`)"
-                )
-            return tally.failed
+            try:
+                return await _run(fabric, data_queries, workdir, duration, rate, keep)
+            finally:
+                # the agents leave before their fabric does (they would log its going),
+                # waited for off the loop, which the registrar shares
+                await asyncio.gather(*(asyncio.to_thread(dq.stop) for dq in data_queries))
     finally:
         for dq in data_queries:
             dq.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _run(
+    fabric: Fabric,
+    data_queries: list[DataQueryProcess],
+    workdir: Path,
+    duration: float,
+    rate: float,
+    keep: bool,
+) -> int:
+    say(
+        f"secured fabric at {fabric.url}: logins through the login gate, calls carry"
+        f" tokens their callee checks; registrar {fabric.registrar_id}"
+    )
+    say("starting data-query-1 and data-query-2, each in a process of its own")
+    for agent_id in DATA_QUERIES[:2]:
+        data_queries.append(DataQueryProcess(fabric.url, agent_id, workdir, fabric.creds(agent_id)))
+    await asyncio.gather(*(dq.ready() for dq in data_queries))
+    say("data-query-1 and data-query-2 running as separate processes")
+    tally, transitions, alerts, audit = await _scenario(
+        fabric, data_queries, workdir, duration, rate
+    )
+    _summary(tally, transitions, alerts, audit)
+    if keep:
+        await _keep_up(fabric)
+    else:
+        click.echo(
+            "  (on a terminal, `reach demo` keeps its fabric up after the run for"
+            " `reach audit tail`, `reach agents` and `reach top`)"
+        )
+    return tally.failed
 
 
 async def _keep_up(fabric: Fabric) -> None:
