@@ -23,6 +23,7 @@ account's user of a fabric with logins.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -111,6 +112,8 @@ class HealthPoll:
         self._expect = expect
         self._on_answers = on_answers
         self._conn: Connection | None = None
+        #: the connection being made: a stop while it is closes it once it is made
+        self._connecting: asyncio.Future[Connection] | None = None
         self._task: asyncio.Task[None] | None = None
         self.latest: dict[str, ServerHealth] = {}
         self.answered_at = float("-inf")
@@ -146,6 +149,12 @@ class HealthPoll:
         if self._task is not None:
             await cancel_and_wait([self._task])
             self._task = None
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None:
+            # stopped while it connected: the connection is closed once made, not left to
+            # the garbage collector, nor to a loop that may be gone by then
+            with contextlib.suppress(Exception):
+                await (await connecting).close()
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -154,9 +163,13 @@ class HealthPoll:
         warned = False
         while True:
             if self._conn is None:
+                connecting = self._connecting = asyncio.ensure_future(self._connect())
                 try:
-                    self._conn = await self._connect()
+                    # shielded: a cancel leaves it to stop(), which closes what it makes
+                    self._conn = await asyncio.shield(connecting)
+                    self._connecting = None
                 except ReachError as exc:
+                    self._connecting = None
                     if not warned:
                         warned = True
                         log.warning("cannot read the servers' health (store checks): %s", exc)
