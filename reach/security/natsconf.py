@@ -301,7 +301,7 @@ def route_user(store_dir: str | os.PathLike[str]) -> ServiceUser:
 #: open: until its routes are given up, the others keep routing to the subscriptions its
 #: clients had, a login gate's queue subscription included, though those clients have
 #: long moved to another node. nats-server's default notices after minutes.
-ROUTE_PING_INTERVAL = "500ms"
+ROUTE_PING_INTERVAL = "250ms"
 ROUTE_PING_MAX = 2
 
 
