@@ -27,6 +27,7 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from reach.transport.kvfollow import REPUBLISH_PREFIX
 from reach.wire import subjects
 
 from .conftest import (
@@ -146,6 +147,12 @@ async def answered(nc: NatsClient, requests: list[tuple[str, bytes]]) -> None:
         assert reply.data or reply.headers, subject
 
 
+def republished(subject: str) -> bool:
+    """A change of a public bucket the server republishes (the registrar's own record
+    each second among them): the fabric's message, not an answer."""
+    return subject.startswith(f"{REPUBLISH_PREFIX}.")
+
+
 async def test_an_answer_is_not_passed_on_into_the_fabric_account(tmp_path: Path) -> None:
     fabric = start_up(tmp_path)
     try:
@@ -170,7 +177,7 @@ async def test_an_answer_is_not_passed_on_into_the_fabric_account(tmp_path: Path
         passed_on = [
             (subject, reply, data[:80])
             for subject, reply, data in spy.seen
-            if victim in subject or "victim-a" in subject or not reply
+            if victim in subject or "victim-a" in subject or not (reply or republished(subject))
         ]
         assert passed_on == []
         # the attacker's own requests did arrive: the spy listens where it should
