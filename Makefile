@@ -135,10 +135,11 @@ pytest-pure: $(STAMP)
 # CI runs them after it: the end-to-end runs of whole programs (marker long: the README
 # as printed, the demo, `reach up`'s process life, the raw-NATS and Node.js conformance
 # kits, the MCP and A2A gateways, the console in a browser) and the pure-Python build's
-# call-path tests, in parallel; then alone, since they measure or fault the machine's
-# processes on a schedule, the fault scenarios (tests/faults and the registrar
-# handover, marker faults_long); then the benchmarks' end-to-end smoke runs (marker
-# bench_smoke), as many at once as there are cores: they assert no timing.
+# call-path tests, in parallel; then the fault scenarios (tests/faults and the registrar
+# handover, marker faults_long), as many at once as there are cores: each faults the
+# processes of its own fabric on a schedule at a light load (40 calls/s), so that two
+# side by side leave each other's timings alone; then the benchmarks' end-to-end smoke
+# runs (marker bench_smoke), as many at once as there are cores: they assert no timing.
 test-long: pytest-long pytest-pure test-faults
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -n $(JOBS) -m bench_smoke
 
@@ -147,7 +148,7 @@ pytest-long: $(NATIVE) node-deps browser
 	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m "long and serial"
 
 test-faults: $(NATIVE)
-	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -m faults_long
+	REACH_TEST_BUILD=compiled $(BIN)/pytest -q -n $(JOBS) -m faults_long
 
 # The checks run while the call path compiles (mypyc spends its first minute on one
 # core, type-checking), then the tests

@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_discovery_bench_measures_every_part_and_writes_the_json(tmp_path: Path) -> None:
     out = tmp_path / "results" / "discovery.json"
+    # one scale of heartbeating instances at both ages covers every path of part 3
     cmd = [sys.executable, "-m", "bench.discovery", "--quick", "--announces", "10"]
+    cmd += ["--load-scales", "50", "--window", "2"]
     cmd += ["--no-chart", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
