@@ -473,6 +473,26 @@ def test_earliest_retry_at_over_targets(clock: ManualClock) -> None:
     assert board.earliest_retry_at(["a", "b"]) == clock.monotonic()  # a half-opens now
 
 
+def test_a_trial_in_flight_is_a_chance_now_for_a_waiting_call(clock: ManualClock) -> None:
+    """Every trial slot taken: operators see the slots' upper bound (``retry_at``), while
+    a waiting call is told to look again now: the trial's outcome closes the breaker or
+    frees its slot long before that bound."""
+    board = BreakerBoard(BreakerConfig(min_calls=1, open_base_sec=2.0), clock)
+    breaker = board.get("a")
+    calls(breaker, failed=1)
+    assert breaker.next_chance() == clock.monotonic() + 2.0  # open: when it half-opens
+    clock.advance(2.0)
+    assert breaker.next_chance() is None  # half-open with a free slot
+    while breaker.allow():
+        pass
+    now = clock.monotonic()
+    assert breaker.retry_at is not None and breaker.retry_at > now + 1.0
+    assert breaker.next_chance() == now
+    assert board.earliest_retry_at(["a"]) == now
+    breaker.record_failure()  # the trial failed: open again, for twice as long
+    assert breaker.next_chance() == now + 4.0
+
+
 # -- the registry's word -------------------------------------------------------------------
 
 

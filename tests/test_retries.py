@@ -443,6 +443,28 @@ async def test_with_every_breaker_open_a_call_waits_for_the_trial_its_deadline_r
         assert client.breakers.get("flaky-1").state != "open"
 
 
+async def test_a_call_that_finds_the_trial_taken_waits_for_its_outcome(
+    nats_server: NatsServer, registrar: Registrar
+) -> None:
+    """Every candidate half-open and its one trial slot taken by a call in flight: the
+    next call does not fail with the slot's far-off timeout for an answer, it looks again
+    until the trial closes the breaker, and is served."""
+    agent, b = make_agent(nats_server.url, "trial-1")
+    config = BreakerConfig(consecutive_failures=1, half_open_max_calls=1, half_open_successes=1)
+    async with agent, ReachClient(servers=nats_server.url, breaker=config) as client:
+        await wait_routable(client, "work", 1)
+        breaker = client.breakers.get("trial-1")
+        breaker.record_failure()  # a target that stopped answering, say
+        assert breaker.state == "open"
+        b.sleep = 0.5  # the trial call holds the slot this long
+        trial = asyncio.create_task(client.call("work", {}, timeout=5))
+        await until(lambda: breaker.snapshot().trials == 1, timeout=5, what="the trial sent")
+        waiting = await client.call("work", {}, timeout=5)
+        assert waiting.agent_id == "trial-1"
+        assert (await trial).agent_id == "trial-1"
+        assert breaker.state == "closed"
+
+
 async def test_contract_and_business_errors_never_open_a_breaker(
     nats_server: NatsServer, registrar: Registrar
 ) -> None:

@@ -232,6 +232,16 @@ class CircuitBreaker:
                 return self._trials[0] + self._config.half_open_timeout_sec
         return None
 
+    def next_chance(self) -> float | None:
+        """When a call waiting on this breaker should look again: None if one would be let
+        through now; while open, when it half-opens; while every trial slot is taken, now,
+        since a trial that reports back closes the breaker or frees its slot at any moment
+        (:attr:`retry_at` gives the slots' upper bound instead, for operators)."""
+        retry_at = self.retry_at
+        if retry_at is not None and self._state is HALF_OPEN:
+            return self._clock.monotonic()
+        return retry_at
+
     def allow(self) -> bool:
         """May a call go to the target now? While half-open a True takes a trial slot, which
         the outcome (record_success, record_failure or release) gives back."""
@@ -462,14 +472,16 @@ class BreakerBoard:
         return sum(1 for b in self._breakers.values() if b.snapshot().state != "closed")
 
     def earliest_retry_at(self, targets: Iterable[str]) -> float:
-        """The earliest monotonic time at which one of ``targets`` lets a call through: now if
-        one does already (a target without a breaker is closed), and now for no targets
-        (nothing to wait for), so the result always fits ``CircuitOpen(retry_at=...)``."""
+        """The earliest monotonic time at which one of ``targets`` may let a call through
+        (:meth:`CircuitBreaker.next_chance`): now if one does already (a target without a
+        breaker is closed) or holds a trial whose outcome is awaited, and now for no
+        targets (nothing to wait for), so the result always fits
+        ``CircuitOpen(retry_at=...)``."""
         now = self._clock.monotonic()
         earliest: float | None = None
         for target in targets:
             breaker = self._breakers.get(target)
-            retry_at = None if breaker is None else breaker.retry_at
+            retry_at = None if breaker is None else breaker.next_chance()
             if retry_at is None:
                 return now
             if earliest is None or retry_at < earliest:

@@ -43,9 +43,10 @@ _BACKOFF_BASE = 0.2
 #: the first pause of a call waiting for an instance while the fabric settles, and its cap
 _SETTLE_PAUSE = 0.05
 _SETTLE_PAUSE_MAX = 0.4
-#: the shortest wait for a half-open trial: while another call holds the trial, the
-#: breaker says "now" until the trial's outcome is known
+#: the first pause of a call waiting on trials in flight (the breakers say "now" until
+#: a trial's outcome is known), and its cap
 _TRIAL_PAUSE = 0.05
+_TRIAL_PAUSE_MAX = 0.4
 
 
 def waits_for_instance(error: ReachError, state: CallState) -> bool:
@@ -182,8 +183,14 @@ class RetryPolicy:
         the value, or the last error (None: served)."""
         runner = self._runner
         current: ReachError = error
+        pause = _TRIAL_PAUSE
         while isinstance(current, CircuitOpen) and not runner.closing:
-            wait = max(current.retry_in, _TRIAL_PAUSE)
+            if current.retry_in > 0:  # a breaker half-opens then
+                wait = max(current.retry_in, _TRIAL_PAUSE)
+                pause = _TRIAL_PAUSE
+            else:  # a trial is in flight: look again shortly, less often as it lasts
+                wait = pause
+                pause = min(pause * 2, _TRIAL_PAUSE_MAX)
             if wait >= state.deadline.remaining():
                 break  # the breaker's error says when, which the deadline does not reach
             await self._clock.sleep(wait)
