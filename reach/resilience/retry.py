@@ -91,7 +91,7 @@ class RetryPolicy:
             value, error = await self.wait_for_instance(first, state, meta, body)
         if error is None:
             return value
-        return await self.retry(error, state, meta, body)
+        return await self.retry(error, state, meta, body, trials=trials)
 
     def should_retry(self, exc: ReachError, state: CallState) -> bool:
         """Whether ``exc`` may be retried (the retry budget is asked only once a retry will
@@ -103,9 +103,17 @@ class RetryPolicy:
         return not state.deadline.expired()
 
     async def retry(
-        self, first_error: ReachError, state: CallState, meta: RequestMeta, body: bytes
+        self,
+        first_error: ReachError,
+        state: CallState,
+        meta: RequestMeta,
+        body: bytes,
+        *,
+        trials: bool = True,
     ) -> Any:
-        """Attempts after a failed first one: only retryable errors, with backoff."""
+        """Attempts after a failed first one: only retryable errors, with backoff. A retry
+        that finds every breaker open waits for the earliest half-open trial (``trials``)
+        as the first attempt would."""
         first_wait = self._first_wait(first_error, state)
         if first_wait is None or not self.budget.try_spend():  # paid for a retry made
             raise first_error
@@ -140,6 +148,15 @@ class RetryPolicy:
                         raise latest  # the budget is spent: the last error stands
                     try:
                         return await self._runner.attempt(state, meta, body)
+                    except CircuitOpen as exc:
+                        if not trials:
+                            latest = exc
+                            raise
+                        value, error = await self.wait_for_trial(exc, state, meta, body)
+                        if error is None:
+                            return value
+                        latest = error
+                        raise error from None
                     except ReachError as exc:
                         latest = exc
                         raise
