@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from bench.faults.fabric import NoSmallDisk, fill, mount_small_disk, unmount
 from reach.audit import WriterConfig, read_events
 from reach.audit.alerts import AlertEngine
 from reach.audit.streams import StreamSettings, ensure_streams
@@ -56,9 +56,6 @@ from .cli_helpers import CLEAN_ENV, REACH, reach_cli
 from .poll_helpers import until
 from .up_helpers import EXIT_TIMEOUT, READY_TIMEOUT
 
-#: the disk's size: room for the audit stream's smallest size cap (64 MiB, with as much
-#: again free within the server's limit of 75 % of the free space)
-DISK_MB = 256
 #: once the disk has room again, the fabric takes writes again within this
 RECOVERY_SEC = 10.0
 #: how long the full store may take to be named (a write's timeout, a health round)
@@ -67,24 +64,17 @@ NAMED_WITHIN = 30.0
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of ``DISK_MB`` of its own, unmounted at the end; the test is skipped where
-    mounting one is not allowed (it needs root)."""
+    """A tmpfs of its own (``bench.faults.fabric.DISK_MB``), unmounted at the end; the
+    test is skipped where mounting one is not allowed (it needs root)."""
     where = tmp_path / "disk"
-    where.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("a real full disk needs `mount` to make a small tmpfs; there is none here")
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m,mode=0700", "tmpfs", str(where)],
-        capture_output=True,
-        check=False,
-    )
-    if made.returncode != 0:
-        why = made.stderr.decode(errors="replace").strip() or f"exit code {made.returncode}"
-        pytest.skip(f"a real full disk needs a small tmpfs, and mounting one was refused: {why}")
+    try:
+        mount_small_disk(where)
+    except NoSmallDisk as exc:
+        pytest.skip(str(exc))
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+        unmount(where)
 
 
 @dataclass
@@ -108,23 +98,6 @@ async def _call_steadily(client: ReachClient, load: Load, stop: asyncio.Event) -
         # a trickle, not a flood: the test is about the disk, not about load
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.05)
-
-
-def _fill(disk: Path) -> Path:
-    """A file that takes every free byte of ``disk``."""
-    path = disk / "filler"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        for size in (1 << 20, 1 << 12, 1):  # the last bytes too
-            chunk = b"\0" * size
-            try:
-                while os.write(fd, chunk):
-                    pass
-            except OSError:  # ENOSPC: no room for another chunk of this size
-                continue
-    finally:
-        os.close(fd)
-    return path
 
 
 @pytest.fixture
@@ -203,7 +176,7 @@ async def test_a_full_disk_is_named_and_the_fabric_recovers_once_space_is_freed(
         writer = client.audit
         assert writer is not None
 
-        filler = await asyncio.to_thread(_fill, small_disk)
+        filler = await asyncio.to_thread(fill, small_disk)
 
         # the audit writer names the full store, and keeps what it cannot write
         error = await until(

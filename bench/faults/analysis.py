@@ -16,6 +16,7 @@ __all__ = [
     "Call",
     "Check",
     "Fault",
+    "all_open_since",
     "attempt_share",
     "audit_match",
     "calls_of",
@@ -90,6 +91,18 @@ def handler_failed_at(call: Call, victim: str) -> bool:
     )
 
 
+def timed_out_in(call: Call, fault: Fault) -> bool:
+    """Whether ``call`` was under way during ``fault`` and failed with every attempt
+    timed out."""
+    return (
+        call.start < fault.end
+        and call.end > fault.at
+        and (call.error or "").startswith(("ReachTimeout", "RetriesExhausted"))
+        and bool(call.attempts)
+        and all(outcome == "TimeoutError" for _, _, _, outcome in call.attempts)
+    )
+
+
 def check_calls(
     calls: Sequence[Call],
     fault: Fault,
@@ -98,14 +111,20 @@ def check_calls(
     grace: float,
     handler_fails: bool = False,
     stalled_for: float | None = None,
+    timeouts_in_fault: bool = False,
 ) -> tuple[Check, list[Call]]:
     """Failed calls: none for an idempotent capability; otherwise only those in flight
     on the instance that died; with ``handler_fails`` (its handler raised on every call)
     only those it answered with its handler's failure; with ``stalled_for`` (the server
     under the caller stalled) only calls started before that many seconds after the
-    stall began. Returns the check and the failed calls not allowed."""
+    stall began; with ``timeouts_in_fault`` (every instance hung) only calls under way
+    during the fault whose every attempt timed out (their retries ran out, or the retry
+    budget refused more). Returns the check and the failed calls not allowed."""
     failed = [c for c in calls if not c.ok]
-    if stalled_for is not None:
+    if timeouts_in_fault:
+        wrong = [c for c in failed if not timed_out_in(c, fault)]
+        rule = "only calls under way in the hang whose every attempt timed out may fail"
+    elif stalled_for is not None:
         wrong = [c for c in failed if c.start >= fault.at + stalled_for]
         rule = f"0 failed among the calls started {stalled_for:g}s after the stall began or later"
     elif handler_fails and fault.victim is not None:
@@ -235,3 +254,18 @@ def breaker_opened(
         ),
         None,
     )
+
+
+def all_open_since(
+    breakers: Sequence[Sequence[Any]], targets: Sequence[str], since: float
+) -> float | None:
+    """The first sampled moment at or after ``since`` when the breaker of every one of
+    ``targets`` was open at once (ejections are not breaker states and are skipped)."""
+    state: dict[str, str] = {}
+    for t, who, now in breakers:
+        if now in ("ejected", "admitted"):
+            continue
+        state[str(who)] = str(now)
+        if float(t) >= since and all(state.get(x) == "open" for x in targets):
+            return float(t)
+    return None

@@ -48,6 +48,14 @@ class Timing:
     restart_after_sec: float = 2.0
     short_pause_sec: float = 0.15
     long_pause_sec: float = 10.0
+    #: the store's disk stays full this long after ``reach up`` said so
+    disk_full_sec: float = 10.0
+    #: ``reach up`` names a full store within this of the disk filling ...
+    store_named_sec: float = 30.0
+    #: ... and takes writes again within this of the disk having room again
+    store_back_sec: float = 10.0
+    #: every instance hangs (SIGSTOP) this long: every breaker of the caller opens
+    all_hang_sec: float = 1.5
     #: how long the login gate stays down across a nats-server restart
     gate_down_sec: float = 8.0
     #: after a short pause each instance has ``fair_share`` of the calls within this
@@ -91,6 +99,7 @@ QUICK = Timing(
     long_pause_sec=3.0,
     node_stall_sec=5.0,
     registrar_stall_sec=5.0,
+    disk_full_sec=3.0,
 )
 #: the tests': a few seconds of load each, the targets of the issue unchanged
 TESTS = Timing(
@@ -102,6 +111,7 @@ TESTS = Timing(
     node_stall_sec=5.0,
     registrar_stall_sec=5.0,
     misbehave_sec=6.0,
+    disk_full_sec=3.0,
 )
 
 

@@ -19,7 +19,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,7 @@ def _verdict(
         grace=timing.in_flight_grace_sec,
         handler_fails=scenario.handler_fails,
         stalled_for=scenario.stalled_for(timing) if scenario.stalled_for else None,
+        timeouts_in_fault=scenario.timeouts_in_fault,
     )
     audit_check, kept = audit_match(calls, event_ids)
     rotation_check, back = back_in_rotation(calls, bed.instances, fault, timing.tail_sec)
@@ -224,6 +225,8 @@ async def run_scenario(
     ``fabric`` if given (of the scenario's kind; the caller stops it), else on one of its
     own."""
     scenario = SCENARIOS[name]
+    if scenario.failures_before_unhealthy is not None:
+        timing = replace(timing, failures_before_unhealthy=scenario.failures_before_unhealthy)
     if fabric is not None and fabric.kind != scenario.fabric:
         raise ValueError(f"{name} runs on a {scenario.fabric} fabric, not {fabric.kind}")
     logs = workdir / "logs"

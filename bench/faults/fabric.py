@@ -4,7 +4,9 @@
 - ``cluster``: ``reach up --cluster 3`` (three nats-servers as one JetStream cluster);
 - ``operator``: a nats-server started on its own with the login gate's config (what
   ``reach nats-auth`` writes) and ``reach up --servers URL --auth-callout`` beside it, so
-  that the login gate and the server can fail apart.
+  that the login gate and the server can fail apart;
+- ``small-disk``: ``reach up`` with its store on a disk of its own, a small tmpfs that
+  really fills (mounting one needs root: :class:`NoSmallDisk` says so elsewhere).
 
 Every process runs in a temporary directory with its own store and a free loopback port;
 ``REACH_URL`` and ``REACH_CREDS`` are removed from the environment and the audit spool
@@ -30,10 +32,25 @@ from bench.procs import descendants, proc_stat
 if TYPE_CHECKING:
     from reach.fabric import Fabric as ReachFabric
 
-__all__ = ["FABRICS", "Fabric", "FabricError", "FabricKind", "start_fabric"]
+__all__ = [
+    "DISK_MB",
+    "FABRICS",
+    "Fabric",
+    "FabricError",
+    "FabricKind",
+    "NoSmallDisk",
+    "fill",
+    "mount_small_disk",
+    "start_fabric",
+    "unmount",
+]
 
-FabricKind = Literal["single", "cluster", "operator"]
-FABRICS: tuple[FabricKind, ...] = ("single", "cluster", "operator")
+FabricKind = Literal["single", "cluster", "operator", "small-disk"]
+FABRICS: tuple[FabricKind, ...] = ("single", "cluster", "operator", "small-disk")
+
+#: the small disk's size: room for the audit stream's smallest size cap (64 MiB, with as
+#: much again free within the server's limit of 75 % of the free space)
+DISK_MB = 256
 
 REACH = Path(sys.executable).parent / "reach"
 #: three servers, a leader election and R3 buckets on a busy machine
@@ -44,6 +61,52 @@ _READY_WORDS = "Agent-Reach up: "
 
 class FabricError(RuntimeError):
     """A fabric process did not start, or a fault cannot be injected into it."""
+
+
+class NoSmallDisk(FabricError):
+    """A small disk of its own could not be mounted here (it needs root and ``mount``)."""
+
+
+def mount_small_disk(where: Path, megabytes: int = DISK_MB) -> None:
+    """A tmpfs of ``megabytes`` at ``where`` (made if missing): a real filesystem that
+    really fills. :class:`NoSmallDisk` where mounting one is not allowed."""
+    import shutil
+
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        raise NoSmallDisk("a real full disk needs `mount` to make a small tmpfs; there is none")
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m,mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        why = made.stderr.decode(errors="replace").strip() or f"exit {made.returncode}"
+        raise NoSmallDisk(
+            f"a real full disk needs a small tmpfs, and mounting one was refused: {why}"
+        )
+
+
+def unmount(where: Path) -> None:
+    """Unmount the disk at ``where`` (lazily: a process still holding a file lets go later)."""
+    subprocess.run(["umount", "-l", str(where)], capture_output=True, check=False)
+
+
+def fill(disk: Path) -> Path:
+    """A file that takes every free byte of ``disk``; deleting it frees them."""
+    path = disk / "filler"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12, 1):  # the last bytes too
+            chunk = b"\0" * size
+            try:
+                while os.write(fd, chunk):
+                    pass
+            except OSError:  # ENOSPC: no room for another chunk of this size
+                continue
+    finally:
+        os.close(fd)
+    return path
 
 
 def base_env(workdir: Path, name: str) -> dict[str, str]:
@@ -67,6 +130,8 @@ class Fabric:
     ups: list[subprocess.Popen[bytes]] = field(default_factory=list)
     #: operator fabric only: the ``reach.fabric.Fabric`` that started ``server`` (servers alone)
     servers_only: ReachFabric | None = None
+    #: small-disk fabric only: where its disk is mounted (the store is in it)
+    disk: Path | None = None
 
     @property
     def creds(self) -> Path:
@@ -112,8 +177,13 @@ class Fabric:
         self.up = await _spawn_up(self.workdir, _operator_args(self.urls[0], self.store), self.ups)
 
     async def stop(self) -> None:
-        """SIGTERM every ``reach up`` (its servers stop with it), SIGKILL what is left."""
-        await _stop(self.ups, self.servers_only)
+        """SIGTERM every ``reach up`` (its servers stop with it), SIGKILL what is left;
+        unmount the small disk."""
+        try:
+            await _stop(self.ups, self.servers_only)
+        finally:
+            if self.disk is not None:
+                unmount(self.disk)
 
 
 async def _stop(ups: list[subprocess.Popen[bytes]], servers_only: ReachFabric | None) -> None:
@@ -199,6 +269,11 @@ async def start_fabric(kind: FabricKind, workdir: Path) -> Fabric:
             await _stop(ups, servers)
             raise
         return Fabric(kind, workdir, store, [server.url], up, server, ups, servers)
+    disk: Path | None = None
+    if kind == "small-disk":
+        disk = workdir / "disk"
+        mount_small_disk(disk)
+        store = disk / "store"
     args = ["--port", str(port), "--store", str(store)]
     if kind == "cluster":
         args += ["--cluster", "3"]
@@ -206,8 +281,10 @@ async def start_fabric(kind: FabricKind, workdir: Path) -> Fabric:
         up = await _spawn_up(workdir, args, ups)
     except BaseException:
         await _stop(ups, None)
+        if disk is not None:
+            unmount(disk)
         raise
-    return Fabric(kind, workdir, store, _ready_urls(workdir), up, None, ups)
+    return Fabric(kind, workdir, store, _ready_urls(workdir), up, None, ups, disk=disk)
 
 
 async def stream_info(conn: Any, stream: str) -> dict[str, Any]:

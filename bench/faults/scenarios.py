@@ -16,19 +16,21 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 from bench.faults.analysis import (
     Call,
     Check,
     Fault,
+    all_open_since,
     attempt_share,
     breaker_opened,
     first_fair,
     share_at,
 )
 from bench.faults.bed import Bed, Timing
-from bench.faults.fabric import FabricKind, leader_port, stream_info
+from bench.faults.fabric import FabricKind, fill, leader_port, stream_info
 from bench.procs import descendants
 
 __all__ = ["SCENARIOS", "FaultNotInjected", "Scenario"]
@@ -69,6 +71,11 @@ class Scenario:
     #: the server under the caller stalls: calls started within this of the stall's
     #: start may fail, none after
     stalled_for: Callable[[Timing], float] | None = None
+    #: every instance hangs: calls under way in the fault whose every attempt timed out
+    #: may fail (their retries, or the retry budget, ran out); no other call may
+    timeouts_in_fault: bool = False
+    #: the instances' manifest ``failures_before_unhealthy`` (default: the timing's)
+    failures_before_unhealthy: int | None = None
 
 
 async def _until(check: Callable[[], bool], timeout: float) -> float | None:
@@ -110,6 +117,21 @@ def _pause(seconds: Callable[[Timing], float]) -> FaultFn:
         return Fault(at, time.monotonic(), victim)
 
     return pause
+
+
+async def _hang_all(bed: Bed) -> Fault:
+    """SIGSTOP of every instance for ``all_hang_sec``: attempts time out everywhere, and
+    every breaker of the caller opens."""
+    pids = [bed.agents[a].pid for a in bed.instances]
+    at = time.monotonic()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(bed.timing.all_hang_sec)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    return Fault(at, time.monotonic())
 
 
 def _misbehave(sig: signal.Signals) -> FaultFn:
@@ -262,6 +284,43 @@ def _no_breaker_opened(
     return [Check("no breaker opens while the fabric comes back", not opened, detail)]
 
 
+def _all_open(bed: Bed, fault: Fault, calls: Sequence[Call], breakers: object) -> list[Check]:
+    """Every breaker was open at once (the fault did what it is for), and the calls
+    started meanwhile waited for a trial instead of failing (the failed-calls check
+    counts those that failed)."""
+    samples = cast(Sequence[Sequence[Any]], breakers)
+    since = all_open_since(samples, bed.instances, fault.at)
+    if since is None:
+        return [
+            Check(
+                "every breaker opens",
+                False,
+                f"never all open at once after the hang began ({len(samples)} samples)",
+            )
+        ]
+    waited = [c for c in calls if since <= c.start < fault.end]
+    failed = sum(1 for c in waited if not c.ok)
+    longest = max((c.end - c.start for c in waited if c.ok), default=0.0)
+    fault.facts.update(
+        all_open_after_sec=round(since - fault.at, 2),
+        started_all_open=len(waited),
+        longest_wait_sec=round(longest, 2),
+    )
+    return [
+        Check(
+            "every breaker opens",
+            True,
+            f"all {len(bed.instances)} open {since - fault.at:.2f}s after the hang began",
+        ),
+        Check(
+            "calls started with every breaker open wait for a trial",
+            bool(waited) and failed == 0,
+            f"{len(waited)} started then, {failed} failed; the longest served one took"
+            f" {longest:.2f}s",
+        ),
+    ]
+
+
 def _breaker_timing(bed: Bed, fault: Fault, calls: Sequence[Call], breakers: object) -> list[Check]:
     t = bed.timing
     victim = fault.victim or ""
@@ -399,6 +458,63 @@ async def _kill_server(bed: Bed) -> Fault:
     return Fault(at, back or time.monotonic(), None)
 
 
+def _said_since(log: Path, offset: int) -> str:
+    """What ``reach up`` wrote to ``log`` past ``offset``."""
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+async def _fill_disk(bed: Bed) -> Fault:
+    """A file takes every free byte of the store's disk while calls flow; once ``reach
+    up`` said so, the disk stays full ``disk_full_sec``, then the file is deleted. The
+    fault ends when ``reach up`` says its store takes writes again (it starts its
+    nats-server again: only a start reopens a store that met a write error)."""
+    fabric = bed.fabric
+    t = bed.timing
+    if fabric.disk is None:
+        raise FaultNotInjected("the store is on no disk of its own (a small-disk fabric)")
+    log = fabric.workdir / "up.err"
+    offset = log.stat().st_size if log.exists() else 0
+    at = time.monotonic()
+    filler = await asyncio.to_thread(fill, fabric.disk)
+    try:
+        named = await _until(
+            lambda: "its JetStream store takes no writes" in _said_since(log, offset),
+            t.store_named_sec,
+        )
+        await asyncio.sleep(t.disk_full_sec)
+    finally:
+        await asyncio.to_thread(filler.unlink)
+    freed = time.monotonic()
+    back = await _until(lambda: "takes writes again" in _said_since(log, offset), _BACK_TIMEOUT)
+    said = _said_since(log, offset)
+    named_sec = None if named is None else named - at
+    back_sec = None if back is None else back - freed
+    bed.checks += [
+        Check(
+            "reach up names the full store",
+            named_sec is not None and "no space left on device" in said,
+            ("never" if named_sec is None else f"{named_sec:.2f}s after the disk filled")
+            + f" (target ≤ {t.store_named_sec:g}s)",
+        ),
+        Check(
+            "the store takes writes again",
+            back_sec is not None and back_sec <= t.store_back_sec,
+            ("not" if back_sec is None else f"{back_sec:.2f}s after the disk had room")
+            + f" (target ≤ {t.store_back_sec:g}s)",
+        ),
+    ]
+    facts = {
+        "named_after_sec": None if named_sec is None else round(named_sec, 2),
+        "writes_again_after_sec": None if back_sec is None else round(back_sec, 2),
+    }
+    return Fault(at, back or time.monotonic(), None, facts)
+
+
 async def _gate_down_across_server_restart(bed: Bed) -> Fault:
     """The operator's layout: reach up (registrar and login gate) dies, the nats-server
     it answers logins for restarts meanwhile, reach up is back ``gate_down_sec`` later."""
@@ -509,6 +625,19 @@ SCENARIOS: dict[str, Scenario] = {
             rate_at_least=200.0,
         ),
         Scenario(
+            "all-breakers-open",
+            "every instance hangs 1.5 s: every breaker of the caller opens",
+            "single",
+            _hang_all,
+            extra=_all_open,
+            established_caller=True,
+            timeouts_in_fault=True,
+            # the registrar's verdict comes after the hang: the breakers alone set the
+            # instances aside (with every instance unhealthy a call fails at once with
+            # NoHealthyInstance, which names why)
+            failures_before_unhealthy=6,
+        ),
+        Scenario(
             "kill-non-idempotent",
             "SIGKILL of a non-idempotent instance, young caller",
             "single",
@@ -518,6 +647,12 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             "kill-registrar", "SIGKILL of reach up's registrar part", "single", _kill_registrar
+        ),
+        Scenario(
+            "disk-full",
+            "the store's disk fills, then has room again",
+            "small-disk",
+            _fill_disk,
         ),
         Scenario(
             "stall-caller-node",

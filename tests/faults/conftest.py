@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults.fabric import Fabric, start_fabric
+from bench.faults.fabric import Fabric, FabricKind, NoSmallDisk, start_fabric
 
 
-async def _running(kind: str, tmp_path: Path) -> AsyncIterator[Fabric]:
+async def _running(kind: FabricKind, tmp_path: Path) -> AsyncIterator[Fabric]:
     fabric = await start_fabric(kind, tmp_path)
     try:
         yield fabric
@@ -43,3 +43,17 @@ async def operator_fabric(tmp_path: Path) -> AsyncIterator[Fabric]:
     --auth-callout`` beside it as a process of its own."""
     async for fabric in _running("operator", tmp_path):
         yield fabric
+
+
+@pytest.fixture
+async def small_disk_fabric(tmp_path: Path) -> AsyncIterator[Fabric]:
+    """``reach up`` with its store on a small tmpfs of its own (skipped where mounting one
+    is not allowed: it needs root)."""
+    try:
+        fabric = await start_fabric("small-disk", tmp_path)
+    except NoSmallDisk as exc:
+        pytest.skip(str(exc))
+    try:
+        yield fabric
+    finally:
+        await fabric.stop()

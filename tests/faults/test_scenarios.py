@@ -143,3 +143,25 @@ async def test_a_stalled_registrar_marks_nobody_unhealthy_when_it_resumes(
     """``reach up``'s registrar part is SIGSTOPped while calls flow: no call fails, and
     once it resumes no instance is marked unhealthy or evicted on stale evidence."""
     await _scenario("stall-registrar", single_node, tmp_path)
+
+
+async def test_with_every_breaker_open_a_call_waits_for_the_trial(
+    single_node: Fabric, tmp_path: Path
+) -> None:
+    """Every instance hangs 1.5 s, long enough for every breaker of the caller to open and
+    short of the registrar's verdict: calls started then wait for a half-open trial and
+    are served once the instances resume (none fails with CircuitOpen); calls in flight
+    at the hang may fail only once every attempt they made timed out."""
+    outcome = await _scenario("all-breakers-open", single_node, tmp_path)
+    assert outcome["facts"]["started_all_open"] > 0
+    assert "CircuitOpen" not in outcome["errors"]
+
+
+async def test_a_full_disk_is_named_and_recovered_from_with_no_call_or_event_lost(
+    small_disk_fabric: Fabric, tmp_path: Path
+) -> None:
+    """The store's disk (a small tmpfs) fills while calls flow: ``reach up`` names it, no
+    call fails, and once the disk has room the store takes writes within 10 s; every
+    call's audit event, held meanwhile, is stored once."""
+    outcome = await _scenario("disk-full", small_disk_fabric, tmp_path)
+    assert outcome["ok"] == outcome["sent"] == outcome["audit_kept"]
