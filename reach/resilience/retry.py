@@ -149,17 +149,20 @@ class RetryPolicy:
                     try:
                         return await self._runner.attempt(state, meta, body)
                     except CircuitOpen as exc:
+                        latest = exc
                         if not trials:
-                            latest = exc
                             raise
-                        value, error = await self.wait_for_trial(exc, state, meta, body)
-                        if error is None:
-                            return value
-                        latest = error
-                        raise error from None
                     except ReachError as exc:
                         latest = exc
                         raise
+                    # every breaker open: wait for a trial (outside the except block: the
+                    # compiled build cannot await inside one)
+                    assert isinstance(latest, CircuitOpen)
+                    value, error = await self.wait_for_trial(latest, state, meta, body)
+                    if error is None:
+                        return value
+                    latest = error
+                    raise error
         except ReachError as exc:
             if not exc.retryable:
                 # a retry reached an instance that answered: its business, contract or auth
