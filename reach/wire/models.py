@@ -181,8 +181,11 @@ _FEATURES_HELP = (
 
 class _Model(BaseModel):
     # no NaN or infinity anywhere: JSON has none, and an infinite SLA or time is a bug
-    # that would surface far away (a deadline no one can compute, a record no one reads)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # that would surface far away (a deadline no one can compute, a record no one reads).
+    # Each model builds its validator when first used, not at import: a process uses a
+    # few of them (`reach validate` the manifest's alone), and building all of them is
+    # most of what importing this module costs.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied; values computed once from the fields
