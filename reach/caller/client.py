@@ -37,7 +37,7 @@ from reach.caller.result import CallResult
 from reach.caller.routecache import NAMED_CANDIDATES, RouteCache
 from reach.caller.routing import Peers, RouteEntry
 from reach.clock import Clock, system_clock
-from reach.errors import ConfigurationError, DiscoveryError, NotFound, ReachError
+from reach.errors import ConfigurationError, NotFound, ReachError
 from reach.registry.store import RegistryStore
 from reach.resilience import BreakerBoard, BreakerConfig, RetryBudget
 from reach.resilience.fallback import NO_FALLBACK, Fallback
@@ -195,12 +195,7 @@ class ReachClient:
 
     async def _join(self, conn: Connection, creds: CredentialsFile | None) -> None:
         """Registry, token session, route cache, audit writer."""
-        try:
-            store = await RegistryStore.open(conn, create=False)
-        except ConfigurationError:
-            raise DiscoveryError(
-                f"no registry at {', '.join(self.servers)}: is `reach up` running?"
-            ) from None
+        store = await RegistryStore.existing(conn, self.servers)
         attempts = self._attempts
         attempts.conn = conn
         attempts.request = conn.raw_request

@@ -93,21 +93,36 @@ def render_table(
     return table
 
 
+def matching(
+    instances: list[Instance], capability: str | None, tags: tuple[str, ...]
+) -> list[Instance]:
+    """The instances offering ``capability`` (any, if None) through a capability that
+    carries every one of ``tags``, by agent id: what a caller's route cache finds."""
+    wanted = set(tags)
+
+    def offers(inst: Instance) -> bool:
+        return any(
+            (capability is None or cap.name == capability) and wanted <= set(cap.tags)
+            for cap in inst.manifest.capabilities
+        )
+
+    return sorted((i for i in instances if offers(i)), key=lambda i: i.agent_id)
+
+
 async def _agents(
     target: Target, tag: tuple[str, ...], capability: str | None, as_json: bool
 ) -> None:
     from reach.audit.stats import LATENCY
-    from reach.caller.client import ReachClient
+    from reach.registry.store import RegistryStore
 
-    async with ReachClient(servers=target.servers, credentials=target.credentials) as client:
-        instances = await client.discover(capability=capability, tags=tag, include_unhealthy=True)
-    now = time.time()
-    p99: dict[str, float] = {}
-    if instances:
-        # the audit stream over an operator's connection, as `reach top` reads it: a
-        # client's is placed with the callers, where the stream is not served
-        async with connection(target, "reach-agents") as conn:
-            p99 = await observed_p99(conn, now)
+    # one operator's connection, as `reach top` reads: the registry's records at once,
+    # then the audit stream (a client's connection is placed with the callers, where
+    # the stream is not served)
+    async with connection(target, "reach-agents") as conn:
+        store = await RegistryStore.existing(conn, target.servers)
+        instances = matching((await store.snapshot())[0], capability, tag)
+        now = time.time()
+        p99 = await observed_p99(conn, now) if instances else {}
     if as_json:
         for inst in instances:
             record = inst.model_dump(mode="json")

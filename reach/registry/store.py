@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 from pydantic import ValidationError
 
-from reach.errors import CodecError, ReachError
+from reach.errors import CodecError, ConfigurationError, DiscoveryError, ReachError
 from reach.registry.routerepair import RouteRepair
 from reach.transport import Connection, KVBucket
 from reach.wire import codec, subjects
@@ -140,6 +140,17 @@ class RegistryStore:
             subjects.REGISTRY_BUCKET, create=create, replicas=replicas, public=True
         )
         return cls(bucket, repair=create)
+
+    @classmethod
+    async def existing(cls, conn: Connection, servers: Sequence[str]) -> RegistryStore:
+        """The registry of the fabric at ``servers``, which must be there already:
+        DiscoveryError asking whether ``reach up`` runs when it is not."""
+        try:
+            return await cls.open(conn, create=False)
+        except ConfigurationError:
+            raise DiscoveryError(
+                f"no registry at {', '.join(servers)}: is `reach up` running?"
+            ) from None
 
     async def get(self, agent_id: str) -> tuple[Instance, int] | None:
         entry = await self.bucket.get(subjects.agent_key(agent_id))
