@@ -486,7 +486,8 @@ def test_a_trial_in_flight_is_a_chance_now_for_a_waiting_call(clock: ManualClock
     while breaker.allow():
         pass
     now = clock.monotonic()
-    assert breaker.retry_at is not None and breaker.retry_at > now + 1.0
+    assert breaker.retry_at is not None
+    assert breaker.retry_at > now + 1.0
     assert breaker.next_chance() == now
     assert board.earliest_retry_at(["a"]) == now
     breaker.record_failure()  # the trial failed: open again, for twice as long

@@ -21,8 +21,8 @@ from nats.js.api import KeyValueConfig, RePublish
 
 from reach.registry.partitions import partition_of
 from reach.security import accounts, natsconf
+from reach.security.accounts import PARTICIPANT_SUFFIX
 from reach.security.callout import (
-    PARTICIPANT_SUFFIX,
     AuthCallout,
     CalloutRequest,
     Permissions,

@@ -188,7 +188,7 @@ async def test_a_callee_cannot_use_the_tokens_its_callers_send_it_anywhere_else(
     never reaches a callee."""
     import asyncio
 
-    from reach.security.issuer import TokenRequest
+    from reach.security.tokenexchange import TokenRequest
     from reach.security.tokens import TokenRejected
     from reach.wire.modelcodec import encode_model
 
@@ -265,7 +265,7 @@ async def test_a_retired_signing_key_cannot_mint_call_tokens(fabric: Fabric) -> 
     token signed with the current key)."""
     import jwt as pyjwt
 
-    from reach.security.issuer import TokenRequest
+    from reach.security.tokenexchange import TokenRequest
     from reach.wire.modelcodec import encode_model
 
     assert fabric.issuer.ring is not None

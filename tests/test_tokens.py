@@ -501,7 +501,7 @@ def test_a_call_token_is_for_one_capability_and_outlives_nothing(
 def test_a_token_request_is_a_login_or_an_exchange_never_both() -> None:
     from pydantic import ValidationError
 
-    from reach.security.issuer import TokenRequest
+    from reach.security.tokenexchange import TokenRequest
 
     TokenRequest(client_id="a", secret="s")
     TokenRequest(client_id="a", token="t", audience="orders")
@@ -718,8 +718,8 @@ async def test_a_session_keeps_a_bounded_number_of_call_tokens(
     (or a typo in a loop) does not grow the session without bound."""
     from reach.security import session as session_module
     from reach.security.credentials import CredentialsFile
-    from reach.security.issuer import TokenReply
     from reach.security.session import TokenSession
+    from reach.security.tokenexchange import TokenReply
 
     monkeypatch.setattr(session_module, "MAX_CALL_TOKENS", 3)
     session = TokenSession(None, CredentialsFile("nats://x", "c", "s"))  # type: ignore[arg-type]

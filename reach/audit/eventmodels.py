@@ -28,8 +28,9 @@ __all__ = [
 
 
 class _Model(BaseModel):
-    # readers accept events from newer writers: unknown keys are ignored
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # readers accept events from newer writers: unknown keys are ignored. Each model
+    # builds its validator when first used: a reader uses some of them
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class AuditAttempt(_Model):

@@ -41,8 +41,14 @@ from collections.abc import Mapping
 from reach.transport.kvfollow import republish_prefix
 from reach.wire import subjects
 
+#: the end of the connection name of a login that joins the fabric as a participant (an
+#: agent, a client): an admin's credential is then placed with the callers and agents,
+#: whom it could not reach from the fabric account, rather than where JetStream is
+PARTICIPANT_SUFFIX = "@clients"
+
 __all__ = [
     "JS_ACCOUNT_INFO",
+    "PARTICIPANT_SUFFIX",
     "REQUEST_INFO_HEADER",
     "RESPONSE_THRESHOLD",
     "SHARED_IMPORTS",

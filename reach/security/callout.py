@@ -36,6 +36,7 @@ from typing import Any
 
 from reach.errors import ReachError
 from reach.security import accounts, natsconf
+from reach.security.accounts import PARTICIPANT_SUFFIX
 from reach.security.natsjwt import decode_jwt, encode_jwt
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
@@ -44,7 +45,6 @@ from reach.wire import subjects
 
 __all__ = [
     "AUTH_SUBJECT",
-    "PARTICIPANT_SUFFIX",
     "ROLES",
     "AuthCallout",
     "Authenticator",
@@ -113,11 +113,6 @@ def _kv_follow(bucket: str) -> str:
 
 #: where callers and agents live: an account without JetStream (reach.security.accounts)
 _CLIENTS = natsconf.CLIENT_ACCOUNT
-
-#: the end of the connection name of a login that joins the fabric as a participant (an
-#: agent, a client): an admin's credential is then placed with the callers and agents,
-#: whom it could not reach from the fabric account, rather than where JetStream is
-PARTICIPANT_SUFFIX = "@clients"
 
 
 def permissions_for(

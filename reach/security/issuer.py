@@ -17,8 +17,6 @@ import asyncio
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, CodecError, ContractError, ReachError
 from reach.security.accounts import requester
@@ -33,9 +31,9 @@ from reach.security.credentials import (
 )
 from reach.security.ratelimit import RateByKey
 from reach.security.refusals import RefusalLog
+from reach.security.tokenexchange import TokenReply, TokenRequest
 from reach.security.tokens import (
     DEFAULT_TTL_SEC,
-    MAX_TOKEN_CHARS,
     Claims,
     KeyRing,
     KeyStore,
@@ -48,9 +46,8 @@ from reach.tasks import cancel_and_wait
 from reach.transport import Connection, Message, Subscription
 from reach.wire import envelope, subjects
 from reach.wire.modelcodec import decode_model, encode_model
-from reach.wire.models import SubjectToken
 
-__all__ = ["TokenReply", "TokenRequest", "TokenService", "ensure_first_credentials"]
+__all__ = ["TokenService", "ensure_first_credentials"]
 
 log = logging.getLogger("reach.issuer")
 
@@ -61,48 +58,6 @@ TOKEN_BURST = 500.0
 #: revocation acked a moment ago counts) before it takes the record of the cache that
 #: follows the bucket: a call must not wait out its deadline on a busy JetStream
 FRESH_READ_SEC = 0.2
-
-
-class TokenRequest(BaseModel):
-    """A login (``secret``: a fabric token) or an exchange (``token``, the client's valid
-    fabric token, ``audience``, a capability, and ``instance``, the agent id of one of
-    its instances: a token for calls to that instance; without ``instance``, for calls
-    to the capability's queue group).
-
-    ``actor_token``, in an exchange: the fabric token of a gateway calling for the
-    client, whose fabric token it holds because the client logged in through it. The
-    call token then names the gateway as its actor (RFC 8693 ``act``); only a credential
-    with the ``gateway`` role may act for others."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    client_id: str = Field(min_length=1, max_length=64)
-    secret: str | None = Field(None, min_length=1, max_length=512)
-    token: str | None = Field(None, min_length=1, max_length=MAX_TOKEN_CHARS)
-    audience: SubjectToken | None = None
-    instance: SubjectToken | None = None
-    actor_token: str | None = Field(None, min_length=1, max_length=MAX_TOKEN_CHARS)
-
-    @model_validator(mode="after")
-    def _one_proof(self) -> TokenRequest:
-        if (self.secret is None) == (self.token is None):
-            raise ValueError("give either secret or token")
-        if self.token is not None and self.audience is None:
-            raise ValueError("an exchange of a token names its audience (a capability)")
-        if self.instance is not None and self.audience is None:
-            raise ValueError("an instance is one of a capability's: name the audience too")
-        if self.actor_token is not None and self.token is None:
-            raise ValueError("an actor_token acts in an exchange: give the client's token too")
-        return self
-
-
-class TokenReply(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    token: str
-    expires_at: float = Field(description="Unix seconds")
-    level: int
-    agent_id: str | None = None
 
 
 class TokenService:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, ConfigurationError
-from reach.security.callout import PARTICIPANT_SUFFIX
+from reach.security.accounts import PARTICIPANT_SUFFIX
 from reach.security.credentials import CredentialsFile
 from reach.security.session import TokenSession
 from reach.security.tokens import KeyStore, TokenVerifier

@@ -20,7 +20,7 @@ import jwt
 from reach.clock import Clock, system_clock
 from reach.errors import AuthenticationFailed, Disconnected, ReachError, Unavailable
 from reach.security.credentials import CredentialsFile
-from reach.security.issuer import TokenReply, TokenRequest
+from reach.security.tokenexchange import TokenReply, TokenRequest
 from reach.tasks import cancel_and_wait
 from reach.transport import Connection
 from reach.wire import envelope, subjects

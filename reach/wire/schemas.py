@@ -23,7 +23,7 @@ from pydantic.json_schema import SkipJsonSchema
 from reach.agent.jobs import JobRecord
 from reach.audit.alerts import Alert
 from reach.audit.eventmodels import AuditAttempt, AuditBatch, AuditEvent, AuditNotice
-from reach.security.issuer import TokenReply, TokenRequest
+from reach.security.tokenexchange import TokenReply, TokenRequest
 from reach.wire.envelope import MAX_BATCH_ITEMS
 from reach.wire.models import (
     AnnounceReply,
