@@ -6,7 +6,11 @@ connection is lost or their client closes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -636,3 +640,87 @@ async def test_a_call_in_flight_when_the_client_closes_fails_at_once_as_disconne
                 await asyncio.wait_for(call, 5)
         finally:
             release.set()  # before the agent stops: it waits for the calls it serves
+
+
+#: an instance of ``work`` in a process of its own (the agent id and the server's URL as
+#: arguments): killed, it leaves its record in the registry and nobody on its subject
+_AGENT_PROCESS = """
+import asyncio, sys
+from reach import Agent
+
+manifest = {
+    "agent_id": sys.argv[1], "agent_name": "test", "version": "1.0.0",
+    "capabilities": [{
+        "name": "work", "tags": ["work"], "latency_sla_ms": 400, "idempotent": True,
+        "input_schema": {"type": "object"}, "output_schema": {"type": "object"},
+    }],
+    "health": {"interval_sec": 0.5, "timeout_sec": 0.3, "failures_before_unhealthy": 2},
+}
+agent = Agent(manifest, servers=sys.argv[2])
+
+@agent.capability("work")
+async def work(req: dict) -> dict:
+    return {"ok": True}
+
+async def main() -> None:
+    async with agent:
+        print("serving", flush=True)
+        await agent.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+async def _agent_process(agent_id: str, url: str, cwd: Path) -> asyncio.subprocess.Process:
+    """The agent's process, once it serves (in ``cwd``, without the user's fabric)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_")}
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-c", _AGENT_PROCESS, agent_id, url),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), SETTLE)
+    if line != b"serving\n":
+        await proc.wait()
+        raise AssertionError((await proc.stderr.read()).decode()[-2000:])
+    return proc
+
+
+async def test_a_client_new_to_the_fabric_waits_for_an_agent_logging_in_again(
+    nats_server: NatsServer, registrar: Registrar, tmp_path: Path
+) -> None:
+    """The server restarts while an agent cannot log in again yet (its process stopped
+    meanwhile): its record stays in the registry, nobody listens on its subject, and the
+    registrar's probes mark it unhealthy. A client started then, as a script run right
+    after ``reach up``, is as new to the fabric as one that reconnected: its call waits
+    within its deadline for the agent to log in again, and is served, instead of failing
+    at once with NoHealthyInstance."""
+    agent = await _agent_process("back-1", nats_server.url, tmp_path)
+    try:
+        agent.send_signal(signal.SIGSTOP)
+        nats_server.restart()
+        async with ReachClient(servers=nats_server.url) as client:
+            # the registrar's probes found nobody: the record says unhealthy
+            await until(
+                lambda: [
+                    i
+                    for i in client.routes.find("work", include_unhealthy=True)
+                    if i.status == "unhealthy"
+                ],
+                "the record marked unhealthy",
+                timeout=SETTLE,
+            )
+            call = asyncio.create_task(client.call("work", {}, timeout=SETTLE))
+            await asyncio.sleep(0)  # the call is under way before the agent can log in
+            agent.send_signal(signal.SIGCONT)
+            served = await call
+        assert served.agent_id == "back-1"
+    finally:
+        if agent.returncode is None:
+            agent.send_signal(signal.SIGCONT)
+            agent.kill()
+            await agent.wait()

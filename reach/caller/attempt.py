@@ -68,7 +68,7 @@ class AttemptRunner:
     ``conn``, ``security`` and ``request`` are the client's once it is connected;
     ``closing`` is set when the client closes (calls in flight fail, and are not
     retried). ``reconnected_at`` and ``settle_sec`` say whether the fabric is settling
-    after this client's connection came back (``settling``)."""
+    after this client's connection came up or back (``settling``)."""
 
     def __init__(
         self, clock: Clock, breakers: BreakerBoard, peers: Peers, jobs: ClientJobs
@@ -97,9 +97,9 @@ class AttemptRunner:
         self.reconnected_at = self._clock.monotonic()
 
     def settling(self) -> bool:
-        """Is the fabric settling after this client's connection came back (or is the
-        connection away)? Agents reconnect on their own schedule, often after the caller:
-        meanwhile their subjects have nobody listening."""
+        """Is the fabric settling after this client's connection came up or back (or is
+        the connection away)? Agents reconnect on their own schedule, often after the
+        caller: meanwhile their subjects have nobody listening."""
         conn = self.conn
         if conn is None:
             return False

@@ -199,6 +199,10 @@ class ReachClient:
         attempts = self._attempts
         attempts.conn = conn
         attempts.request = conn.raw_request
+        # a client that connects is as new to the fabric as one that reconnects: started
+        # right after `reach up` (a script, `reach call`), it may find agents that have
+        # not logged in again yet
+        attempts.on_reconnect()
         conn.on_reconnect(attempts.on_reconnect)
         self._planner.max_body = conn.max_payload - REQUEST_FRAMING
         self._jobs.conn = conn
