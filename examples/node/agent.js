@@ -2,10 +2,11 @@
 //
 //   node agent.js CREDS_FILE AGENT_ID CAPABILITY [SECURITY_LEVEL]
 //
-// It verifies every call token (EdDSA, key pub.<kid> from REACH_KEYS), checks input and
-// output against the capability's JSON Schemas, answers failures as {kind, code, desc},
-// answers a retried call id from memory, announces, heartbeats, answers probes, and
-// records each call it serves in REACH_AUDIT (so its replies say aud: true).
+// It verifies every call token (EdDSA, key pub.<kid> from REACH_KEYS), refuses a replayed
+// request, answers a repeated call id of the same client from memory once its token is
+// checked, checks input and output against the capability's JSON Schemas, answers
+// failures as {kind, code, desc}, announces, heartbeats, answers probes, and records in
+// REACH_AUDIT each call whose request does not say au (its replies then say aud: true).
 import Ajv2020 from "ajv/dist/2020.js";
 import { decodeProtectedHeader, importJWK, jwtVerify } from "jose";
 import { bodyOf, decode, encode, fabricToken, fail, login, ok, random, request } from "./wire.js";
@@ -60,6 +61,7 @@ await nc.subscribe("reach.v1.kv.REACH_KEYS.pub.>", {
 });
 
 async function verify(token, audience) {
+  if (token == null) throw { kind: "denied", code: "no_token", desc: `${name} requires a token` };
   try {
     const { key, notAfter } = await publicKey(decodeProtectedHeader(token));
     const { payload } = await jwtVerify(token, key, {
@@ -73,7 +75,7 @@ async function verify(token, audience) {
   }
 }
 
-// -- calls
+// -- calls, in the order of the protocol's section 9.6
 function contractError(errors) {
   const [e] = errors;
   const field = e.params.missingProperty ?? e.params.additionalProperty;
@@ -81,43 +83,67 @@ function contractError(errors) {
   return { kind: "contract", code: e.keyword, desc: `${path || "<root>"}: ${e.message}` };
 }
 
-async function serve(subject, env, claims) {
+const MAX_AHEAD_MS = 24 * 3600 * 1000; // the furthest ahead a call's deadline may lie
+const servedUntil = new Map(); // "client id at" -> deadline (ms): a replay is refused
+const recent = new Map(); // "client key" -> reply: a repeat of a client's call, answered again
+
+function forgetServed(now) {
+  for (const [seen, until] of servedUntil) if (until < now) servedUntil.delete(seen);
+}
+
+async function serve(subject, env, claims, audited) {
   if (env.v !== 1) throw { kind: "contract", code: "version", desc: `protocol version ${env.v}` };
+  // the token before anything else: no token, no work (and no reply from memory)
   const own = subject === `reach.v1.cap.${name}.${agentId}`; // else the queue subject
   Object.assign(claims, await verify(env.tok, own ? `call:${name}:${agentId}` : `call:${name}`));
   if (claims.lvl < level) {
     const desc = `${name} requires clearance level ${level}; holds ${claims.lvl}`;
     throw { kind: "denied", code: `insufficient_level:${level}:${claims.lvl}`, desc };
   }
-  if (env.dl != null && Number(env.dl) < Date.now()) {
+  // the deadline (none: the agent's own, 1.5 x the SLA) and replay, per client
+  const now = Date.now();
+  const deadline = env.dl == null ? now + 1.5 * capability.latency_sla_ms : Number(env.dl);
+  if (deadline > now + MAX_AHEAD_MS) {
+    throw { kind: "denied", code: "deadline_too_far", desc: "the deadline lies over 24 h ahead" };
+  }
+  const seen = `${claims.sub} ${env.id} ${env.at}`;
+  forgetServed(now);
+  if (servedUntil.has(seen)) {
+    throw { kind: "denied", code: "replayed", desc: `call ${env.id} attempt ${env.at} replayed` };
+  }
+  servedUntil.set(seen, deadline);
+  if (deadline < now) {
     throw { kind: "timeout", code: "deadline_passed", desc: "the call's deadline has passed" };
   }
+  // a repeat of a call this client made is answered as the first time
+  const key = `${claims.sub} ${env.ik ?? env.id}`;
+  if (recent.has(key)) return recent.get(key);
   const input = decode(env.b);
   if (!checkInput(input)) throw contractError(checkInput.errors);
   const output = await handler(input);
   if (!checkOutput(output)) throw { kind: "contract", code: "output", desc: "output breaks its schema" };
   served += 1;
   lastCompletionAt = Date.now() / 1000;
-  return ok(output, agentId, { aud: true });
+  const reply = ok(output, agentId, audited ? { aud: true } : {});
+  recent.set(key, reply);
+  if (recent.size > 4096) recent.delete(recent.keys().next().value);
+  return reply;
 }
 
-const recent = new Map(); // call id -> reply: a retried call is answered, not run again
 async function onCall(msg) {
   const started = Date.now();
   const env = decode(msg.data);
-  if (recent.has(env.id)) return msg.respond(recent.get(env.id));
   const claims = {};
+  const audited = !env.au; // a caller that records its calls itself says au
   let reply, failure;
   try {
-    reply = await serve(msg.subject, env, claims);
+    reply = await serve(msg.subject, env, claims, audited);
   } catch (err) {
     failure = err.kind ? err : { kind: "internal", code: "Error", desc: String(err) };
     reply = fail(failure.kind, failure.code, failure.desc, agentId);
   }
-  recent.set(env.id, reply);
-  if (recent.size > 4096) recent.delete(recent.keys().next().value);
   msg.respond(reply);
-  audit(env, claims, started, failure).catch(() => {}); // auditing never fails a call
+  if (audited) audit(env, claims, started, failure).catch(() => {}); // never fails a call
 }
 
 // One callee event, a batch of rows under the agent's own client id.

@@ -560,7 +560,9 @@ class CallServer:
                 f"call {meta.call_id}: its deadline lies more than {MAX_AHEAD_SEC:g} s ahead",
                 claims,
             )
-        if not self._recent.first_time(meta.call_id, meta.attempt, meta.deadline_ms / 1000.0):
+        if not self._recent.first_time(
+            claims.client_id, meta.call_id, meta.attempt, meta.deadline_ms / 1000.0
+        ):
             return self._deny(
                 endpoint,
                 meta,

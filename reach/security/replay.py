@@ -4,10 +4,12 @@ calls it served until their deadlines pass.
 A call's bytes can be sent again by whoever saw them: the instance that received it (or
 anyone on the wire). A copy sent to another instance is refused there: its call token is
 for the first instance only (``call_audience``). A copy sent to the same instance is
-refused while its deadline lives, since the callee remembers its (call id, attempt); once
-the deadline has passed it is refused as late. So a callee needs a deadline on every
-call (one without gets the callee's own: now plus the capability's default timeout) and
-a bound on how far ahead one may lie.
+refused while its deadline lives, since the callee remembers its (client, call id,
+attempt); once the deadline has passed it is refused as late. The client is part of it:
+a copy carries its sender's token, and another client that reuses a call id (it cannot
+know whose call it is) must not make the real caller's next attempt look replayed. So a
+callee needs a deadline on every call (one without gets the callee's own: now plus the
+capability's default timeout) and a bound on how far ahead one may lie.
 
 A pure state machine on an injected clock.
 """
@@ -27,7 +29,7 @@ MAX_REMEMBERED = 1_000_000
 
 
 class RecentCalls:
-    """The (call id, attempt) pairs served, each kept until its deadline (Unix seconds)."""
+    """The (client, call id, attempt) served, each kept until its deadline (Unix seconds)."""
 
     __slots__ = ("_clock", "_max", "_seen")
 
@@ -37,15 +39,15 @@ class RecentCalls:
         self._clock = clock
         self._max = max_remembered
         #: in arrival order; deadlines mostly grow with it, so the front expires first
-        self._seen: OrderedDict[tuple[str, int], float] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str, int], float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def first_time(self, call_id: str, attempt: int, deadline: float) -> bool:
-        """Remember a call until ``deadline``; False if it was seen (a replay)."""
+    def first_time(self, client: str, call_id: str, attempt: int, deadline: float) -> bool:
+        """Remember ``client``'s call until ``deadline``; False if it was seen (a replay)."""
         seen = self._seen
-        key = (call_id, attempt)
+        key = (client, call_id, attempt)
         if key in seen:
             return False
         self._forget_expired()

@@ -7,8 +7,10 @@ verified (EdDSA, the key ``pub.<kid>`` from REACH_KEYS, issuer ``reach``, audien
 ``call:<capability>:<agent_id>`` on its instance subject or ``call:<capability>`` on the
 queue subject, expiry, the key's ``not_after``, revocations, clearance level), the input
 and output are checked against the capability's schemas, failures are answered with the
-uniform ``{kind, code, desc}``, a retried call id is answered from memory, and each call
-it serves is written to REACH_AUDIT as a callee event (so its replies say ``aud``).
+uniform ``{kind, code, desc}``, a replayed request is refused, a repeated call id of the
+same client is answered from memory (once its token is checked), and each call whose
+request does not say ``au`` is written to REACH_AUDIT as a callee event (and its reply
+says ``aud``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .wire import Creds, WireError, body_of, connect, error, fabric_token, ok, p
 Handler = Callable[[Any], Awaitable[Any]]
 LEEWAY = 30  # seconds of clock skew tolerated on a token's times
 RECENT = 4096  # call ids remembered, with their replies, for retried calls
+MAX_AHEAD_SEC = 24 * 3600  # the furthest ahead a call's deadline may lie
 
 
 class RawAgent:
@@ -47,7 +50,10 @@ class RawAgent:
         self.started_at = time.time()
         self.served = 0
         self.last_completion_at: float | None = None  # Unix seconds
-        self.recent: OrderedDict[str, bytes] = OrderedDict()
+        #: replies by (client, idempotency key or call id), for a repeat of a call
+        self.recent: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        #: (client, call id, attempt) served, until its deadline (Unix seconds): replays
+        self.served_at: dict[tuple[str, str, Any], float] = {}
         self.keys: dict[str, tuple[Ed25519PublicKey, float | None]] = {}
         self.revoked: dict[str, float] = {}  # client id -> revoked_at (Unix seconds)
         self.nc: Client | None = None
@@ -180,9 +186,11 @@ class RawAgent:
     async def verify(self, token: Any, audience: str) -> dict[str, Any]:
         """The claims of a genuine call token for ``audience``; WireError ``denied``
         otherwise. Whether its level suffices is the caller's to check."""
+        if token is None:
+            raise WireError("denied", "no_token", f"{self.name} requires a token")
         try:
             if not isinstance(token, str):
-                raise ValueError("no token")
+                raise ValueError("not a string")
             header = jwt.get_unverified_header(token)
             if header.get("alg") != "EdDSA" or not isinstance(header.get("kid"), str):
                 raise ValueError("only EdDSA tokens with a kid")
@@ -217,28 +225,27 @@ class RawAgent:
         if not isinstance(env, dict):  # a batch (never sent: no "batch" feature) or garbage
             await msg.respond(error("contract", "bad_batch", "one request map only", self.agent_id))
             return
-        call_id = str(env.get("id", ""))
-        if call_id and call_id in self.recent:  # a retry of a call it answered
-            await msg.respond(self.recent[call_id])
-            return
         claims: dict[str, Any] = {}
+        audited = not env.get("au")  # the caller says whether it records the call itself
         try:
-            reply = await self._serve(msg.subject, env, claims)
+            reply = await self._serve(msg.subject, env, claims, audited)
         except WireError as exc:
             reply = error(exc.kind, exc.code, exc.desc, self.agent_id)
-            self._spawn(self._audit(env, claims, started, exc))
+            if audited:
+                self._spawn(self._audit(env, claims, started, exc))
         else:
-            self._spawn(self._audit(env, claims, started, None))
-        if call_id:
-            self.recent[call_id] = reply
-            while len(self.recent) > RECENT:
-                self.recent.popitem(last=False)
+            if audited:
+                self._spawn(self._audit(env, claims, started, None))
         await msg.respond(reply)
 
-    async def _serve(self, subject: str, env: dict[str, Any], claims: dict[str, Any]) -> bytes:
-        """The reply to one call; ``claims`` gets the verified token's (for the audit)."""
+    async def _serve(
+        self, subject: str, env: dict[str, Any], claims: dict[str, Any], audited: bool
+    ) -> bytes:
+        """The reply to one call, in the order of the protocol's section 9.6; ``claims``
+        gets the verified token's (for the audit)."""
         if env.get("v") != 1:
             raise WireError("contract", "version", f"protocol version {env.get('v')!r}, not 1")
+        # 2. the token, before anything else: no token, no work (and no reply from memory)
         instance = subject == f"reach.v1.cap.{self.name}.{self.agent_id}"
         audience = f"call:{self.name}:{self.agent_id}" if instance else f"call:{self.name}"
         claims.update(await self.verify(env.get("tok"), audience))
@@ -246,9 +253,39 @@ class RawAgent:
         if not isinstance(level, int) or level < self.level:
             desc = f"{self.name} requires clearance level {self.level}; holds {level}"
             raise WireError("denied", f"insufficient_level:{self.level}:{level}", desc)
+        # 3. the deadline (none: this agent's own) and replay, per client
+        now = time.time()
         deadline = env.get("dl")
-        if isinstance(deadline, int) and deadline < time.time() * 1000:
+        if not isinstance(deadline, int):
+            deadline = int((now + 1.5 * self.cap.get("latency_sla_ms", 1000) / 1000) * 1000)
+        elif deadline > (now + MAX_AHEAD_SEC) * 1000:
+            raise WireError("denied", "deadline_too_far", "the deadline lies over 24 h ahead")
+        seen = (str(claims["sub"]), str(env.get("id", "")), env.get("at"))
+        self._forget_served(now)
+        if seen in self.served_at:
+            raise WireError("denied", "replayed", f"call {seen[1]} attempt {seen[2]} replayed")
+        self.served_at[seen] = deadline / 1000
+        # 4. a deadline passed
+        if deadline < now * 1000:
             raise WireError("timeout", "deadline_passed", "the call's deadline has passed")
+        # 5. a repeat of a call this client made is answered as the first time
+        key = (str(claims["sub"]), str(env.get("ik") or env.get("id", "")))
+        if key[1] and key in self.recent:
+            return self.recent[key]
+        reply = await self._run(env, audited)
+        if key[1]:
+            self.recent[key] = reply
+            while len(self.recent) > RECENT:
+                self.recent.popitem(last=False)
+        return reply
+
+    def _forget_served(self, now: float) -> None:
+        for seen, until in list(self.served_at.items()):
+            if until < now:
+                del self.served_at[seen]
+
+    async def _run(self, env: dict[str, Any], audited: bool) -> bytes:
+        """Steps 7 to 10: the input checked, the handler run, its output checked."""
         try:
             payload = unpack(env.get("b", b""))
         except Exception:
@@ -266,7 +303,7 @@ class RawAgent:
             raise WireError("contract", "output", f"output: {problem.message}")
         self.served += 1
         self.last_completion_at = time.time()
-        return ok(result, self.agent_id, aud=True)
+        return ok(result, self.agent_id, **({"aud": True} if audited else {}))
 
     async def _audit(
         self, env: dict[str, Any], claims: dict[str, Any], started: float, exc: WireError | None
