@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -96,3 +97,44 @@ async def test_what_a_handed_message_raises_ends_the_follow_with_it(
         assert got == [1, 2]  # nothing handed after it
     finally:
         await conn.close()
+
+
+async def test_a_reader_told_to_stop_while_messages_flow_stops(nats_server: NatsServer) -> None:
+    """A reader cancelled (Ctrl-C on ``reach audit tail --follow``) as a message arrives
+    stops: the cancellation is not lost to the message. Messages flow steadily while
+    readers are started and cancelled at slightly different moments, many times over."""
+    conn = await connect([nats_server.url], name="reader")
+    writer = await connect([nats_server.url], name="writer")
+    stop = asyncio.Event()
+
+    async def flow() -> None:
+        n = 0
+        while not stop.is_set():
+            await writer.publish(f"flow.{n % 3}", b"x")
+            n += 1
+            await asyncio.sleep(0.0005)
+
+    publishing = asyncio.create_task(flow())
+    lost = 0
+    try:
+        stream = await conn.stream("FLOW", ["flow.>"], create=True)
+        for n in range(100):
+            messages = await stream.start_read(">", follow=True, new_only=True)
+
+            async def read(messages: AsyncIterator[StreamMessage] = messages) -> None:
+                async for _ in messages:
+                    pass
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(0.01 + 0.0003 * (n % 13))
+            reader.cancel()
+            done, _ = await asyncio.wait({reader}, timeout=2.0)
+            if not done:
+                lost += 1
+                await cancel_and_wait([reader])
+    finally:
+        stop.set()
+        await publishing
+        await writer.close()
+        await conn.close()
+    assert lost == 0, f"{lost} of 100 readers read on after being cancelled"

@@ -180,7 +180,7 @@ class Stream:
             last = 0
             while True:
                 try:
-                    msg = await sub.next_msg(timeout=quiet)
+                    msg = await _next_msg(sub, quiet)
                 except nats.errors.TimeoutError:
                     if not follow:
                         return
@@ -487,3 +487,20 @@ async def _exists(js: Any, denials: Denials, name: str) -> None:
         raise ConfigurationError(f"stream {name} does not exist") from None
     except Exception as exc:
         raise denials.explain(exc, f"open stream {name}", started) from exc
+
+
+async def _next_msg(sub: Any, timeout: float) -> Any:
+    """The consumer's next message; ``nats.errors.TimeoutError`` after ``timeout``.
+
+    nats-py waits for it in a task of its own, through which a cancellation of the
+    reader is passed on; when the message (or the timeout) comes at the same moment,
+    Python 3.11's ``asyncio.wait_for`` keeps the message and drops the cancellation, and a
+    reader that is told to stop (Ctrl-C on ``reach audit tail --follow``) would read on.
+    A cancellation asked for meanwhile is raised here instead."""
+    try:
+        return await sub.next_msg(timeout=timeout)
+    finally:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+
