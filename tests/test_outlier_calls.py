@@ -91,14 +91,17 @@ async def test_an_instance_answering_far_over_its_sla_is_set_aside(
 async def test_a_capability_slow_everywhere_ejects_nobody(
     nats_server: NatsServer, client: ReachClient
 ) -> None:
-    """Every instance answers over its SLA (within the attempt's 1.5 × SLA)."""
-    work = capability("work", sla_ms=40, idempotent=True)
+    """Every instance answers over its SLA, within the attempt's 1.5 × SLA: being over
+    the SLA is no reason on its own. (An attempt that waits longer than it should, on a
+    busy machine, still reads at most 1.5 × the SLA, well short of the slow factor times
+    what the others answer in.)"""
+    work = capability("work", sla_ms=100, idempotent=True)
     agents = [make_agent(nats_server.url, f"slow-{n}", work) for n in range(3)]
     for _, b in agents:
-        b.sleep = 0.05
+        b.sleep = 0.12
     async with agents[0][0], agents[1][0], agents[2][0]:
         await wait_routable(client, "work", 3)
-        served, _ = await _calls(client, 60, timeout=2.0)
+        served, _ = await _calls(client, 45, timeout=2.0)
         assert set(served) == {"slow-0", "slow-1", "slow-2"}
         now = time.monotonic()
         assert not any(client.peers.peer(f"slow-{n}").outlier.ejected(now) for n in range(3))
