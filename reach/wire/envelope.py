@@ -79,17 +79,7 @@ class RequestMeta(Plain):
     """
 
     _NAMES = _META_NAMES
-    __slots__ = (
-        "attempt",
-        "audit",
-        "call_id",
-        "caller",
-        "deadline_ms",
-        "idempotency_key",
-        "token",
-        "traceparent",
-        "tracestate",
-    )
+    __slots__ = _META_NAMES
 
     def __init__(
         self,
@@ -113,19 +103,6 @@ class RequestMeta(Plain):
         self.caller = caller
         #: the caller records this call in REACH_AUDIT (else its callee does)
         self.audit = audit
-
-    def _fields(self) -> tuple[object, ...]:  # in _META_NAMES order
-        return (
-            self.call_id,
-            self.token,
-            self.deadline_ms,
-            self.idempotency_key,
-            self.attempt,
-            self.traceparent,
-            self.tracestate,
-            self.caller,
-            self.audit,
-        )
 
 
 class Reply(NamedTuple):
