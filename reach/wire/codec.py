@@ -217,7 +217,12 @@ def encode(
     if checked:
         plain = check_value(value, limits)
     try:
-        data: bytes = _pack_plain(value) if plain else msgpack.packb(value, use_bin_type=True)
+        if plain:  # the shared Packer of plain payloads (``_plain_packer``)
+            data: bytes = _plain_packer.pack(value)  # an error mid-pack empties its buffer
+            if len(data) > _PLAIN_KEEP:
+                _renew_plain_packer()
+        else:
+            data = msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"cannot encode value: {exc}", rule="type") from None
     if len(data) > limits.max_bytes:
@@ -228,12 +233,10 @@ def encode(
     return data
 
 
-def _pack_plain(value: Any) -> bytes:
+def _renew_plain_packer() -> None:
+    """A new Packer for plain payloads: the old one's buffer grew for a large payload."""
     global _plain_packer
-    data: bytes = _plain_packer.pack(value)  # an error mid-pack empties its buffer
-    if len(data) > _PLAIN_KEEP:
-        _plain_packer = msgpack.Packer(use_bin_type=True)
-    return data
+    _plain_packer = msgpack.Packer(use_bin_type=True)
 
 
 def not_msgpack(what: str, exc: BaseException) -> CodecError:
