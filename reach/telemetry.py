@@ -59,9 +59,10 @@ _ZERO_SPAN = "0" * 16
 
 def new_traceparent(parent: str | None = None) -> str:
     """A W3C traceparent for a new span: the parent's trace id, or a new trace."""
-    ids = _rand.randbytes(24).hex()  # a trace id (32 hex digits), then a span id (16)
+    # a trace id (32 hex digits), then a span id (16): 192 random bits, as hex
+    ids = f"{_rand.getrandbits(192):048x}"
     while ids[:32] == _ZERO_TRACE or ids[32:] == _ZERO_SPAN:  # all zeros is invalid
-        ids = _rand.randbytes(24).hex()
+        ids = f"{_rand.getrandbits(192):048x}"
     if parent is not None and len(parent) == 55 and parent[2] == "-":
         return f"{parent[:36]}{ids[32:]}-{parent[53:]}"
     return f"00-{ids[:32]}-{ids[32:]}-01"

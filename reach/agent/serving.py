@@ -648,7 +648,8 @@ class CallServer:
         finally:
             set_current(None)
         try:
-            if isinstance(result, BaseModel):
+            # a dict, the common case, skips the check against BaseModel (an ABC: slow to say no)
+            if type(result) is not dict and isinstance(result, BaseModel):
                 result = result.model_dump(mode="json")
             plain = codec.check_value(result)  # what cannot travel, first (a CodecError)
             endpoint.output_validator.validate(result, plain=plain)

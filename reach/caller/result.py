@@ -63,16 +63,3 @@ class CallResult(Plain):
     @property
     def from_fallback(self) -> bool:
         return self.fallback is not None
-
-    def _fields(self) -> tuple[object, ...]:
-        return (
-            self.value,
-            self.capability,
-            self.call_id,
-            self.agent_id,
-            self.attempts,
-            self.latency_ms,
-            self.fallback,
-            self.job,
-            self.route,
-        )

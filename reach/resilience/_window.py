@@ -53,7 +53,13 @@ class SlidingCounts:
         self.second += second
 
     def add(self, now: float, first: int, second: int) -> None:
-        self.bump(self.roll(now), first, second)
+        # ``bump(roll(now), ...)``, without the calls while ``now`` is in the newest bucket
+        head = self._head
+        slot = self.roll(now) if int(now // self._width) != head else head % self._n
+        self._firsts[slot] += first
+        self._seconds[slot] += second
+        self.first += first
+        self.second += second
 
     def reset(self) -> None:
         for slot in range(self._n):

@@ -107,7 +107,24 @@ def _map_elements(item: dict[Any, Any], depth: int, max_depth: int) -> int:
     for key, sub in item.items():
         if type(key) is not str:
             return -1
-        inner = _elements(sub, depth + 1, max_depth)
+        # the leaves here, as ``_elements`` would judge them: no call per leaf
+        kind = type(sub)
+        if kind is str or kind is bool or kind is bytes or sub is None:
+            continue
+        if kind is int:
+            if _INT_MIN <= sub < _INT_END:
+                continue
+            return -1
+        if kind is float:
+            if sub - sub == 0.0:
+                continue
+            return -1
+        if kind is dict:
+            inner = _map_elements(sub, depth + 1, max_depth)
+        elif kind is list or kind is tuple:
+            inner = _seq_elements(sub, depth + 1, max_depth)
+        else:
+            return -1
         if inner < 0:
             return -1
         count += inner
@@ -119,7 +136,24 @@ def _seq_elements(item: list[Any] | tuple[Any, ...], depth: int, max_depth: int)
         return -1
     count = len(item)
     for sub in item:
-        inner = _elements(sub, depth + 1, max_depth)
+        # the leaves here, as in ``_map_elements``
+        kind = type(sub)
+        if kind is str or kind is bool or kind is bytes or sub is None:
+            continue
+        if kind is int:
+            if _INT_MIN <= sub < _INT_END:
+                continue
+            return -1
+        if kind is float:
+            if sub - sub == 0.0:
+                continue
+            return -1
+        if kind is dict:
+            inner = _map_elements(sub, depth + 1, max_depth)
+        elif kind is list or kind is tuple:
+            inner = _seq_elements(sub, depth + 1, max_depth)
+        else:
+            return -1
         if inner < 0:
             return -1
         count += inner
@@ -183,7 +217,12 @@ def encode(
     if checked:
         plain = check_value(value, limits)
     try:
-        data: bytes = _pack_plain(value) if plain else msgpack.packb(value, use_bin_type=True)
+        if plain:  # the shared Packer of plain payloads (``_plain_packer``)
+            data: bytes = _plain_packer.pack(value)  # an error mid-pack empties its buffer
+            if len(data) > _PLAIN_KEEP:
+                _renew_plain_packer()
+        else:
+            data = msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"cannot encode value: {exc}", rule="type") from None
     if len(data) > limits.max_bytes:
@@ -194,12 +233,10 @@ def encode(
     return data
 
 
-def _pack_plain(value: Any) -> bytes:
+def _renew_plain_packer() -> None:
+    """A new Packer for plain payloads: the old one's buffer grew for a large payload."""
     global _plain_packer
-    data: bytes = _plain_packer.pack(value)  # an error mid-pack empties its buffer
-    if len(data) > _PLAIN_KEEP:
-        _plain_packer = msgpack.Packer(use_bin_type=True)
-    return data
+    _plain_packer = msgpack.Packer(use_bin_type=True)
 
 
 def not_msgpack(what: str, exc: BaseException) -> CodecError:

@@ -79,17 +79,7 @@ class RequestMeta(Plain):
     """
 
     _NAMES = _META_NAMES
-    __slots__ = (
-        "attempt",
-        "audit",
-        "call_id",
-        "caller",
-        "deadline_ms",
-        "idempotency_key",
-        "token",
-        "traceparent",
-        "tracestate",
-    )
+    __slots__ = _META_NAMES
 
     def __init__(
         self,
@@ -113,19 +103,6 @@ class RequestMeta(Plain):
         self.caller = caller
         #: the caller records this call in REACH_AUDIT (else its callee does)
         self.audit = audit
-
-    def _fields(self) -> tuple[object, ...]:  # in _META_NAMES order
-        return (
-            self.call_id,
-            self.token,
-            self.deadline_ms,
-            self.idempotency_key,
-            self.attempt,
-            self.traceparent,
-            self.tracestate,
-            self.caller,
-            self.audit,
-        )
 
 
 class Reply(NamedTuple):
@@ -208,24 +185,54 @@ def unpack_request(
     audit = env.get("au", False)
     if type(audit) is not bool:
         raise CodecError("request: 'au' (the caller audits) must be true or false", path="au")
+    token = env.get("tok")
+    idempotency_key = env.get("ik")
+    traceparent = env.get("tp")
+    tracestate = env.get("ts")
+    caller = env.get("from")
+    # each absent (the common case for most) or a short string: one test for all five
+    if not (
+        (token is None or (type(token) is str and len(token) <= _MAX_META_STR))
+        and (
+            idempotency_key is None
+            or (type(idempotency_key) is str and len(idempotency_key) <= _MAX_META_STR)
+        )
+        and (
+            traceparent is None or (type(traceparent) is str and len(traceparent) <= _MAX_META_STR)
+        )
+        and (tracestate is None or (type(tracestate) is str and len(tracestate) <= _MAX_META_STR))
+        and (caller is None or (type(caller) is str and len(caller) <= _MAX_META_STR))
+    ):
+        _bad_meta_str(env)
     return RequestMeta(
         call_id,
-        _meta_str(env, "tok", "token"),
+        token,
         deadline,
-        _meta_str(env, "ik", "idempotency_key"),
+        idempotency_key,
         attempt,
-        _meta_str(env, "tp", "traceparent"),
-        _meta_str(env, "ts", "tracestate"),
-        _meta_str(env, "from", "caller"),
+        traceparent,
+        tracestate,
+        caller,
         audit,
     ), body
 
 
-def _meta_str(env: dict[str, Any], key: str, name: str) -> str | None:
-    value = env.get(key)
-    if value is None or (type(value) is str and len(value) <= _MAX_META_STR):
-        return value
-    raise CodecError(f"request: {key!r} ({name}) must be a short string", path=key)
+#: the optional strings of a request, by key, and what each is
+_META_STRS = (
+    ("tok", "token"),
+    ("ik", "idempotency_key"),
+    ("tp", "traceparent"),
+    ("ts", "tracestate"),
+    ("from", "caller"),
+)
+
+
+def _bad_meta_str(env: dict[str, Any]) -> None:
+    """Raise the error naming the first optional string that is not a short string."""
+    for key, name in _META_STRS:
+        value = env.get(key)
+        if value is not None and not (type(value) is str and len(value) <= _MAX_META_STR):
+            raise CodecError(f"request: {key!r} ({name}) must be a short string", path=key)
 
 
 def pack_ok(body: bytes, by: str = "", job: str = "", audited: bool = False) -> bytes:
@@ -264,7 +271,8 @@ def unpack_reply(data: bytes, max_bytes: int = 1024 * 1024 + 16 * 1024) -> Reply
         job = env.get("job", "")
         if not isinstance(job, str) or len(job) > 256:
             raise CodecError("reply: 'job' (job id) must be a short string", path="job")
-        return Reply(ok=True, body=body, by=by, job=job, audited=env.get("aud") is True)
+        # positional: a named tuple's keywords cost more than its fields
+        return Reply(True, body, "", "", "", by, job, env.get("aud") is True)
     err = env.get("err")
     if not isinstance(err, dict):
         raise CodecError("reply: a failed reply must carry 'err'", path="err")

@@ -11,13 +11,14 @@ __all__ = ["Plain"]
 
 
 class Plain:
-    """Equality and repr from ``_fields()``, named by ``_NAMES`` in the same order."""
+    """Equality and repr from the attributes named by ``_NAMES`` (a subclass's fields, in
+    its constructor's order; its ``__slots__`` too)."""
 
     __slots__ = ()
     _NAMES: ClassVar[tuple[str, ...]] = ()
 
     def _fields(self) -> tuple[object, ...]:
-        raise NotImplementedError
+        return tuple([getattr(self, name) for name in self._NAMES])
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self) or not isinstance(other, Plain):
