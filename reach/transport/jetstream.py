@@ -503,4 +503,3 @@ async def _next_msg(sub: Any, timeout: float) -> Any:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError
-
