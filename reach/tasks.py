@@ -3,7 +3,9 @@
 Python 3.11's ``asyncio.wait_for`` can swallow a cancellation that arrives just as the
 awaited future completes (nats-py awaits with it on every request), so a single
 ``task.cancel()`` may be lost and a loop keeps running. ``cancel_and_wait`` cancels
-again until every task is done.
+again until every task is done; the waits of our own loops go through ``asyncio.timeout``
+instead (``wait_set``), which loses none: the one cancellation Ctrl-C sends a command's
+main task must end it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,19 @@ __all__ = [
     "cancel_and_wait",
     "run_eagerly",
     "step_now",
+    "wait_set",
 ]
+
+
+async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
+    """Whether ``event`` was set within ``timeout`` seconds (None: however long it takes).
+    A cancellation that comes as the event is set is raised, never lost."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[object] | asyncio.Task[None]]) -> None:

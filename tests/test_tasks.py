@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from reach.tasks import PENDING_DEADLINE, cancel_and_wait, run_eagerly
+import pytest
+
+from reach.tasks import PENDING_DEADLINE, cancel_and_wait, run_eagerly, wait_set
 
 
 async def test_a_deadline_left_by_a_finished_step_is_not_handed_to_the_next_call() -> None:
@@ -67,3 +69,25 @@ async def test_a_loop_that_loses_a_cancel_is_still_stopped() -> None:
     await asyncio.wait_for(cancel_and_wait([task]), 10)
     assert task.cancelled()
     assert dropped == 1
+
+
+async def test_wait_set_says_whether_the_event_came_in_time() -> None:
+    event = asyncio.Event()
+    assert not await wait_set(event, 0.01)
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await wait_set(event, 10)
+    assert await wait_set(event, None)  # already set: at once
+
+
+async def test_wait_set_ends_on_a_cancellation_as_the_event_is_set() -> None:
+    """The cancellation and the event in the same turn of the loop: the waiter ends
+    cancelled, whichever the loop sees first (a loop that waits again would not end)."""
+    for turns in range(4):
+        event = asyncio.Event()
+        waiter = asyncio.create_task(wait_set(event, 10))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        event.set()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter

@@ -82,8 +82,9 @@ async def merge_calls(
                 del pending[call_id]
                 yield merged(group)
             wait = next(iter(pending.values()))[0] - now if pending else None
-            try:
-                record = await asyncio.wait_for(queue.get(), wait)
+            try:  # (not wait_for: on Python 3.11 it can lose a cancellation, see reach.tasks)
+                async with asyncio.timeout(wait):
+                    record = await queue.get()
             except TimeoutError:
                 continue
             if record is None:

@@ -40,7 +40,7 @@ from reach.audit.spool import Batch, Spool
 from reach.audit.writerconfig import WriterConfig
 from reach.errors import ConfigurationError, NoResponders, ReachError, StoreFull
 from reach.settings import resolve_audit_spool, resolve_audit_spool_max
-from reach.tasks import cancel_and_wait
+from reach.tasks import cancel_and_wait, wait_set
 from reach.transport import Connection, Stream
 from reach.wire import subjects
 
@@ -336,8 +336,7 @@ class AuditWriter:
                 wait = self.config.flush_interval if due is None else due - time.monotonic()
                 if wait > 0 and not self._flushing:
                     self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), wait)
+                    await wait_set(self._wake, wait)
             self._seal_due(time.monotonic())
             if not self._batches and not self._spooled():
                 if self._notices.drops_due():
@@ -352,8 +351,7 @@ class AuditWriter:
             if failed:
                 # back off: new events or a flush() do not cut it short, a reconnect does
                 self._retry_now.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._retry_now.wait(), delay)
+                await wait_set(self._retry_now, delay)
                 delay = min(self.config.retry_max, delay * 2)
             else:
                 delay = self.config.retry_min

@@ -11,7 +11,6 @@ console serves changes the fabric: every route is a GET that reads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from importlib.resources import files
@@ -29,6 +28,7 @@ from reach.console.search import KINDS, CallQuery, search
 from reach.console.state import FabricView
 from reach.errors import ConfigurationError, ReachError
 from reach.fabric.doctor import diagnose
+from reach.tasks import wait_set
 from reach.wire.models import Instance
 
 __all__ = ["MAX_FEEDS", "REFRESH_SEC", "Console"]
@@ -224,8 +224,7 @@ class Console:
                 # a part that takes long to render is sent less often, so that rendering
                 # stays a small share of the console's time
                 pause = max(self.interval, cost * RENDER_PACE)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.closing.wait(), pause)
+                await wait_set(self.closing, pause)
                 quiet += pause
         finally:
             self.feeds -= 1

@@ -98,7 +98,8 @@ async def scan(nc: _NatsClient, bucket: str, keys: str) -> dict[str, KVEntry]:
                 f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox
             )
             while True:
-                msg = await asyncio.wait_for(queue.get(), _SCAN_TIMEOUT)
+                async with asyncio.timeout(_SCAN_TIMEOUT):  # (not wait_for: see reach.tasks)
+                    msg = await queue.get()
                 status = (msg.headers or {}).get("Status")
                 if status == "404":  # nothing (more) matches
                     return latest
