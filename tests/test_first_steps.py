@@ -138,6 +138,8 @@ async def test_ctrl_c_ends_a_following_command_without_a_traceback(
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # a process still there after the SIGINT is told to dump its stack (SIGABRT)
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     assert proc.stdout is not None
     try:
@@ -145,7 +147,12 @@ async def test_ctrl_c_ends_a_following_command_without_a_traceback(
         line = await asyncio.wait_for(proc.stdout.readline(), 20)
         assert b"worker-1" in line, line
         proc.send_signal(signal.SIGINT)
-        _, err = await asyncio.wait_for(proc.communicate(), 10)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), 10)
+        except TimeoutError:
+            proc.send_signal(signal.SIGABRT)
+            _, err = await asyncio.wait_for(proc.communicate(), 10)
+            raise AssertionError(f"still running 10 s after SIGINT:\n{err.decode()}") from None
     finally:
         if proc.returncode is None:
             proc.kill()
