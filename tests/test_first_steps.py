@@ -119,6 +119,13 @@ async def test_ctrl_c_stops_an_agent_cleanly_and_it_leaves_the_registry(
         await client.routes.wait_for(lambda c: not c.find("say_hello_too"), timeout=2)
 
 
+#: runs argv[1:] with SIGINT at its default disposition (kept across exec)
+_DEFAULT_SIGINT_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+    " os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 async def test_ctrl_c_ends_a_following_command_without_a_traceback(
     nats_server: NatsServer, client: ReachClient
 ) -> None:
@@ -128,7 +135,12 @@ async def test_ctrl_c_ends_a_following_command_without_a_traceback(
         await client.call("work", {})
     assert client.audit is not None
     await client.audit.flush()
+    # as from a terminal: SIGINT at its default, whatever this process inherited (a
+    # shell's background job, and all it starts, ignores SIGINT; so would the command)
     proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _DEFAULT_SIGINT_EXEC,
         REACH,
         "audit",
         "tail",
