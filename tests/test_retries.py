@@ -712,9 +712,9 @@ async def test_a_client_new_to_the_fabric_waits_for_an_agent_logging_in_again(
                     if i.status == "unhealthy"
                 ],
                 "the record marked unhealthy",
-                timeout=SETTLE,
+                timeout=3 * SETTLE,  # the registrar reconnects first, then probes
             )
-            call = asyncio.create_task(client.call("work", {}, timeout=SETTLE))
+            call = asyncio.create_task(client.call("work", {}, timeout=3 * SETTLE))
             await asyncio.sleep(0)  # the call is under way before the agent can log in
             agent.send_signal(signal.SIGCONT)
             served = await call
