@@ -55,6 +55,7 @@ from reach.wire.models import Capability, Manifest
 
 from .calls_helpers import capability, make_agent
 from .cli_helpers import CLEAN_ENV, REACH, reach_cli, reach_serving
+from .poll_helpers import until
 from .up_helpers import Secured
 
 #: an end-to-end run of whole programs: `make test-long` (CI runs it after `make test`)
@@ -240,14 +241,19 @@ async def test_over_http_each_caller_logs_in_sees_and_calls_only_what_its_cleara
                 assert (error["level_required"], error["level_held"]) == (3, 2)
             await _next_change(sub)
             assert await _names(client) == {"echo"}
-        # the call ran as the caller: the agent saw watcher, not the gateway
-        code, out, err = await reach_cli(
-            "audit", "tail", "--capability", "echo", "--json",
-            "--servers", secured.url, "--creds", str(secured.admin),
-        )  # fmt: skip
-        assert code == 0, err
-        callers = {json.loads(line)["caller"] for line in out.splitlines() if line.strip()}
-        assert callers == {"watcher"}, out
+
+        # the call ran as the caller: the agent saw watcher, not the gateway (its event
+        # is written by the gateway's audit writer a moment after the call)
+        async def callers() -> set[str] | None:
+            code, out, err = await reach_cli(
+                "audit", "tail", "--capability", "echo", "--json",
+                "--servers", secured.url, "--creds", str(secured.admin),
+            )  # fmt: skip
+            assert code == 0, err
+            seen = {json.loads(line)["caller"] for line in out.splitlines() if line.strip()}
+            return seen or None
+
+        assert await until(callers, "the call's audit event", timeout=10) == {"watcher"}
 
 
 # -- the mapping itself, without a fabric ------------------------------------------------
